@@ -1,0 +1,64 @@
+"""The backend seam: what core needs from a piece of hardware.
+
+``backends/`` implements this once per hardware kind (npu.py, cuda.py,
+cpu.py).  A backend module may assume its hardware but must not initialise
+it at import, and imports its vendor package (torch_npu, triton,
+onnxruntime) lazily, so that ``import hyspec`` works on a bare CPU box.
+"""
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+
+from hyspec.ops import OpTable
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    total_bytes: int
+    free_bytes: int
+
+
+class Backend(ABC):
+    """One kind of hardware: a device, its capabilities and its op table."""
+
+    name: str = "abstract"
+
+    def __init__(self, device: torch.device, capabilities: Any, ops: OpTable):
+        self.device = device
+        self.capabilities = capabilities  # the probe's record for this backend
+        self.ops = ops
+
+    @abstractmethod
+    def memory_stats(self) -> MemoryStats:
+        """Memory of the device as the backend sees it (host RAM on CPU)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op where work is synchronous)."""
+
+    def stream(self, priority: str = "normal") -> ContextManager[None]:
+        """Run enclosed work on a stream of the given priority ('high', 'normal', 'low').
+
+        Target work goes on 'high', draft work on 'low'.  Backends without
+        streams run everything in order.
+        """
+        if priority not in ("high", "normal", "low"):
+            raise ValueError(f"stream priority must be 'high', 'normal' or 'low', not {priority!r}")
+        return contextlib.nullcontext()
+
+    def kv_cache_budget_bytes(self, memory_fraction: float, cpu_kv_bytes: int | None = None) -> int:
+        """Bytes the KV pool may take: ``memory_fraction`` of free device memory.
+
+        Accelerator backends also cap the process at that fraction.  The CPU
+        backend overrides this with an explicit byte budget.
+        """
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        return int(self.memory_stats().free_bytes * memory_fraction)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} device={self.device} native_ops={self.ops.native_ops()}>"

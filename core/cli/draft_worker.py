@@ -1,0 +1,14 @@
+"""Not built yet: filled in by the remote drafting issue."""
+from __future__ import annotations
+
+import argparse
+
+from hyspec.cli._unbuilt import not_built
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    return not_built("draft-worker", "the remote drafting issue")

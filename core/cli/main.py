@@ -1,0 +1,57 @@
+"""``hyspec`` command line: probe | generate | bench | serve | train-draft | conformance."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from hyspec import __version__
+from hyspec.errors import HyspecError
+
+# subcommand -> (module under hyspec.cli, one-line help)
+COMMANDS = {
+    "probe": ("probe", "report what this node can run (backends, ops, drafting methods)"),
+    "generate": ("generate", "generate text from prompts, with or without speculation"),
+    "bench": ("bench", "benchmark methods side by side with the tools users would pick instead"),
+    "serve": ("serve", "run the OpenAI-compatible server with Prometheus metrics"),
+    "train-draft": ("train_draft", "train a drafter (eagle, eagle3, mtp, dflash, dspark, draft_model) for a target"),
+    "conformance": ("conformance", "run the per-backend conformance suite and print a report"),
+    "draft-worker": ("draft_worker", "run or join a remote CPU draft worker node (Ray)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hyspec", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hyspec {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(f"hyspec.cli.{module_name}")
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except HyspecError as exc:
+        print(f"hyspec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The README's two set-up commands, plus the slow-test and conformance targets.
+#
+#   bash scripts/dev.sh demo        # create .venv, install hyspec, run the main job
+#   bash scripts/dev.sh test        # create/update .venv with dev extras, run the test suite
+#   bash scripts/dev.sh test-slow   # the tests marked slow (minutes each)
+#
+# torch comes from `pip install torch==2.13.0` (a CPU build); for a CUDA or
+# Ascend build, install torch (and torch_npu) into .venv first: see README.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+TORCH_SPEC=${HYSPEC_TORCH_SPEC:-torch==2.13.0}
+
+setup() {  # $1: extras to install
+    if [ ! -x .venv/bin/python ]; then
+        "$PYTHON" -m venv .venv
+    fi
+    # Keep an already installed torch (a CUDA or NPU build the user chose); else the pinned CPU build.
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        .venv/bin/pip install --disable-pip-version-check -q "$TORCH_SPEC"
+    fi
+    .venv/bin/pip install --disable-pip-version-check -q -e ".[$1]"
+}
+
+case "${1:-}" in
+    demo)
+        setup cpu
+        .venv/bin/hyspec probe
+        .venv/bin/hyspec generate --max-tokens 48 --prompt 'def fibonacci(n):'
+        ;;
+    test)
+        setup dev
+        shift
+        # TORCH_DEVICE_BACKEND_AUTOLOAD=0: a torch_npu installed by hand must not load into the tests.
+        TORCH_DEVICE_BACKEND_AUTOLOAD=0 exec .venv/bin/python -m pytest -n 2 -q "$@"
+        ;;
+    test-slow)
+        setup dev
+        shift
+        TORCH_DEVICE_BACKEND_AUTOLOAD=0 exec .venv/bin/python -m pytest -q -m slow "$@"
+        ;;
+    *)
+        echo "usage: bash scripts/dev.sh {demo|test|test-slow} [pytest args]" >&2
+        exit 2
+        ;;
+esac
