@@ -1,0 +1,1 @@
+"""hyspec.drafters"""
