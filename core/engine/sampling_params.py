@@ -1,0 +1,63 @@
+"""Per-request sampling parameters, shaped like vLLM's ``SamplingParams``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hyspec.errors import RequestError
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    ``temperature=0`` is greedy decoding.  ``top_k`` of 0 or -1 and ``top_p``
+    of 1 switch those filters off.  A ``seed`` makes the request reproducible
+    whatever else shares its batch.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.n != 1:
+            raise RequestError(f"n={self.n}: hyspec returns one completion per request (n must be 1)")
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature or self.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise RequestError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k}")
+        if self.top_k == -1:
+            self.top_k = 0
+        if not 0.0 <= self.min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise RequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        if any(not isinstance(s, str) for s in self.stop):
+            raise RequestError("stop must be a string or a list of strings")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise RequestError("stop_token_ids must be non-negative integers")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise RequestError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

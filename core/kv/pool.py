@@ -1,0 +1,178 @@
+"""One paged KV pool shared by the target and its drafters.
+
+Memory is a single byte buffer cut into equal *pages*.  Each model that keeps
+a KV cache registers a :class:`KVLayout`: it views every page as
+``[layers, 2, block_size, kv_heads, head_dim]`` of its own dtype, choosing its
+``block_size`` (tokens per page) so that the page fits.  A page therefore
+serves whichever model owns it, and the split between target and drafters is
+dynamic: pages go where they are needed (the target first -- draft caches are
+reclaimable because drafters can recompute them lazily).
+
+Every page has an owner; writers call :meth:`KVPool.check_owner` on the pages
+they are about to write, so a bookkeeping bug surfaces as
+:class:`~hyspec.errors.KVOwnershipError` (counted as ``kv_cache_mismatch``)
+instead of silently corrupting another model's cache.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from hyspec.errors import HyspecError, KVOwnershipError
+
+log = logging.getLogger(__name__)
+
+FREE = 0
+
+
+class OutOfKVBlocks(HyspecError):
+    """The pool has no free page for a request that needs one."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How one model sees the pool's pages."""
+
+    owner: int  # owner id stamped on this model's pages
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int  # tokens per page for this model
+    caches: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer (k, v): [num_pages, block_size, Hkv, D] views
+
+    def slot(self, page: int, offset: int) -> int:
+        return page * self.block_size + offset
+
+
+class KVPool:
+    def __init__(self, num_pages: int, page_bytes: int, device: torch.device | str = "cpu"):
+        if num_pages < 1:
+            raise HyspecError(f"the KV pool needs at least one page; the memory budget gives {num_pages}")
+        self.num_pages = num_pages
+        self.page_bytes = page_bytes
+        self.device = torch.device(device)
+        # Zeroed, not empty: attention multiplies masked-out entries by 0, and 0 * NaN garbage is NaN.
+        self.buffer = torch.zeros(num_pages * page_bytes, dtype=torch.uint8, device=self.device)
+        self.owner = np.zeros(num_pages, dtype=np.int32)
+        self._free: deque[int] = deque(range(num_pages))
+        self._layouts: dict[int, KVLayout] = {}
+        self._reclaimers: list[Callable[[int], int]] = []
+
+    @classmethod
+    def for_budget(cls, budget_bytes: int, page_bytes: int, device: torch.device | str = "cpu") -> "KVPool":
+        return cls(max(budget_bytes // page_bytes, 0), page_bytes, device)
+
+    # -- layouts ---------------------------------------------------------------------------------
+
+    def register(self, name: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 block_size: int | None = None) -> KVLayout:
+        """Add a model's view of the pages; ``block_size`` defaults to as many tokens as fit."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        per_token = num_layers * 2 * num_kv_heads * head_dim * elem
+        fit = self.page_bytes // per_token
+        if block_size is None:
+            block_size = fit if fit < 16 else fit - fit % 16  # multiples of 16 suit every kernel
+        if block_size < 1 or block_size > fit:
+            raise HyspecError(f"KV layout {name!r}: block_size {block_size} does not fit a {self.page_bytes}-byte page "
+                              f"({per_token} bytes per token)")
+        if self.page_bytes % elem:
+            raise HyspecError(f"KV page size {self.page_bytes} is not a multiple of {dtype}'s element size")
+        owner = len(self._layouts) + 1
+        typed = self.buffer.view(dtype)
+        page_elems = self.page_bytes // elem
+        token_elems = num_kv_heads * head_dim
+        layer_elems = 2 * block_size * token_elems
+        caches = []
+        for layer in range(num_layers):
+            def view(which: int) -> torch.Tensor:
+                return typed.as_strided(
+                    (self.num_pages, block_size, num_kv_heads, head_dim),
+                    (page_elems, token_elems, head_dim, 1),
+                    layer * layer_elems + which * block_size * token_elems)
+            caches.append((view(0), view(1)))
+        layout = KVLayout(owner, name, num_layers, num_kv_heads, head_dim, dtype, block_size, tuple(caches))
+        self._layouts[owner] = layout
+        return layout
+
+    @staticmethod
+    def page_bytes_for(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, block_size: int) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
+
+    def add_reclaimer(self, reclaim: Callable[[int], int]) -> None:
+        """``reclaim(pages_wanted) -> pages_freed``: called when a target allocation finds the pool full."""
+        self._reclaimers.append(reclaim)
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_pages
+
+    def pages_by_owner(self) -> dict[str, int]:
+        counts = np.bincount(self.owner, minlength=len(self._layouts) + 1)
+        out = {"free": int(counts[FREE])}
+        for owner, layout in self._layouts.items():
+            out[layout.name] = int(counts[owner])
+        return out
+
+    def allocate(self, owner: int, count: int, reclaim: bool = True) -> list[int]:
+        if count <= 0:
+            return []
+        if len(self._free) < count and reclaim:
+            for reclaimer in self._reclaimers:
+                reclaimer(count - len(self._free))
+                if len(self._free) >= count:
+                    break
+        if len(self._free) < count:
+            raise OutOfKVBlocks(f"KV pool exhausted: {count} pages wanted, {len(self._free)} free of {self.num_pages}")
+        pages = [self._free.popleft() for _ in range(count)]
+        self.owner[pages] = owner
+        return pages
+
+    def free(self, owner: int, pages: list[int]) -> None:
+        if not pages:
+            return
+        idx = np.asarray(pages)
+        wrong = idx[self.owner[idx] != owner]
+        if wrong.size:
+            raise KVOwnershipError(f"free of pages {wrong[:4].tolist()} not owned by {self._name(owner)}")
+        self.owner[idx] = FREE
+        self._free.extend(pages)
+
+    def check_owner(self, owner: int, pages) -> None:
+        """Raise :class:`KVOwnershipError` unless every page in ``pages`` belongs to ``owner``."""
+        idx = np.asarray(pages, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_pages):
+            raise KVOwnershipError(f"{self._name(owner)} addressed a page outside the pool")
+        bad = idx[self.owner[idx] != owner]
+        if bad.size:
+            holder = self._name(int(self.owner[bad[0]]))
+            raise KVOwnershipError(f"{self._name(owner)} would write page {int(bad[0])} owned by {holder}")
+
+    def _name(self, owner: int) -> str:
+        if owner == FREE:
+            return "nobody (free)"
+        layout = self._layouts.get(owner)
+        return layout.name if layout else f"owner {owner}"
+
+    def check_invariants(self) -> None:
+        """Every page is either free (exactly once in the free list) or owned; nothing leaked or doubled."""
+        free = list(self._free)
+        if len(set(free)) != len(free):
+            raise AssertionError("a page is in the free list twice")
+        owned_free = [p for p in free if self.owner[p] != FREE]
+        if owned_free:
+            raise AssertionError(f"pages {owned_free[:4]} are both free and owned")
+        if int((self.owner == FREE).sum()) != len(free):
+            raise AssertionError("a page is unowned but not in the free list (leaked)")

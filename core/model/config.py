@@ -1,0 +1,196 @@
+"""Target-model configuration read from a Hugging Face ``config.json``.
+
+Supported: decoder-only Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (per-head
+q/k RMSNorm), with GQA, tied or untied embeddings, and RoPE scaling types
+``linear``, ``dynamic``, ``yarn`` and ``llama3``.  Both the transformers 4
+(``rope_theta`` + ``rope_scaling``) and 5 (``rope_parameters``) spellings are read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyspec.errors import CheckpointError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def parse_dtype(value: str | torch.dtype | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    if value is None or value == "auto":
+        return default
+    if isinstance(value, torch.dtype):
+        if value not in DTYPES.values():
+            raise CheckpointError(f"dtype {value} is not supported; use float32, bfloat16 or float16")
+        return value
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPES:
+        raise CheckpointError(f"dtype {value!r} is not supported; use one of float32, bfloat16, float16, auto")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise CheckpointError(
+                f"rope_scaling type {self.rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        if self.theta <= 0 or self.factor <= 0:
+            raise CheckpointError("rope_theta and rope_scaling.factor must be positive")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
+    o_bias: bool  # o_proj carries a bias (Llama with attention_bias)
+    mlp_bias: bool
+    qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    torch_dtype: str | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"unsupported architecture {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CheckpointError(
+                f"config.json: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            archs = d.get("architectures")
+            raise CheckpointError(
+                f"unsupported architecture {model_type!r} ({archs}); supported model_type values: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        hidden_act = d.get("hidden_act", "silu")
+        if hidden_act != "silu":
+            raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")
+        heads = int(d["num_attention_heads"])
+        try:
+            hidden = int(d["hidden_size"])
+            eos = d.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            attention_bias = bool(d.get("attention_bias", False))
+            return cls(
+                model_type=model_type,
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(d["intermediate_size"]),
+                num_hidden_layers=int(d["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+                head_dim=int(d.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                qkv_bias=(model_type == "qwen2") or attention_bias,
+                o_bias=attention_bias and model_type != "qwen2",
+                mlp_bias=bool(d.get("mlp_bias", False)),
+                qk_norm=(model_type == "qwen3"),
+                rope=_rope_from_dict(d),
+                torch_dtype=d.get("torch_dtype") or d.get("dtype"),
+                bos_token_id=d.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                raw=d,
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"config.json is missing required key {exc.args[0]!r}") from None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not path.is_dir():
+            raise CheckpointError(f"model directory {str(path)!r} does not exist")
+        if not cfg_file.is_file():
+            raise CheckpointError(f"{cfg_file} not found: a Hugging Face model directory needs config.json")
+        try:
+            data = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V per token across all layers, at 2 bytes (bf16) per element."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
+
+    def num_parameters(self) -> int:
+        H, I, V = self.hidden_size, self.intermediate_size, self.vocab_size
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        per_layer = H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H
+        return V * H * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + H
+
+
+def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:
+    params = dict(d.get("rope_parameters") or {})
+    scaling = d.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "dynamic" and "factor" not in params:
+        raise CheckpointError("config.json: rope_scaling type 'dynamic' needs 'factor'")
+    orig = params.get("original_max_position_embeddings")
+    if rope_type in ("yarn", "llama3") and orig is None:
+        if rope_type == "llama3":
+            raise CheckpointError("config.json: rope_scaling type 'llama3' needs original_max_position_embeddings")
+        orig = d.get("max_position_embeddings")
+    return RopeConfig(
+        rope_type=rope_type,
+        theta=theta,
+        factor=float(params.get("factor") or 1.0),
+        original_max_position_embeddings=None if orig is None else int(orig),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        attention_factor=params.get("attention_factor"),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        truncate=bool(params.get("truncate", True)),
+    )

@@ -1,0 +1,192 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the op table.
+
+The same module code runs on every backend: attention, KV writes, RMSNorm and
+RoPE go through ``self.ops`` (an :class:`hyspec.ops.OpTable`), so a backend
+swaps kernels without touching the model.  q/k/v and gate/up projections are
+stored fused (one matmul each); the loader concatenates the checkpoint's
+separate tensors.
+
+Two forward paths share the weights:
+
+* :meth:`CausalLM.forward` -- the serving path over the paged KV cache
+  (prefill chunks, decode and tree verification in one packed batch).
+* :meth:`CausalLM.forward_dense` -- cache-free causal attention over
+  ``[batch, seq]`` for training drafters and teacher forcing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyspec.model.config import ModelConfig
+from hyspec.model.rope import cos_sin_cache
+from hyspec.ops import AttentionMetadata, OpTable, reference_ops
+from hyspec.ops.attention import dense_causal_attention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def project(self, ops: OpTable, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor):
+        """q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D] for tokens ``x [T, H]`` at ``positions [T]``."""
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k = ops.rotary(q, k, positions, cos_sin)
+        return q, k, v
+
+    def forward(self, ops: OpTable, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.project(ops, x, positions, cos_sin)
+        k_cache, v_cache = kv
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = ops.attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+
+    def forward_dense(self, ops: OpTable, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        B, S, H = x.shape
+        positions = torch.arange(S, device=x.device).repeat(B)
+        q, k, v = self.project(ops, x.reshape(B * S, H), positions, cos_sin)
+        out = dense_causal_attention(q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
+                                     v.view(B, S, *v.shape[1:]), self.scale)
+        return self.o_proj(out.reshape(B, S, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, ops: OpTable, h: torch.Tensor, residual: torch.Tensor | None, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block on the (h, residual) pair; the residual stream after it is ``h + residual``.
+
+        ``attend(normed) -> attention output`` hides whether the paged or the dense path runs.
+        """
+        norm = self.input_layernorm
+        if residual is None:
+            residual = h
+            h = ops.rms_norm(h, norm.weight, norm.eps)
+        else:
+            h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
+        h = attend(h)
+        norm = self.post_attention_layernorm
+        h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
+        return self.mlp(h), residual
+
+
+@dataclass
+class ModelOutput:
+    hidden: torch.Tensor  # [T, H] after the final norm: what lm_head sees
+    aux_hidden: dict[int, torch.Tensor]  # layer index -> [T, H] residual stream after that layer
+
+
+class CausalLM(nn.Module):
+    """A decoder-only causal LM of the Llama family."""
+
+    def __init__(self, cfg: ModelConfig, ops: OpTable | None = None, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.ops = ops or reference_ops()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.max_positions = max_positions or cfg.max_position_embeddings
+        self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [V, H]
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
+        meta: AttentionMetadata,
+        aux_layers: tuple[int, ...] = (),
+        inputs_embeds: torch.Tensor | None = None,  # [T, H], replaces the embedding lookup
+    ) -> ModelOutput:
+        ops, cos_sin = self.ops, self.cos_sin
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} exceeds the RoPE table ({self.max_positions})")
+        h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        aux: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h, residual = layer(ops, h, residual,
+                                lambda x, attn=attn, kv=kv_caches[i]: attn(ops, x, positions, cos_sin, kv, meta))
+            if i in aux_layers:
+                aux[i] = h + residual
+        h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
+        return ModelOutput(hidden=h, aux_hidden=aux)
+
+    def forward_dense(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        aux_layers: tuple[int, ...] = (),
+    ) -> ModelOutput:  # hidden [B, S, H]
+        """Cache-free causal forward over whole sequences (positions 0..S-1)."""
+        ops, cos_sin = self.ops, self.cos_sin
+        h = self.embed(input_ids)
+        residual = None
+        aux: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h, residual = layer(ops, h, residual, lambda x, attn=attn: attn.forward_dense(ops, x, cos_sin))
+            if i in aux_layers:
+                aux[i] = h + residual
+        h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
+        return ModelOutput(hidden=h, aux_hidden=aux)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, H] -> [N, V]`` fp32 logits (the matmul runs in the model dtype, as the reference does)."""
+        return F.linear(hidden, self.lm_head_weight).float()

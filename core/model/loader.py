@@ -1,0 +1,113 @@
+"""Load a Hugging Face Llama-family checkpoint into :class:`CausalLM`."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from hyspec.errors import CheckpointError
+from hyspec.model.config import ModelConfig, parse_dtype
+from hyspec.model.llama import CausalLM
+from hyspec.model.weights import SafetensorsCheckpoint, check_shape
+from hyspec.ops import OpTable
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dtype(cfg: ModelConfig, dtype: str | torch.dtype | None) -> torch.dtype:
+    """``auto`` keeps the checkpoint's dtype (fp32 when the config names none)."""
+    if dtype in (None, "auto"):
+        return parse_dtype(cfg.torch_dtype, default=torch.float32)
+    return parse_dtype(dtype)
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | torch.device = "cpu",
+    ops: OpTable | None = None,
+    max_positions: int | None = None,
+) -> CausalLM:
+    """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``."""
+    path = Path(path)
+    cfg = ModelConfig.from_pretrained(path)
+    torch_dtype = resolve_dtype(cfg, dtype)
+    ckpt = SafetensorsCheckpoint(path)
+    with torch.device("meta"):
+        model = CausalLM(cfg, ops=ops, max_positions=max_positions)
+    state = hf_state_dict(cfg, ckpt, torch_dtype)
+    model.load_state_dict(state, strict=False, assign=True)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"checkpoint in {path} does not provide {missing[:5]}")
+    from hyspec.model.rope import cos_sin_cache
+
+    model.cos_sin = cos_sin_cache(cfg, model.max_positions)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, dtype: torch.dtype,
+                  prefix: str = "model.", layer_offset: int = 0, num_layers: int | None = None) -> dict[str, torch.Tensor]:
+    """Map HF tensor names onto hyspec's module names, fusing q/k/v and gate/up, checking shapes.
+
+    ``layer_offset``/``num_layers`` select a slice of decoder layers (drafters
+    stored inside a target checkpoint, such as DeepSeek MTP layers).
+    """
+    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q_size = cfg.num_attention_heads * cfg.head_dim
+    kv_size = cfg.num_key_value_heads * cfg.head_dim
+
+    def get(name: str, shape) -> torch.Tensor:
+        return check_shape(name, ckpt.get(name), shape).to(dtype)
+
+    state: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+
+    def take(name: str, shape) -> torch.Tensor:
+        used.add(name)
+        return get(name, shape)
+
+    state["embed_tokens.weight"] = take(f"{prefix}embed_tokens.weight", (V, H))
+    state["norm.weight"] = take(f"{prefix}norm.weight", (H,))
+    if not cfg.tie_word_embeddings:
+        state["lm_head.weight"] = take("lm_head.weight", (V, H))
+    count = cfg.num_hidden_layers if num_layers is None else num_layers
+    for i in range(count):
+        src, dst = f"{prefix}layers.{i + layer_offset}.", f"layers.{i}."
+        a = src + "self_attn."
+        state[dst + "self_attn.qkv_proj.weight"] = torch.cat([
+            take(a + "q_proj.weight", (q_size, H)), take(a + "k_proj.weight", (kv_size, H)),
+            take(a + "v_proj.weight", (kv_size, H))])
+        if cfg.qkv_bias:
+            state[dst + "self_attn.qkv_proj.bias"] = torch.cat([
+                take(a + "q_proj.bias", (q_size,)), take(a + "k_proj.bias", (kv_size,)),
+                take(a + "v_proj.bias", (kv_size,))])
+        state[dst + "self_attn.o_proj.weight"] = take(a + "o_proj.weight", (H, q_size))
+        if cfg.o_bias:
+            state[dst + "self_attn.o_proj.bias"] = take(a + "o_proj.bias", (H,))
+        if cfg.qk_norm:
+            state[dst + "self_attn.q_norm.weight"] = take(a + "q_norm.weight", (cfg.head_dim,))
+            state[dst + "self_attn.k_norm.weight"] = take(a + "k_norm.weight", (cfg.head_dim,))
+        m = src + "mlp."
+        state[dst + "mlp.gate_up_proj.weight"] = torch.cat([
+            take(m + "gate_proj.weight", (I, H)), take(m + "up_proj.weight", (I, H))])
+        state[dst + "mlp.down_proj.weight"] = take(m + "down_proj.weight", (H, I))
+        if cfg.mlp_bias:
+            state[dst + "mlp.gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias", (I,)), take(m + "up_proj.bias", (I,))])
+            state[dst + "mlp.down_proj.bias"] = take(m + "down_proj.bias", (H,))
+        state[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight", (H,))
+        state[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight", (H,))
+    if num_layers is None:
+        extra = [n for n in ckpt.names() if n not in used and not _benign_extra(n, cfg)]
+        if extra:
+            log.warning("ignoring %d tensors the model does not use, e.g. %s", len(extra), extra[:3])
+    return state
+
+
+def _benign_extra(name: str, cfg: ModelConfig) -> bool:
+    if name.endswith("rotary_emb.inv_freq") or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+        return True
+    parts = name.split(".")
+    # Layers past num_hidden_layers are MTP modules (DeepSeek layout): loaded by the MTP drafter.
+    return len(parts) > 2 and parts[1] == "layers" and parts[2].isdigit() and int(parts[2]) >= cfg.num_hidden_layers

@@ -1,0 +1,89 @@
+"""RoPE frequency tables, including the scaling types checkpoints ask for.
+
+The table is static (computed once for ``max_positions``), as serving engines
+do.  For ``dynamic`` NTK scaling this equals the reference implementation for
+positions up to ``max_position_embeddings`` (where dynamic scaling is inactive)
+and uses the scaled base for the whole context beyond it; the reference
+re-derives the base from the current length, which a paged cache cannot follow
+without re-rotating cached keys.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hyspec.model.config import ModelConfig, RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, head_dim: int, max_position_embeddings: int,
+                        max_positions: int) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [head_dim // 2] fp32, attention_factor)`` for the config's RoPE type."""
+    dim = head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (rope.theta ** exponents)
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    if rope.rope_type == "dynamic":
+        seq_len = max(max_positions, max_position_embeddings)
+        base = rope.theta * ((rope.factor * seq_len / max_position_embeddings) - (rope.factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / (base ** exponents), 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(rope, dim, max_position_embeddings)
+    raise AssertionError(rope.rope_type)  # RopeConfig validates the type
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    old_ctx = rope.original_max_position_embeddings
+    low_wavelen = old_ctx / rope.low_freq_factor
+    high_wavelen = old_ctx / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(rope: RopeConfig, dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    factor = rope.factor
+    orig = rope.original_max_position_embeddings or max_position_embeddings
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    extrapolation_weight = 1 - ramp
+    inv_freq = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+def cos_sin_cache(config: ModelConfig, max_positions: int) -> torch.Tensor:
+    """``[max_positions, head_dim]`` fp32: cos in the first half of the last dim, sin in the second."""
+    inv_freq, attention_factor = inverse_frequencies(
+        config.rope, config.head_dim, config.max_position_embeddings, max_positions)
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2]
+    return torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1)

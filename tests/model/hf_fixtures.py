@@ -1,0 +1,55 @@
+"""Tiny random Hugging Face checkpoints, written in HF format for the tests (transformers is the oracle)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = {
+    # name: (transformers config class, kwargs)
+    "llama_gqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2)),
+    "llama_tied": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)),
+    "llama_bias": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, attention_bias=True)),
+    "llama3_rope": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=1, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})),
+    "llama_linear_rope": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2,
+                                              rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama_yarn_rope": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+}
+
+
+def make_hf_model(name: str, path: Path, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,
+                  seed: int = 0, dtype: torch.dtype = torch.float32):
+    """Create a random HF model of family ``name``, save it (safetensors) to ``path``, return it."""
+    import transformers
+
+    cls_name, kwargs = FAMILIES[name]
+    kwargs = dict(kwargs)
+    rope_scaling = kwargs.pop("rope_scaling", None)
+    base = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size + 8,
+                num_hidden_layers=layers, max_position_embeddings=256, rms_norm_eps=1e-5,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    base.setdefault("tie_word_embeddings", False)
+    base.update(kwargs)
+    cfg = getattr(transformers, cls_name)(**base)
+    if rope_scaling is not None:
+        params = dict(getattr(cfg, "rope_parameters", None) or {"rope_theta": 10000.0})
+        params.update(rope_scaling)
+        cfg.rope_parameters = params
+        cfg.rope_scaling = params
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, cls_name.replace("Config", "ForCausalLM"))
+    model = model_cls(cfg).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb them so the test sees them.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model = model.to(dtype)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
