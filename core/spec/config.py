@@ -1,0 +1,502 @@
+"""``speculative_config``: vLLM's JSON shape plus hyspec's keys, validated on construction.
+
+    cfg = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 4}')
+    cfg = SpeculativeConfig.from_dict({"method": "eagle", "tree": {"budget": 48}})
+
+The vLLM keys keep vLLM's names and meaning (``method``, ``model``,
+``num_speculative_tokens``, ``prompt_lookup_min/max``, ...), so a config
+written for vLLM works unchanged when it uses only features hyspec has.  Keys
+vLLM knows but hyspec does not implement are rejected as "not supported by
+hyspec" rather than silently ignored; unknown keys are rejected with the
+closest valid name.  Every error names the full dotted key.
+``SpeculativeConfig.describe()`` renders the key reference as Markdown.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from hyspec.errors import ConfigError
+from hyspec.spec import _config_check as chk
+from hyspec.spec._config_check import ROOT, key
+
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "hybrid")
+# Methods that draft one chain/block per step: a static token tree means nothing to them.
+CHAIN_ONLY_METHODS = ("ngram", "dflash", "dspark")
+# vLLM methods hyspec does not implement, with what to use instead.
+UNSUPPORTED_METHODS = {
+    "medusa": "use 'eagle' (a trained head over target hidden states)",
+    "mlp_speculator": "use 'eagle' or 'draft_model'",
+    "suffix": "use 'ngram' (prompt lookup)",
+    "ngram_gpu": "use 'ngram' (hyspec's prompt lookup runs on every backend)",
+    "custom_class": "write a hyspec Proposer instead",
+    "extract_hidden_states": "hyspec has no hidden-state export mode",
+}
+MAX_SPECULATIVE_TOKENS = 64
+# Largest draft tree per sequence: the verification query length is budget + 1 and
+# the tree mask is [budget + 1]^2 per sequence; 256 bounds that at 66k entries.
+# Backends with a tighter kernel limit check their own at start-up.
+MAX_TREE_BUDGET = 256
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
+# vLLM's ngram default when neither bound is given ("arbitrarily chosen" upstream).
+DEFAULT_PROMPT_LOOKUP = 5
+LOAD_SIGNALS = ("batch_occupancy", "kv_usage", "queue_depth", "max")
+PLACEMENTS = ("local", "remote")
+
+# vLLM SpeculativeConfig fields hyspec does not implement (vLLM's name -> why / what instead).
+VLLM_UNSUPPORTED_KEYS = {
+    "enforce_eager": "hyspec has no CUDA-graph capture to opt out of",
+    "tensor_parallel_size": "vLLM itself rejects this name; drafters run on one device",
+    "quantization": "draft weights are loaded in the target's dtype",
+    "moe_backend": "drafters are dense",
+    "attention_backend": "the backend is chosen once by the capability probe",
+    "kv_cache_dtype": "draft and target share one KV block pool and its dtype",
+    "revision": "models load from local paths only",
+    "code_revision": "models load from local paths only",
+    "index_share_for_mtp_iteration": "MTP modules here do not use sparse attention",
+    "disable_padded_drafter_batch": "drafter batches are always ragged here",
+    "disable_eagle_block_drop": "no prefix-cache block dropping in hyspec",
+    "use_local_argmax_reduction": "no vocabulary-parallel lm_head",
+    "use_heterogeneous_vocab": "draft and target must share the vocabulary (losslessness)",
+    "parallel_drafting": "use method 'dflash' or 'dspark' for parallel drafting",
+    "num_speculative_tokens_per_batch_size": "the goodput controller sets the draft length per step",
+    "suffix_decoding_max_tree_depth": "method 'suffix' is not supported",
+    "suffix_decoding_max_cached_requests": "method 'suffix' is not supported",
+    "suffix_decoding_max_spec_factor": "method 'suffix' is not supported",
+    "suffix_decoding_min_token_prob": "method 'suffix' is not supported",
+    "draft_load_config": "models load from local paths only",
+    "rejection_sample_method": "hyspec always uses lossless rejection sampling",
+    "synthetic_acceptance_rates": "no synthetic acceptance mode",
+    "synthetic_acceptance_length": "no synthetic acceptance mode",
+    "enable_adaptive_verification": "the goodput controller adapts the budget for every method",
+    "draft_sample_method": "draft probabilities are always the ones sampled from",
+    "dspark_draft_topk": "the DSpark decoder here scores the whole block",
+    "disable_logprobs": "vLLM v0 option",
+    "disable_log_stats": "metrics are always collected (Prometheus /metrics)",
+    "acceptance_method": "vLLM v0 option; hyspec always uses lossless rejection sampling",
+}
+
+
+@chk.document
+@dataclass(frozen=True)
+class TreeConfig:
+    """Draft-tree shape for tree-drafting methods (EAGLE-2-style dynamic trees).
+
+    The budget default 32 is a serving default, not EAGLE-2's single-request 60:
+    at batch 8 a 32-node tree already verifies 264 tokens per step, around where
+    a mid-size accelerator stops being memory-bound.  The goodput controller
+    shrinks the budget further whenever verification gets expensive.
+    """
+
+    _SECTION: ClassVar[str] = f"{ROOT}.tree"
+    budget: int | None = key(None, "Total draft nodes per sequence and step (1..256); null = 32, "
+                                   "or the node count of `speculative_token_tree`.")
+    depth: int | None = key(None, "Deepest draft level; null = `num_speculative_tokens` "
+                                  "(or the static tree's depth). Must be <= budget.")
+    topk: int | None = key(None, "Children expanded per node (EAGLE-2 top-k); null = 8 "
+                                 "(or the static tree's widest branching). Must be <= budget.")
+
+    def __post_init__(self) -> None:
+        chk.check_int(self, "budget", 1, MAX_TREE_BUDGET, optional=True)
+        chk.check_int(self, "depth", 1, MAX_TREE_BUDGET, optional=True)
+        chk.check_int(self, "topk", 1, MAX_TREE_BUDGET, optional=True)
+        if self.budget is not None:
+            for name in ("depth", "topk"):
+                value = getattr(self, name)
+                if value is not None and value > self.budget:
+                    chk.fail(self, name, f"{value} exceeds tree.budget {self.budget}")
+
+
+@chk.document
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The goodput controller: picks the draft length / tree budget each step (controller.py)."""
+
+    _SECTION: ClassVar[str] = f"{ROOT}.controller"
+    enabled: bool = key(True, "Adapt the draft length per step; false = always draft `max_draft_tokens`.")
+    ewma_alpha: float = key(0.05, "Weight of the newest step in the per-position acceptance EWMA, in (0, 1].")
+    min_draft_tokens: int = key(0, "Floor on the draft length when speculating (operators often set 2); "
+                                   "never forces speculation the cost model rejects.")
+    max_draft_tokens: int | None = key(None, "Ceiling on the draft length; null = `num_speculative_tokens`.")
+    profile_at_startup: bool = key(True, "Time target steps on a small (batch, tokens) grid at start-up "
+                                         "to fit the cost model; false = learn it online only.")
+    acceptance_prior: float = key(0.9, "Optimistic initial per-position acceptance, so a new method is tried.")
+    explore_interval: int = key(256, "After this many consecutive plain steps of a method, draft once to "
+                                     "refresh its acceptance estimate; 0 = never.")
+    min_gain: float = key(0.02, "Relative goodput gain over plain decoding required to speculate.")
+
+    def __post_init__(self) -> None:
+        chk.check_bool(self, "enabled")
+        chk.check_float(self, "ewma_alpha", 0.0, 1.0, lo_open=True)
+        chk.check_int(self, "min_draft_tokens", 0, MAX_SPECULATIVE_TOKENS)
+        chk.check_int(self, "max_draft_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
+        chk.check_bool(self, "profile_at_startup")
+        chk.check_float(self, "acceptance_prior", 0.0, 1.0)
+        chk.check_int(self, "explore_interval", 0)
+        chk.check_float(self, "min_gain", 0.0, 10.0)
+        if self.max_draft_tokens is not None and self.min_draft_tokens > self.max_draft_tokens:
+            chk.fail(self, "min_draft_tokens",
+                     f"{self.min_draft_tokens} exceeds controller.max_draft_tokens {self.max_draft_tokens}")
+
+
+@chk.document
+@dataclass(frozen=True)
+class QualityConfig:
+    """The draft-quality monitor (quality.py): warns when a method drafts badly or erratically."""
+
+    _SECTION: ClassVar[str] = f"{ROOT}.quality"
+    min_acceptance: float = key(0.6, "Warn when a method's EWMA acceptance stays below this for `window` steps.")
+    max_std: float = key(0.15, "Warn when the std of per-step acceptance over `window` steps exceeds this.")
+    window: int = key(100, "Steps per judgement (2..100000).")
+
+    def __post_init__(self) -> None:
+        chk.check_float(self, "min_acceptance", 0.0, 1.0)
+        # per-step acceptance lies in [0, 1], so its standard deviation is at most 0.5
+        chk.check_float(self, "max_std", 0.0, 0.5)
+        chk.check_int(self, "window", 2, 100_000)
+
+
+@chk.document
+@dataclass(frozen=True)
+class RemoteConfig:
+    """Remote drafting on Ray CPU workers (used when `draft_placement` is "remote")."""
+
+    _SECTION: ClassVar[str] = f"{ROOT}.remote"
+    ping_interval_ms: int = key(200, "Health ping period per worker, in ms.")
+    max_missed_pings: int = key(3, "Missed pings before a worker's sequences fail over to local drafting.")
+    draft_deadline_ms: int = key(50, "A draft later than this makes the step a plain step (`draft_timeout`); "
+                                     "above a LAN round trip plus a CPU draft, far below a 320 ms stall.")
+    busy_threshold: float = key(0.95, "Target busy fraction above which worker threads are cut back, in (0, 1].")
+    min_cores: int = key(4, "Floor on each worker's thread count (a 2-core cap starved drafters in the field).")
+    pipelining: bool = key(True, "Draft step t+1 while the target verifies step t.")
+    fallback_method: str = key("ngram", "Local method used after failover, or \"none\" for plain decoding.")
+
+    def __post_init__(self) -> None:
+        chk.check_int(self, "ping_interval_ms", 1, 60_000)
+        chk.check_int(self, "max_missed_pings", 1, 1000)
+        chk.check_int(self, "draft_deadline_ms", 1, 60_000)
+        chk.check_float(self, "busy_threshold", 0.0, 1.0, lo_open=True)
+        chk.check_int(self, "min_cores", 1, 4096)
+        chk.check_bool(self, "pipelining")
+        chk.check_choice(self, "fallback_method", [m for m in METHODS if m != "hybrid"] + ["none"])
+
+
+@chk.document
+@dataclass(frozen=True)
+class MethodConfig:
+    """One method the hybrid dispatcher may choose (an item of `hybrid.methods`).
+
+    A bare string is shorthand for `{"method": name}`.
+    """
+
+    _SECTION: ClassVar[str] = f"{ROOT}.hybrid.methods[]"
+    _SHORTHAND: ClassVar[str] = "method"
+    method: str = key(dataclasses.MISSING, "A method other than hybrid.")
+    model: str | None = key(None, "Draft weights (path); null = the embedded default drafter.")
+    num_speculative_tokens: int | None = key(None, "Draft length ceiling; null = the top-level value.")
+    prompt_lookup_min: int | None = key(None, "ngram only; as the top-level key.")
+    prompt_lookup_max: int | None = key(None, "ngram only; as the top-level key.")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", _canonical_method(self, "method"))
+        if self.method == "hybrid":
+            chk.fail(self, "method", "a hybrid cannot contain another hybrid")
+        chk.check_str(self, "model", optional=True)
+        chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
+        _check_model_allowed(self)
+        _resolve_prompt_lookup(self)
+
+
+@chk.document
+@dataclass(frozen=True)
+class HybridConfig:
+    """The hybrid dispatcher: method choice per step, load-based fallback, canary rollout."""
+
+    _SECTION: ClassVar[str] = f"{ROOT}.hybrid"
+    rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules.")
+    methods: tuple[MethodConfig, ...] = key((), "Methods to load (list of method configs or names); "
+                                                "required when method is \"hybrid\".")
+    load_threshold: float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].")
+    load_resume_threshold: float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.")
+    load_signal: str = key("max", "batch_occupancy | kv_usage | queue_depth | max (the largest of them: "
+                                  "any saturated resource makes drafting a loss).")
+    speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
+
+    def __post_init__(self) -> None:
+        chk.check_str(self, "rules_path", optional=True)
+        chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
+        chk.check_float(self, "load_resume_threshold", 0.0, 1.0)
+        if self.load_resume_threshold >= self.load_threshold:
+            chk.fail(self, "load_resume_threshold", f"{self.load_resume_threshold} must be below "
+                                                    f"hybrid.load_threshold {self.load_threshold} (hysteresis)")
+        chk.check_choice(self, "load_signal", LOAD_SIGNALS)
+        chk.check_float(self, "speculative_fraction", 0.0, 1.0)
+        if not isinstance(self.methods, tuple):
+            chk.fail(self, "methods", "expected a list of method configs")
+        seen: dict[str, int] = {}
+        for i, m in enumerate(self.methods):
+            if not isinstance(m, MethodConfig):
+                chk.fail(self, f"methods[{i}]", f"expected a method config, got {m!r}")
+            if m.method in seen:
+                chk.fail(self, f"methods[{i}].method", f"{m.method!r} is already listed at methods[{seen[m.method]}]")
+            seen[m.method] = i
+
+
+@chk.document
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """The whole ``speculative_config``: vLLM's keys, then hyspec's sections.
+
+    Construct with ``from_dict`` / ``from_json`` (or directly with keyword
+    arguments and section dataclasses); every value is checked in
+    ``__post_init__`` and defaults are resolved, so a constructed config is
+    complete: ``num_speculative_tokens``, ``prompt_lookup_*`` (ngram),
+    ``tree.*`` and ``controller.max_draft_tokens`` are never null afterwards
+    where they apply.
+    """
+
+    _SECTION: ClassVar[str] = ROOT
+    method: str | None = key(None, "ngram | draft_model | eagle | eagle3 | mtp | dflash | dspark | hybrid "
+                                   "(vLLM's *_mtp names mean mtp); null = draft_model when `model` is set.")
+    model: str | None = key(None, "Draft weights (path); null = the embedded default drafter for the method.")
+    num_speculative_tokens: int | None = key(None, "Draft tokens per step, 1..64; null = 4, or the node "
+                                                   "count of `speculative_token_tree`.")
+    prompt_lookup_min: int | None = key(None, "ngram: shortest n-gram matched; null = prompt_lookup_max, or 5.")
+    prompt_lookup_max: int | None = key(None, "ngram: longest n-gram matched; null = prompt_lookup_min, or 5.")
+    draft_tensor_parallel_size: int | None = key(None, "Only 1 (or null) is supported by hyspec.")
+    disable_by_batch_size: int | None = key(None, "As vLLM: speculation off for new requests while the batch "
+                                                  "holds more than this many (>= 2); null = off.")
+    speculative_token_tree: tuple[tuple[int, ...], ...] | None = key(
+        None, "vLLM's static EAGLE tree, e.g. \"[(0,), (1,), (0, 0)]\": each tuple is a path of child "
+              "ranks from the root; null = chains / dynamic trees.")
+    max_model_len: int | None = key(None, "Longest context the drafter sees (>= 1); null = the target's.")
+    tree: TreeConfig = key(TreeConfig(), "Draft-tree shape: budget, depth, topk.")
+    controller: ControllerConfig = key(ControllerConfig(), "Goodput controller settings.")
+    quality: QualityConfig = key(QualityConfig(), "Draft-quality monitor settings.")
+    draft_placement: str = key("local", "\"local\" (drafter beside the target) or \"remote\" (Ray CPU workers).")
+    ray_address: str | None = key(None, "Ray cluster for remote drafting; null = start a local Ray on demand.")
+    remote: RemoteConfig = key(RemoteConfig(), "Remote drafting settings.")
+    hybrid: HybridConfig = key(HybridConfig(), "Hybrid dispatcher settings.")
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            if self.model is None:
+                chk.fail(self, "method", f"required when no model is given; one of {', '.join(METHODS)}")
+            object.__setattr__(self, "method", "draft_model")  # vLLM's fallback for a bare model
+        object.__setattr__(self, "method", _canonical_method(self, "method"))
+        chk.check_str(self, "model", optional=True)
+        _check_model_allowed(self)
+        chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
+        _resolve_prompt_lookup(self)
+        tp = self.draft_tensor_parallel_size
+        if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp != 1):
+            chk.fail(self, "draft_tensor_parallel_size",
+                     f"only 1 is supported by hyspec (drafters run on one device), got "
+                     f"{self.draft_tensor_parallel_size!r}")
+        chk.check_int(self, "disable_by_batch_size", 2, optional=True)
+        chk.check_int(self, "max_model_len", 1, optional=True)
+        self._resolve_token_tree()
+        for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
+                          ("remote", RemoteConfig), ("hybrid", HybridConfig)):
+            if not isinstance(getattr(self, name), cls):
+                chk.fail(self, name, f"expected a {cls.__name__} or an object, got {getattr(self, name)!r}")
+        self._resolve_tree_section()
+        self._resolve_controller()
+        chk.check_choice(self, "draft_placement", PLACEMENTS)
+        chk.check_str(self, "ray_address", optional=True)
+        if self.ray_address is not None and self.draft_placement != "remote":
+            chk.fail(self, "ray_address", 'only used with draft_placement "remote"')
+        self._check_hybrid()
+
+    # -- resolution of defaults that depend on other keys -----------------------------
+    def _resolve_token_tree(self) -> None:
+        if self.speculative_token_tree is None:
+            if self.num_speculative_tokens is None:
+                object.__setattr__(self, "num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS)
+            return
+        if self.method in CHAIN_ONLY_METHODS or self.method == "hybrid":
+            chk.fail(self, "speculative_token_tree", f"method {self.method!r} drafts chains; a static tree "
+                                                     f"applies to draft_model, eagle, eagle3 and mtp")
+        tree = parse_token_tree(self.speculative_token_tree, f"{ROOT}.speculative_token_tree")
+        object.__setattr__(self, "speculative_token_tree", tree)
+        if self.num_speculative_tokens is None:
+            if len(tree) > MAX_SPECULATIVE_TOKENS:
+                chk.fail(self, "speculative_token_tree",
+                         f"{len(tree)} nodes exceed the {MAX_SPECULATIVE_TOKENS} draft tokens allowed")
+            object.__setattr__(self, "num_speculative_tokens", len(tree))
+        elif self.num_speculative_tokens != len(tree):
+            # vLLM verifies one slot per tree node: the two must agree.
+            chk.fail(self, "num_speculative_tokens", f"{self.num_speculative_tokens} != the "
+                                                     f"{len(tree)} nodes of speculative_token_tree")
+
+    def _resolve_tree_section(self) -> None:
+        t, static = self.tree, self.speculative_token_tree
+        if static is not None:
+            nodes, depth = len(static), max(len(n) for n in static)
+            width = max(n[-1] for n in static) + 1
+            for name, need in (("budget", nodes), ("depth", depth), ("topk", width)):
+                value = getattr(t, name)
+                if value is not None and value < need:
+                    raise ConfigError(f"{ROOT}.tree.{name}", f"{value} is smaller than speculative_token_tree "
+                                                             f"needs ({need})")
+            budget, depth, topk = t.budget or nodes, t.depth or depth, t.topk or width
+        else:
+            budget = t.budget or 32
+            depth = t.depth or min(self.num_speculative_tokens, budget)
+            topk = t.topk or min(8, budget)
+        try:
+            resolved = TreeConfig(budget=budget, depth=depth, topk=topk)
+        except ConfigError as e:  # a default combined with an explicit value can still conflict
+            raise ConfigError(e.key, str(e)[len(e.key) + 2:] + " (after resolving defaults)") from None
+        object.__setattr__(self, "tree", resolved)
+
+    def _resolve_controller(self) -> None:
+        c = self.controller
+        if c.max_draft_tokens is None:
+            if c.min_draft_tokens > self.num_speculative_tokens:
+                raise ConfigError(f"{ROOT}.controller.min_draft_tokens", f"{c.min_draft_tokens} exceeds "
+                                  f"num_speculative_tokens {self.num_speculative_tokens}")
+            object.__setattr__(self, "controller",
+                               dataclasses.replace(c, max_draft_tokens=self.num_speculative_tokens))
+        elif c.max_draft_tokens > self.num_speculative_tokens:
+            raise ConfigError(f"{ROOT}.controller.max_draft_tokens", f"{c.max_draft_tokens} exceeds "
+                              f"num_speculative_tokens {self.num_speculative_tokens}")
+
+    def _check_hybrid(self) -> None:
+        h = self.hybrid
+        if self.method == "hybrid":
+            if not h.methods:
+                raise ConfigError(f"{ROOT}.hybrid.methods", 'method "hybrid" needs at least one method to choose from')
+            methods = tuple(m if m.num_speculative_tokens is not None
+                            else dataclasses.replace(m, num_speculative_tokens=self.num_speculative_tokens)
+                            for m in h.methods)
+            object.__setattr__(self, "hybrid", dataclasses.replace(h, methods=methods))
+        elif h.methods:
+            raise ConfigError(f"{ROOT}.hybrid.methods", f'only used with method "hybrid" (method is {self.method!r})')
+
+    # -- construction / export ---------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SpeculativeConfig":
+        """Build from vLLM's JSON shape plus hyspec's sections; raises ConfigError naming the key."""
+        return chk.build(cls, data, ROOT, unsupported=VLLM_UNSUPPORTED_KEYS)
+
+    @classmethod
+    def from_json(cls, source: str | os.PathLike[str]) -> "SpeculativeConfig":
+        """Build from JSON text (starting with '{' or '[') or the path of a JSON file."""
+        if isinstance(source, os.PathLike) or not str(source).lstrip().startswith(("{", "[")):
+            path = Path(source)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as e:
+                raise ConfigError(ROOT, f"cannot read {str(path)!r}: {e.strerror or e}") from None
+        else:
+            text = str(source)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(ROOT, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-shaped mapping; ``from_dict(cfg.to_dict()) == cfg``.  The static tree is vLLM's string form."""
+        out = chk.to_dict(self)
+        if self.speculative_token_tree is not None:
+            out["speculative_token_tree"] = str(list(self.speculative_token_tree))
+        return out
+
+    @staticmethod
+    def describe() -> str:
+        """The key reference as Markdown (for the README)."""
+        parts = ["## `speculative_config` keys", "",
+                 "vLLM's keys keep vLLM's names and meaning; keys vLLM has but hyspec does not "
+                 "implement are rejected as *not supported by hyspec*.", ""]
+        parts += chk.markdown_table(SpeculativeConfig, "")
+        for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
+                          ("remote", RemoteConfig), ("hybrid", HybridConfig),
+                          ("hybrid.methods[]", MethodConfig)):
+            parts += ["", f"### `{name}`", "", (cls.__doc__ or "").split("\n\n")[0].strip(), ""]
+            parts += chk.markdown_table(cls, f"{name}.")
+        return "\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- shared rules
+
+def _canonical_method(obj: Any, name: str) -> str:
+    value = getattr(obj, name)
+    if not isinstance(value, str):
+        chk.fail(obj, name, f"expected a method name, got {value!r}")
+    if value in METHODS:
+        return value
+    if value.endswith("_mtp"):  # vLLM's deprecated per-model MTP names (deepseek_mtp, mimo_mtp, ...)
+        return "mtp"
+    if value in UNSUPPORTED_METHODS:
+        chk.fail(obj, name, f"{value!r} is not supported by hyspec: {UNSUPPORTED_METHODS[value]}")
+    chk.fail(obj, name, f"unknown method {value!r}{chk.did_you_mean(value, METHODS)}; "
+                        f"one of {', '.join(METHODS)}")
+
+
+def _check_model_allowed(obj: Any) -> None:
+    if obj.method == "ngram" and obj.model in ("ngram", "[ngram]"):
+        object.__setattr__(obj, "model", None)  # vLLM writes the method name into `model` for ngram
+    if obj.model is None:
+        return
+    if obj.method == "ngram":
+        chk.fail(obj, "model", "ngram (prompt lookup) has no weights; remove the key")
+    if obj.method == "hybrid":
+        chk.fail(obj, "model", "a hybrid has no model of its own; set it per method in hybrid.methods")
+
+
+def _resolve_prompt_lookup(obj: Any) -> None:
+    """vLLM's rule: both null -> 5/5; one given -> the other equals it; min <= max; ngram only."""
+    chk.check_int(obj, "prompt_lookup_min", 1, optional=True)
+    chk.check_int(obj, "prompt_lookup_max", 1, optional=True)
+    lo, hi = obj.prompt_lookup_min, obj.prompt_lookup_max
+    if obj.method != "ngram":
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(obj, name) is not None:
+                chk.fail(obj, name, f"only used with method 'ngram' (method is {obj.method!r})")
+        return
+    if lo is None and hi is None:
+        lo = hi = DEFAULT_PROMPT_LOOKUP
+    lo = hi if lo is None else lo
+    hi = lo if hi is None else hi
+    if lo > hi:
+        chk.fail(obj, "prompt_lookup_min", f"{lo} exceeds prompt_lookup_max {hi}")
+    object.__setattr__(obj, "prompt_lookup_min", lo)
+    object.__setattr__(obj, "prompt_lookup_max", hi)
+
+
+def parse_token_tree(value: Any, path: str) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ``speculative_token_tree`` (string or JSON list of paths), checked and sorted breadth-first.
+
+    A node is the path of child ranks from the root: ``(0,)`` is the root's
+    best child, ``(0, 1)`` that child's second-best.  Well-formed means every
+    node's parent is present and so is its next-better sibling.
+    """
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError) as e:
+            raise ConfigError(path, f"not a list of tuples: {e}") from None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(path, "expected a non-empty list of node paths such as [(0,), (0, 0)]")
+    nodes: list[tuple[int, ...]] = []
+    for item in value:
+        if (not isinstance(item, (list, tuple)) or not item
+                or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in item)):
+            raise ConfigError(path, f"node {item!r} is not a non-empty tuple of child ranks >= 0")
+        nodes.append(tuple(item))
+    present = set(nodes)
+    if len(present) != len(nodes):
+        raise ConfigError(path, "duplicate nodes")
+    for node in nodes:
+        if len(node) > 1 and node[:-1] not in present:
+            raise ConfigError(path, f"node {node} has no parent {node[:-1]}")
+        if node[-1] > 0 and node[:-1] + (node[-1] - 1,) not in present:
+            raise ConfigError(path, f"node {node} has no better-ranked sibling {node[:-1] + (node[-1] - 1,)}")
+    return tuple(sorted(nodes, key=lambda n: (len(n), n)))
