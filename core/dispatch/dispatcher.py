@@ -1,0 +1,244 @@
+"""The hybrid dispatcher: which drafting method (or "none") the next step uses.
+
+Per step, in this order:
+
+1. the load fallback (``hyspec.dispatch.load``): while engaged, "none";
+2. the rules, first match wins; a rule whose method is not loaded is skipped
+   (filtered out once, when rules or loaded methods change, not per step);
+3. when no rule matches, "none".  Plain decoding is always correct, and a
+   method no rule asked for in this situation is a guess, not a decision:
+   operators who want a catch-all end the file with ``{"method": "eagle"}``
+   (or a preference list of when-less rules).
+
+The canary (``arm(request_id)``) is per request, not per step: the engine
+asks once at admission, and control-arm sequences decode plainly whatever
+``choose`` says.  An engine whose batch holds only control requests need not
+call ``choose`` at all.
+
+The rule file is re-read when its stamp changes: polled from ``choose`` at
+most every ``reload_interval_s`` (the stat lands on that one decision), or on
+a background thread with ``watch_in_thread=True``.  A new file that does not
+compile leaves the old rules in place; the error is logged and kept in
+``last_reload_error``.  Reloads swap one tuple, so ``choose`` never sees a
+half-installed rule set.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Iterable
+
+from hyspec.dispatch.canary import Canary
+from hyspec.dispatch.latency import LatencyRing
+from hyspec.dispatch.load import LoadFallback
+from hyspec.dispatch.rules import Rule, RuleFileError, default_rules_path, load_rules
+from hyspec.dispatch.signals import METHODS, NONE, StepSignals
+from hyspec.dispatch.watch import FileStamp, PollingThread, file_stamp
+from hyspec.errors import ConfigError
+
+log = logging.getLogger("hyspec.dispatch")
+
+_NEVER = 1 << 62  # a perf_counter_ns deadline that never comes
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSnapshot:
+    """A copy of the dispatcher's counters, for metrics and tests."""
+
+    decisions: dict[str, int]  # steps per chosen method, "none" included
+    load_fallback_active: bool
+    load: float  # the load figure of the last step
+    load_fallback_steps: int  # steps sent to "none" by the load fallback
+    load_fallback_engagements: int  # times the fallback switched speculation off
+    rules_version: int  # 1 for the rules read at start, +1 per successful reload
+    reload_failures: int
+    last_reload_error: str | None  # why the newest file was refused; None once a reload succeeds
+    latency_p50_ns: int | None  # over the last ``latency_window`` decisions
+    latency_p99_ns: int | None
+    latency_samples: int
+
+
+class HybridDispatcher:
+    """Chooses a drafting method per step from ``StepSignals`` and JSON rules."""
+
+    def __init__(
+        self,
+        rules_path: str | os.PathLike[str] | None,
+        loaded_methods: Iterable[str],
+        load_threshold: float = 0.75,
+        load_resume_threshold: float = 0.6,
+        speculative_fraction: float = 1.0,
+        *,
+        load_signal: str = "load",
+        max_batch_size: int | None = None,
+        queue_capacity: int | None = None,
+        reload_interval_s: float | None = 1.0,
+        watch_in_thread: bool = False,
+        latency_window: int = 4096,
+        canary_salt: str = "",
+    ):
+        """``rules_path=None`` uses the packaged default rules (not watched).
+
+        ``reload_interval_s=None`` turns watching off; ``0`` polls on every
+        decision (tests).  Raises ``RuleFileError`` when the initial rules do
+        not compile, ``ConfigError`` for bad settings.
+        """
+        self._loaded = _check_methods(loaded_methods)
+        self.fallback = LoadFallback(load_threshold, load_resume_threshold, load_signal,
+                                     max_batch_size, queue_capacity)
+        self.canary = Canary(speculative_fraction, canary_salt)
+        self._latency = LatencyRing(latency_window)
+        self._decisions = {method: 0 for method in (*self._loaded, NONE)}
+        self._fallback_steps = 0
+        self._reload_lock = threading.Lock()
+        self._reload_failures = 0
+        self._last_reload_error: RuleFileError | None = None
+        self._version = 1
+
+        self._watched = rules_path is not None
+        self.rules_path = Path(rules_path) if rules_path is not None else default_rules_path()
+        self._stamp: FileStamp | None = file_stamp(self.rules_path)
+        self._rules: tuple[Rule, ...] = ()
+        self._active: tuple[tuple[object, str], ...] = ()
+        self._install(load_rules(self.rules_path))
+
+        if reload_interval_s is not None and reload_interval_s < 0:
+            raise ConfigError("hybrid.reload_interval_s", f"must be >= 0 or None, got {reload_interval_s}")
+        self._interval_ns = 0 if reload_interval_s is None else int(reload_interval_s * 1e9)
+        self._next_poll_ns = _NEVER
+        self._thread: PollingThread | None = None
+        if self._watched and reload_interval_s is not None:
+            if watch_in_thread:
+                self._thread = PollingThread(self.reload_if_changed, max(reload_interval_s, 0.001))
+                self._thread.start()
+            else:
+                self._next_poll_ns = perf_counter_ns() + self._interval_ns
+
+    # -- the hot path --------------------------------------------------
+    def choose(self, signals: StepSignals) -> str:
+        """The method for the next step: a loaded method's name or "none"."""
+        start = perf_counter_ns()
+        if start >= self._next_poll_ns:
+            self._next_poll_ns = start + self._interval_ns
+            self.reload_if_changed()
+        if self.fallback.update(signals):
+            method = NONE
+            self._fallback_steps += 1
+        else:
+            method = NONE
+            for predicate, candidate in self._active:
+                if predicate is None or predicate(signals):
+                    method = candidate
+                    break
+        self._decisions[method] += 1
+        self._latency.record(perf_counter_ns() - start)
+        return method
+
+    def arm(self, request_id: str | bytes | int) -> str:
+        """The canary arm of a request: "spec" or "control" (stable across processes)."""
+        return self.canary.arm(request_id)
+
+    # -- rules -----------------------------------------------------------
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """All rules of the file in force, loaded methods or not."""
+        return self._rules
+
+    @property
+    def loaded_methods(self) -> tuple[str, ...]:
+        return self._loaded
+
+    @property
+    def last_reload_error(self) -> RuleFileError | None:
+        return self._last_reload_error
+
+    @property
+    def load_fallback_active(self) -> bool:
+        return self.fallback.active
+
+    def set_loaded_methods(self, methods: Iterable[str]) -> None:
+        """Change which methods may be chosen (a drafter came up or went away)."""
+        self._loaded = _check_methods(methods)
+        for method in self._loaded:
+            self._decisions.setdefault(method, 0)
+        self._install(self._rules)
+
+    def reload_if_changed(self) -> bool:
+        """Re-read the rule file if its stamp changed; True when new rules were installed."""
+        if not self._watched or file_stamp(self.rules_path) == self._stamp:
+            return False
+        return self.reload()
+
+    def reload(self) -> bool:
+        """Re-read the rule file now; on error keep the old rules and return False."""
+        with self._reload_lock:
+            # Stamp before reading: a write that lands during the read changes the
+            # stamp again, so the next poll reads the file once more.
+            self._stamp = file_stamp(self.rules_path)
+            try:
+                rules = load_rules(self.rules_path)
+            except RuleFileError as exc:
+                self._reload_failures += 1
+                self._last_reload_error = exc
+                log.warning("rule file not reloaded, keeping the previous %d rules: %s", len(self._rules), exc)
+                return False
+            self._install(rules)
+            self._version += 1
+            self._last_reload_error = None
+            log.info("reloaded %d rules from %s (version %d)", len(rules), self.rules_path, self._version)
+            return True
+
+    def _install(self, rules: tuple[Rule, ...]) -> None:
+        loaded = set(self._loaded)
+        active = tuple((rule.predicate, rule.method) for rule in rules if rule.method == NONE or rule.method in loaded)
+        if not active:
+            log.info("no rule in %s names a loaded method (%s): every step decodes plainly",
+                     self.rules_path, ", ".join(self._loaded) or "none loaded")
+        self._rules = rules
+        self._active = active  # one assignment: choose() sees the old or the new set, never a mix
+
+    # -- observation -----------------------------------------------------
+    def snapshot(self) -> DispatchSnapshot:
+        p50, p99 = self._latency.percentiles(50, 99)
+        error = self._last_reload_error
+        return DispatchSnapshot(
+            decisions=dict(self._decisions),
+            load_fallback_active=self.fallback.active,
+            load=self.fallback.last_load,
+            load_fallback_steps=self._fallback_steps,
+            load_fallback_engagements=self.fallback.engagements,
+            rules_version=self._version,
+            reload_failures=self._reload_failures,
+            last_reload_error=None if error is None else str(error),
+            latency_p50_ns=p50,
+            latency_p99_ns=p99,
+            latency_samples=len(self._latency),
+        )
+
+    def close(self) -> None:
+        """Stop the watcher thread, if any."""
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+    def __enter__(self) -> "HybridDispatcher":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _check_methods(methods: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(methods, str):  # "eagle" would otherwise read as five one-letter methods
+        methods = (methods,)
+    checked: list[str] = []
+    for method in methods:
+        if method not in METHODS:
+            raise ConfigError("hybrid.methods", f"unknown method {method!r}; methods are {', '.join(METHODS)}")
+        if method not in checked:
+            checked.append(method)
+    return tuple(checked)
