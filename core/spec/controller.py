@@ -1,0 +1,267 @@
+"""The goodput controller: how much to draft this step, including nothing.
+
+Goodput is committed tokens per second.  With a_j the probability that draft
+position j is accepted given positions 1..j-1 were (per method, an EWMA over
+steps), a chain of k drafts commits in expectation
+
+    E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j            (the 1: bonus / corrected token)
+
+and costs  draft(b, k) + verify(b, k + 1)  seconds for a batch of b, so per sequence
+
+    goodput(k) = E[tokens | k] / (draft(b, k) + verify(b, k + 1)),   goodput(0) = 1 / verify(b, 1).
+
+``choose`` returns the k in [max(1, floor), max_draft_tokens] with the best
+goodput if that beats plain decoding by ``min_gain``, else 0.  Acceptance
+alone never decides: at a batch size where verify(b, k + 1) >> verify(b, 1)
+even a = 0.95 loses, and the answer is 0.  The floor (``min_draft_tokens``)
+only restricts *how much* to draft once speculating pays; it never turns
+speculation on.
+
+Learning.  Acceptance starts at an optimistic prior so a new method is tried.
+Estimates move only when drafts are verified, so a method turned off (k = 0)
+would keep a stale, low estimate forever, even after the workload changed
+(new prompts that repeat themselves, a drafter that warmed up).  So after
+``explore_interval`` consecutive plain steps the controller drafts once, at the
+length that would be best if acceptance were perfect, as a probe.  It does so
+only when perfect acceptance *could* beat plain decoding: when the cost model
+says verification itself is too expensive, there is nothing to learn and no
+step is spent.  A probe costs one step in ``explore_interval`` (0.4 % at 256).
+
+Trees use the same rule with the tree budget B in place of k; since the
+acceptance of a tree depends on its shape, the expected accepted length is
+measured per budget bucket (powers of two up to ``tree.budget``) instead of
+being derived from per-position rates.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from hyspec.errors import HyspecError
+from hyspec.spec.config import SpeculativeConfig
+from hyspec.spec.cost_model import CostModel, StepSample
+
+__all__ = ["GoodputController", "CostModel", "StepSample", "DraftCost"]
+
+logger = logging.getLogger(__name__)
+
+
+class DraftCost:
+    """Draft time of one step as overhead + per_token * tokens drafted (batch total).
+
+    An exponentially weighted least-squares line (weights decay by ``alpha``
+    per observation): five running sums, no history.  With a single token
+    count observed so far, the line goes through the origin.  Unobserved, a
+    draft is free: the optimistic start that lets a new method be tried.
+    """
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens < 0 or not seconds >= 0.0:
+            raise HyspecError(f"draft time: need num_tokens >= 0 and seconds >= 0, got {num_tokens}, {seconds}")
+        a, x, y = self.alpha, float(num_tokens), float(seconds)
+        self._w += a * (1.0 - self._w)
+        self._x += a * (x - self._x)
+        self._y += a * (y - self._y)
+        self._xx += a * (x * x - self._xx)
+        self._xy += a * (x * y - self._xy)
+
+    def coefficients(self) -> tuple[float, float]:
+        """(overhead seconds, seconds per drafted token)."""
+        if self._w == 0.0:
+            return 0.0, 0.0
+        mx, my = self._x / self._w, self._y / self._w
+        mxx, mxy = self._xx / self._w, self._xy / self._w
+        var = mxx - mx * mx
+        if var > 1e-9 * max(1.0, mxx):
+            slope = (mxy - mx * my) / var
+            overhead = my - slope * mx
+            if slope >= 0.0 and overhead >= 0.0:
+                return overhead, slope
+        return 0.0, (mxy / mxx if mxx > 0.0 else 0.0)
+
+    def predict(self, num_tokens: int) -> float:
+        overhead, per_token = self.coefficients()
+        return overhead + per_token * num_tokens
+
+
+@dataclass
+class _MethodState:
+    acceptance: list[float]  # [max_draft_tokens] conditional acceptance per position
+    draft: DraftCost
+    tree_accepted: dict[int, float] = field(default_factory=dict)  # budget bucket -> EWMA accepted length
+    plain_streak: int = 0  # consecutive choose() calls that returned 0
+
+
+class GoodputController:
+    """Chooses the draft length (chains) or tree budget (trees) that maximises committed tokens/s."""
+
+    def __init__(self, config: SpeculativeConfig, cost_model: CostModel | None = None):
+        if not isinstance(config, SpeculativeConfig):
+            raise HyspecError(f"GoodputController needs a SpeculativeConfig, got {type(config).__name__}")
+        c = config.controller
+        self.config = config
+        self.cost_model = cost_model if cost_model is not None else CostModel()
+        self.enabled = c.enabled
+        self.alpha = c.ewma_alpha
+        self.min_tokens = c.min_draft_tokens
+        self.max_tokens = c.max_draft_tokens
+        self.prior = c.acceptance_prior
+        self.explore_interval = c.explore_interval
+        self.threshold = 1.0 + c.min_gain
+        self.tree_budget = config.tree.budget
+        self.tree_depth = config.tree.depth
+        self.budget_buckets = tuple(sorted({b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b < self.tree_budget}
+                                           | {self.tree_budget}))
+        self._methods: dict[str, _MethodState] = {}
+
+    @classmethod
+    def from_profile(cls, config: SpeculativeConfig, measure: Callable[[int, int], float],
+                     max_batch_size: int) -> "GoodputController":
+        """Profile the target at start-up when ``controller.profile_at_startup`` says so.
+
+        The grid covers batch sizes 1, 2, 4, ... up to ``max_batch_size`` and token
+        counts k + 1 for k in 0, 1, 2, 4, ... up to the configured maximum draft.
+        """
+        if not config.controller.profile_at_startup:
+            return cls(config)
+        batches = sorted({min(2 ** i, max_batch_size) for i in range(max_batch_size.bit_length() + 1)})
+        top = max(config.controller.max_draft_tokens, config.tree.budget)
+        tokens = sorted({1, 2, 3} | {min(2 ** i, top) + 1 for i in range(top.bit_length() + 1)})
+        return cls(config, CostModel.profile(measure, batches, tokens))
+
+    # -- observations ------------------------------------------------------------------
+    def observe_acceptance(self, method: str, accepted_per_position: Sequence[int], num_drafts: int,
+                           drafted_per_position: Sequence[int] | None = None) -> None:
+        """One verified step of chain drafts.
+
+        ``accepted_per_position[j]``: drafts whose position j was accepted (so
+        positions 0..j all were), as vLLM counts them; ``num_drafts``: drafts
+        verified.  When drafts were ragged (a proposer drafted fewer tokens for
+        some sequences), ``drafted_per_position[j]`` says how many drafts had a
+        position j, so a short draft does not read as a rejection.
+        """
+        st = self._state(method)
+        reached = num_drafts
+        for j, accepted in enumerate(accepted_per_position[:len(st.acceptance)]):
+            denom = reached if drafted_per_position is None else min(reached, drafted_per_position[j])
+            if accepted < 0 or accepted > denom:
+                raise HyspecError(f"observe_acceptance({method!r}): position {j} has {accepted} accepted "
+                                  f"of {denom} drafts that reached it")
+            if denom > 0:
+                st.acceptance[j] += self.alpha * (accepted / denom - st.acceptance[j])
+            reached = accepted
+
+    def observe_tree_acceptance(self, method: str, budget: int, accepted_lengths: Sequence[int]) -> None:
+        """One verified step of tree drafts of ``budget`` nodes: accepted path length per sequence."""
+        if not accepted_lengths:
+            return
+        bucket = self._bucket(budget)
+        st = self._state(method)
+        mean = sum(accepted_lengths) / len(accepted_lengths)
+        old = st.tree_accepted.get(bucket, self._tree_prior(bucket))
+        st.tree_accepted[bucket] = old + self.alpha * (mean - old)
+
+    def observe_step_time(self, batch_size: int, tokens_per_seq: int, seconds: float) -> None:
+        """A measured target step (prefill excluded) verifying ``tokens_per_seq`` per sequence."""
+        self.cost_model.observe(batch_size, tokens_per_seq, seconds)
+
+    def observe_draft_time(self, method: str, num_tokens: int, seconds: float) -> None:
+        """A measured drafting step: ``num_tokens`` drafted in total over the batch."""
+        self._state(method).draft.observe(num_tokens, seconds)
+
+    # -- decisions ---------------------------------------------------------------------
+    def choose(self, method: str, batch_size: int) -> int:
+        """Draft length for this step of a chain method; 0 = plain decoding."""
+        if batch_size < 1:
+            raise HyspecError(f"choose: batch_size must be >= 1, got {batch_size}")
+        if not self.enabled:
+            return self.max_tokens
+        st = self._state(method)
+        candidates = range(max(1, self.min_tokens), self.max_tokens + 1)
+        expected = self._expected_tokens(st.acceptance)
+        return self._decide(st, batch_size, candidates, lambda k: expected[k], lambda k: k + 1)
+
+    def choose_tree_budget(self, method: str, batch_size: int) -> int:
+        """Tree budget (draft nodes per sequence) for this step of a tree method; 0 = plain decoding."""
+        if batch_size < 1:
+            raise HyspecError(f"choose_tree_budget: batch_size must be >= 1, got {batch_size}")
+        if not self.enabled:
+            return self.tree_budget
+        st = self._state(method)
+        candidates = [b for b in self.budget_buckets if b >= self.min_tokens] or [self.tree_budget]
+        return self._decide(st, batch_size, candidates,
+                            lambda b: 1.0 + st.tree_accepted.get(b, self._tree_prior(b)),
+                            lambda b: min(b, self.tree_depth) + 1)
+
+    def goodput(self, method: str, batch_size: int, k: int) -> float:
+        """Predicted committed tokens per second per sequence for a chain of k (k = 0: plain)."""
+        st = self._state(method)
+        if k == 0:
+            return 1.0 / self.cost_model.predict(batch_size, 1)
+        return self._expected_tokens(st.acceptance)[k] / self._step_seconds(st, batch_size, k)
+
+    def acceptance(self, method: str) -> tuple[float, ...]:
+        """Current per-position conditional acceptance estimates of a method."""
+        return tuple(self._state(method).acceptance)
+
+    # -- internals ---------------------------------------------------------------------
+    def _decide(self, st: _MethodState, batch: int, candidates: Sequence[int],
+                expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
+        plain = self.threshold / self.cost_model.predict(batch, 1)
+        best, best_goodput = 0, plain
+        for n in candidates:
+            g = expected(n) / self._step_seconds(st, batch, n)
+            if g > best_goodput:
+                best, best_goodput = n, g
+        if best:
+            st.plain_streak = 0
+            return best
+        st.plain_streak += 1
+        if self.explore_interval and st.plain_streak >= self.explore_interval:
+            # probe at the size perfect acceptance would pick, if perfect acceptance could pay at all
+            probe, probe_goodput = 0, plain
+            for n in candidates:
+                g = perfect(n) / self._step_seconds(st, batch, n)
+                if g > probe_goodput:
+                    probe, probe_goodput = n, g
+            if probe:
+                st.plain_streak = 0
+                logger.debug("goodput controller: probing %d draft tokens after %d plain steps",
+                             probe, self.explore_interval)
+                return probe
+        return 0
+
+    def _step_seconds(self, st: _MethodState, batch: int, n: int) -> float:
+        return st.draft.predict(batch * n) + self.cost_model.predict(batch, n + 1)
+
+    @staticmethod
+    def _expected_tokens(acceptance: Sequence[float]) -> list[float]:
+        """E[tokens | k] for k = 0..len(acceptance)."""
+        out, survive = [1.0], 1.0
+        for a in acceptance:
+            survive *= a
+            out.append(out[-1] + survive)
+        return out
+
+    def _tree_prior(self, budget: int) -> float:
+        """Optimistic expected accepted length of a tree: per level, any of its width nodes may match."""
+        depth = min(self.tree_depth, budget)
+        width = max(1, budget // depth)
+        level = 1.0 - (1.0 - self.prior) ** width
+        return sum(level ** i for i in range(1, depth + 1))
+
+    def _bucket(self, budget: int) -> int:
+        fits = [b for b in self.budget_buckets if b <= budget]
+        return fits[-1] if fits else self.budget_buckets[0]
+
+    def _state(self, method: str) -> _MethodState:
+        st = self._methods.get(method)
+        if st is None:
+            st = _MethodState([self.prior] * self.max_tokens, DraftCost(self.alpha))
+            self._methods[method] = st
+        return st
