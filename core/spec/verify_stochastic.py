@@ -1,0 +1,117 @@
+"""Lossless rejection sampling over draft trees (temperature > 0).
+
+Names as in the papers: p = the target's processed next-token distribution,
+q = the draft distribution a draft token was drawn from (both after
+temperature / top-k / top-p / min-p, see hyspec.ops.sampling).
+
+Chains (Leviathan et al. 2023; Chen et al. 2023).  Draft x ~ q.  Accept x with
+probability min(1, p(x)/q(x)); on rejection emit y ~ norm(max(0, p - q)).
+Then P(emit y) = q(y) min(1, p(y)/q(y)) + (1 - sum_x min(q(x), p(x))) *
+max(0, p(y) - q(y)) / sum_x max(0, p(x) - q(x)) = min(p, q)(y) + max(0, p - q)(y)
+= p(y), because 1 - sum min(p, q) = sum max(0, p - q).  After an accepted x the
+next node is verified against the target's distribution after x, so by the
+chain rule the emitted sequence is distributed as the target's.  When every
+draft on the path is accepted the bonus token is drawn from p at the last node.
+
+Trees: multi-draft recursive rejection sampling (SpecInfer, Miao et al. 2024).
+At a node whose children x_1..x_m are tried in order, with x_i drawn from q_i:
+
+    p_0 = p
+    for i = 1..m:   accept x_i with probability min(1, p_{i-1}(x_i) / q_i(x_i))
+                    -> descend into x_i (its p is the target's after x_i)
+                    else p_i = norm(max(0, p_{i-1} - q_i))
+    none accepted:  emit y ~ p_m   (the "recovered" token)
+
+Why this is lossless.  Condition on everything seen before child i (earlier
+siblings' tokens and their rejections).  If x_i is then distributed as q_i, the
+step "accept x_i or fall through to something distributed as p_i" is exactly
+the chain step above with target p_{i-1}: it emits a token distributed as
+p_{i-1}.  The fall-through after the last child emits p_m directly, so by
+induction from the last child back to the first the node emits p_0 = p.  The
+only requirement is on how siblings are drawn: each x_i must be drawn from the
+q_i stored for it *given the earlier siblings*, independently of the target and
+of the acceptance coins.  That covers
+  * i.i.d. siblings, sampled with replacement from the parent's q (q_i = q;
+    duplicates are allowed and harmless),
+  * siblings sampled without replacement, if q_i is stored as q with the earlier
+    siblings removed and renormalised,
+  * deterministic distinct tokens (top-k expansion as in EAGLE-2, argmax
+    chains, n-gram lookups): q_i = one-hot(x_i), the acceptance probability is
+    min(1, p_{i-1}(x_i)) = p_{i-1}(x_i) and max(0, p_{i-1} - q_i) is p_{i-1} with
+    x_i zeroed: "accept with p(x), else zero p(x) and renormalise".
+It does NOT cover siblings sampled without replacement but stored with the
+unconditioned q (the residual then over-corrects), nor any q other than the one
+the token was really drawn from (e.g. q taken before top-p).
+
+Randomness: one uniform per event, injected as ``uniforms[b, i]``: node i >= 1
+is accepted iff u[b, i] * q(x_i) < p_cur(x_i) (no division, so q(x) = 0 is
+safe), and u[b, 0] draws the final token by inverse CDF.  A node is tested at
+most once, so the coins are independent.
+"""
+from __future__ import annotations
+
+import torch
+
+from hyspec.ops.sampling import sample_from_uniforms
+from hyspec.spec.tree import TreeBatch
+
+#: Residual mass below this is rounding noise, not a distribution.
+_TINY = 1e-30
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,  # [T, V] fp32: processed p after every node, packed like trees.packed_index
+    trees: TreeBatch,
+    uniforms: torch.Tensor,  # [B, N] in [0, 1): u[:, 0] final sample, u[:, i] the test of node i
+) -> tuple[torch.Tensor, torch.Tensor]:  # last accepted node [B], next token [B]
+    """Recursive rejection sampling over every tree of the batch (reference version).
+
+    Loops over depth levels and sibling ranks (at most N iterations together),
+    each a [B, V] tensor op; never over tokens or sequences.
+    """
+    b = trees.batch_size
+    device = target_probs.device
+    rows = torch.arange(b, device=device)
+    u = uniforms.to(device=device, dtype=torch.float64)
+    q_all = trees.draft_probs  # [B, N, V] or None (one-hot q everywhere)
+    cur = torch.zeros(b, dtype=torch.int64, device=device)
+    p_cur = target_probs[trees.packed_index[:, 0]].float()  # [B, V], p at the root
+    live = torch.ones(b, dtype=torch.bool, device=device)
+
+    for _ in range(trees.max_depth):
+        chosen = torch.full((b,), -1, dtype=torch.int64, device=device)
+        for rank in range(trees.children.shape[2]):
+            child = trees.children[rows, cur, rank]  # [B], -1 where no such child
+            trying = live & (chosen < 0) & (child >= 0)
+            if not bool(trying.any()):
+                break
+            c = child.clamp(min=0)
+            x = trees.tokens[rows, c]  # [B]
+            p_x = p_cur.gather(1, x[:, None]).squeeze(1).double()
+            if q_all is None:
+                q_x = torch.ones_like(p_x)
+                residual = p_cur.scatter(1, x[:, None], 0.0)  # max(0, p - onehot(x))
+            else:
+                q_row = q_all[rows, c].float()  # [B, V]
+                q_x = q_row.gather(1, x[:, None]).squeeze(1).double()
+                residual = (p_cur - q_row).clamp_min(0.0)  # max(0, p_cur - q_i)
+            accept = trying & (u[rows, c] * q_x < p_x)  # u < min(1, p/q)
+            chosen = torch.where(accept, child, chosen)
+            # On rejection continue with norm(max(0, p_cur - q_i)).  Zero residual mass
+            # means p_cur <= q_i everywhere, i.e. p_cur == q_i, where rejection has
+            # probability 0 and only rounding gets here: keep p_cur.
+            mass = residual.sum(dim=1, keepdim=True)
+            use = (trying & ~accept)[:, None] & (mass > _TINY)
+            p_cur = torch.where(use, residual / mass.clamp_min(_TINY), p_cur)
+        moved = chosen >= 0
+        live &= moved
+        if not bool(moved.any()):
+            break
+        cur = torch.where(moved, chosen, cur)
+        # Descend: the next level is verified against the target's p after the accepted node.
+        p_next = target_probs[trees.packed_index[rows, cur]].float()
+        p_cur = torch.where(moved[:, None], p_next, p_cur)
+
+    # Bonus token (a leaf was reached: p_cur is p there) or recovered token
+    # (every child of cur rejected: p_cur is the last residual).
+    return cur, sample_from_uniforms(p_cur, u[:, 0])

@@ -1,0 +1,137 @@
+"""hyspec.spec.tree: draft trees, padded batches, and the packed layout the attention op reads."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyspec.errors import HyspecError
+from hyspec.ops.attention import AttentionMetadata, visibility_mask
+from hyspec.spec.tree import DraftTree, TreeBatch
+
+
+def test_chain_is_a_tree_with_one_child_per_node():
+    q = torch.softmax(torch.randn(3, 10), -1)
+    tree = DraftTree.chain(7, [1, 2, 3], draft_probs=q)
+    assert tree.tokens.tolist() == [7, 1, 2, 3]
+    assert tree.parents.tolist() == [-1, 0, 1, 2]
+    assert tree.depths.tolist() == [0, 1, 2, 3]
+    assert tree.vocab_size == 10 and tree.draft_probs.shape == (4, 10)
+    torch.testing.assert_close(tree.draft_probs[1:], q)
+    assert tree.ancestor_mask().tolist() == torch.tril(torch.ones(4, 4, dtype=torch.bool)).tolist()
+    assert tree.paths() == [[0, 1, 2, 3]]
+    assert DraftTree.chain(5, []).paths() == [[0]]
+
+
+def test_tree_structure():
+    #        0
+    #      /   \
+    #     1     2
+    #    / \     \
+    #   3   4     5
+    tree = DraftTree.from_parents([9, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], vocab_size=16)
+    assert tree.depths.tolist() == [0, 1, 1, 2, 2, 2]
+    anc = tree.ancestor_mask()
+    assert anc[4].nonzero().flatten().tolist() == [0, 1, 4]
+    assert anc[5].nonzero().flatten().tolist() == [0, 2, 5]
+    assert tree.paths() == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
+
+
+@pytest.mark.parametrize(
+    "tokens, parents, kwargs, message",
+    [
+        ([1, 2], [0, 0], {}, "root's parent"),
+        ([1, 2, 3], [-1, 0, 2], {}, "node 2 of tree 0 has parent 2"),
+        ([1, 2, 3], [-1, 2, 0], {}, "node 1 of tree 0 has parent 2"),
+        ([1, 2, 30], [-1, 0, 1], {"vocab_size": 16}, "token 30, outside"),
+        ([1, -2], [-1, 0], {}, "token -2"),
+        ([1, 2], [-1, 0, 1], {}, "parents must have shape"),
+        ([1, 2], [-1, 0], {"draft_probs": torch.zeros(3, 4)}, "draft_probs must be a float"),
+        ([1, 2], [-1, 0], {"draft_probs": torch.zeros(2, 4), "vocab_size": 8}, "vocab_size is 8"),
+    ],
+)
+def test_bad_trees_are_rejected_with_a_clear_message(tokens, parents, kwargs, message):
+    with pytest.raises(HyspecError, match=message):
+        DraftTree.from_parents(tokens, parents, **kwargs)
+
+
+def _batch() -> TreeBatch:
+    return TreeBatch.from_trees(
+        [
+            DraftTree.chain(3, [4, 5], vocab_size=16),
+            DraftTree.from_parents([9, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], vocab_size=16),
+            DraftTree.chain(8, [], vocab_size=16),
+        ]
+    )
+
+
+def test_tree_batch_padding_and_derived_tensors():
+    batch = _batch()
+    assert batch.batch_size == 3 and batch.max_nodes == 6 and batch.num_tokens == 10
+    assert batch.num_nodes_host == [3, 6, 1] and batch.max_depth == 2
+    assert batch.tokens[0].tolist() == [3, 4, 5, 0, 0, 0]
+    assert batch.parents[2].tolist() == [-1] * 6
+    assert batch.packed_index.tolist() == [
+        [0, 1, 2, -1, -1, -1],
+        [3, 4, 5, 6, 7, 8],
+        [9, -1, -1, -1, -1, -1],
+    ]
+    assert batch.query_start_loc().tolist() == [0, 3, 9, 10]
+    assert batch.children[1, 0].tolist() == [1, 2] and batch.children[1, 2].tolist() == [5, -1]
+    assert batch.children[0, 1].tolist() == [2, -1] and (batch.children[2] == -1).all()
+    assert batch.packed_tokens().tolist() == [3, 4, 5, 9, 1, 2, 3, 4, 5, 8]
+    assert batch.positions(torch.tensor([10, 20, 30])).tolist() == [10, 11, 12, 20, 21, 21, 22, 22, 22, 30]
+    assert batch.draft_probs is None
+
+
+def test_path_nodes_follow_depth_order():
+    batch = _batch()
+    nodes = batch.path_nodes(torch.tensor([2, 4, 0]))
+    assert nodes.tolist() == [[1, 2], [1, 4], [-1, -1]]
+
+
+def test_packed_tree_mask_drives_the_attention_op():
+    """The packed mask puts each node's ancestors (and only them) in its attention window."""
+    batch = _batch()
+    ctx = [5, 2, 7]
+    q_lens = batch.num_nodes_host
+    seq_lens = [c + n for c, n in zip(ctx, q_lens)]
+    meta = AttentionMetadata(
+        query_start_loc=batch.query_start_loc(),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.zeros(3, 4, dtype=torch.int32),
+        slot_mapping=torch.zeros(batch.num_tokens, dtype=torch.int64),
+        positions=batch.positions(torch.tensor(ctx)),
+        tree_mask=batch.packed_tree_mask(),
+        query_lens=q_lens,
+        seq_lens_host=seq_lens,
+    )
+    vis = visibility_mask(meta, torch.device("cpu"))  # [B, Q, L]
+    for b, tree_ctx in enumerate(ctx):
+        for i in range(q_lens[b]):
+            seen_new = vis[b, i, tree_ctx : seq_lens[b]].nonzero().flatten().tolist()
+            assert seen_new == batch.ancestors[b, i].nonzero().flatten().tolist()
+            assert vis[b, i, :tree_ctx].all()
+
+
+def test_mixed_draft_probs_become_one_hot_rows():
+    q = torch.softmax(torch.randn(2, 6), -1)
+    batch = TreeBatch.from_trees([DraftTree.chain(0, [1, 2], draft_probs=q), DraftTree.chain(0, [5], vocab_size=6)])
+    assert batch.draft_probs.shape == (2, 3, 6) and batch.vocab_size == 6
+    torch.testing.assert_close(batch.draft_probs[0, 1:], q)
+    assert batch.draft_probs[1, 1].tolist() == [0, 0, 0, 0, 0, 1.0]
+    assert batch.draft_probs[1, 2].sum() == 0  # padding
+
+
+def test_tree_batch_from_tensors_validates_and_trims():
+    tokens = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]])
+    parents = torch.tensor([[-1, 0, 0, -1], [-1, 0, 7, 7]])  # padding may hold anything
+    batch = TreeBatch(tokens, parents, torch.tensor([3, 2]))
+    assert batch.max_nodes == 3 and batch.parents[1].tolist() == [-1, 0, -1]
+    sub = batch.select([1])
+    assert sub.max_nodes == 2 and sub.tokens.tolist() == [[4, 5]]
+    with pytest.raises(HyspecError, match="node 2 of tree 1"):
+        TreeBatch(tokens, torch.tensor([[-1, 0, 0, -1], [-1, 0, 3, 0]]), torch.tensor([3, 3]))
+    with pytest.raises(HyspecError, match="num_nodes must be in"):
+        TreeBatch(tokens, parents, torch.tensor([0, 2]))
+    with pytest.raises(HyspecError, match="disagree on the vocabulary size"):
+        TreeBatch.from_trees([DraftTree.chain(0, [1], vocab_size=4), DraftTree.chain(0, [1], vocab_size=5)])
