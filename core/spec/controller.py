@@ -212,10 +212,13 @@ class GoodputController:
     # -- internals ---------------------------------------------------------------------
     def _decide(self, st: _MethodState, batch: int, candidates: Sequence[int],
                 expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
-        plain = self.threshold / self.cost_model.predict(batch, 1)
+        predict = self.cost_model.predict
+        overhead, per_token = st.draft.coefficients()
+        seconds = {n: overhead + per_token * batch * n + predict(batch, n + 1) for n in candidates}
+        plain = self.threshold / predict(batch, 1)
         best, best_goodput = 0, plain
         for n in candidates:
-            g = expected(n) / self._step_seconds(st, batch, n)
+            g = expected(n) / seconds[n]
             if g > best_goodput:
                 best, best_goodput = n, g
         if best:
@@ -226,7 +229,7 @@ class GoodputController:
             # probe at the size perfect acceptance would pick, if perfect acceptance could pay at all
             probe, probe_goodput = 0, plain
             for n in candidates:
-                g = perfect(n) / self._step_seconds(st, batch, n)
+                g = perfect(n) / seconds[n]
                 if g > probe_goodput:
                     probe, probe_goodput = n, g
             if probe:

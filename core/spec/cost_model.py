@@ -66,6 +66,8 @@ class _Fit:
 _KNEE_GAIN = 0.9
 # Mean squared relative error below which a fit counts as exact (a 0.01 % RMS error).
 _EXACT_FIT = 1e-8
+# Knee candidates tried per fit.
+_MAX_KNEES = 16
 # Floor on any prediction: a fit may reach 0 at tiny m, and the controller divides by it.
 _MIN_SECONDS = 1e-9
 
@@ -79,7 +81,7 @@ class CostModel:
     """
 
     def __init__(self, samples: Iterable[StepSample] = (), *, residual_alpha: float = 0.05,
-                 refit_every: int = 128, window: int = 256):
+                 refit_every: int = 256, window: int = 256):
         if not 0.0 < residual_alpha <= 1.0:
             raise HyspecError(f"CostModel: residual_alpha must be in (0, 1], got {residual_alpha}")
         if refit_every < 1 or window < 1:
@@ -165,23 +167,43 @@ class CostModel:
 
 
 def _fit_hinge(samples: Sequence[StepSample]) -> _Fit:
-    b = np.array([s.batch_size for s in samples], dtype=np.float64)
-    m = b * np.array([s.tokens_per_seq for s in samples], dtype=np.float64)
-    y = np.array([s.seconds for s in samples], dtype=np.float64)
-    w = 1.0 / y  # relative error: rows scaled by 1/T
+    # One row per distinct (batch, tokens): the mean time, weighted by sqrt(count) (the mean of
+    # count samples is that much less noisy) and by 1/T (relative error is what counts).
+    groups: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        groups.setdefault((s.batch_size, s.tokens_per_seq), []).append(s.seconds)
+    b = np.array([k[0] for k in groups], dtype=np.float64)
+    m = b * np.array([k[1] for k in groups], dtype=np.float64)
+    y = np.array([sum(v) / len(v) for v in groups.values()], dtype=np.float64)
+    w = np.sqrt(np.array([len(v) for v in groups.values()], dtype=np.float64)) / y
     base = np.stack([np.ones_like(m), b, m], axis=1)
     coef, sse = _nonneg_lstsq(base * w[:, None], y * w)
     best = _Fit(float(coef[0]), float(coef[1]), float(coef[2]), 0.0, math.inf)
     if sse / len(y) < _EXACT_FIT:
         return best  # the line is already exact; a knee would only fit rounding
     best_sse = sse * _KNEE_GAIN
-    # candidate knees: measured totals that leave at least two larger totals to fit the slope
-    knees = np.unique(m)[:-2]
-    for knee in knees:
+
+    def try_knee(knee: float) -> None:
+        nonlocal best, best_sse
         x = np.concatenate([base, np.maximum(0.0, m - knee)[:, None]], axis=1)
         coef, sse = _nonneg_lstsq(x * w[:, None], y * w)
         if sse < best_sse:
             best, best_sse = _Fit(*(float(c) for c in coef), float(knee)), sse
+
+    # candidate knees: measured totals that leave at least two larger totals to fit the slope.
+    # Coarse to fine, to bound the cost of a refit: _MAX_KNEES spread evenly, then every
+    # candidate between the best coarse one's neighbours.
+    knees = np.unique(m)[:-2]
+    coarse = np.unique(np.linspace(0, len(knees) - 1, min(len(knees), _MAX_KNEES)).round().astype(int))
+    for i in coarse:
+        try_knee(knees[i])
+    if math.isfinite(best.knee) and len(coarse) < len(knees):
+        at = int(np.searchsorted(coarse, int(np.searchsorted(knees, best.knee))))
+        lo = coarse[at - 1] if at > 0 else 0
+        hi = coarse[at + 1] if at + 1 < len(coarse) else len(knees) - 1
+        for i in range(lo + 1, hi):
+            if i not in coarse:
+                try_knee(knees[i])
     return best
 
 
