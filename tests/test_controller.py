@@ -1,6 +1,7 @@
 """Goodput controller and cost model: speculation only where the measured costs say it pays."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -209,6 +210,15 @@ def test_choices_are_deterministic():
 def test_disabled_controller_always_drafts_the_maximum():
     c = make(linear_step, enabled=False, max_draft_tokens=5)
     assert [c.choose("ngram", b) for b in BATCHES] == [5] * len(BATCHES)
+
+
+def test_hybrid_methods_are_capped_at_their_own_draft_length():
+    cfg = SpeculativeConfig.from_dict({"method": "hybrid", "num_speculative_tokens": 8, "hybrid": {
+        "methods": ["ngram", {"method": "mtp", "num_speculative_tokens": 3}]}})
+    c = GoodputController(cfg, CostModel.profile(hinge_step, repeats=1))
+    assert (c.choose("ngram", 1), c.choose("mtp", 1)) == (8, 3)  # flat verification at batch 1: draft all
+    off = dataclasses.replace(cfg, controller=dataclasses.replace(cfg.controller, enabled=False))
+    assert GoodputController(off).choose("mtp", 64) == 3
 
 
 def test_tree_budget_follows_the_same_rule():

@@ -38,6 +38,8 @@ def test_defaults_are_resolved():
     assert cfg.prompt_lookup_min is None  # ngram-only keys stay unset for other methods
     # a bare model means draft_model, as in vLLM
     assert SpeculativeConfig(model="/ckpt/draft").method == "draft_model"
+    # a null section means its defaults
+    assert SpeculativeConfig.from_dict({"method": "eagle", "tree": None, "controller": None}) == cfg
 
 
 def test_vllm_mtp_aliases_map_to_mtp():
@@ -145,6 +147,11 @@ def _err(data) -> ConfigError:
      "another hybrid"),
     ({"method": "hybrid", "hybrid": {"methods": ["eagle", "ngram", "eagle"]}}, "speculative_config.hybrid.methods[2].method",
      "already listed at methods[0]"),
+    ({"method": "hybrid", "num_speculative_tokens": 4, "hybrid": {"methods": [{"method": "eagle", "num_speculative_tokens": 6}]}},
+     "speculative_config.hybrid.methods[0].num_speculative_tokens", "exceeds the top-level"),
+    ({"method": "hybrid", "controller": {"min_draft_tokens": 3},
+      "hybrid": {"methods": ["ngram", {"method": "eagle", "num_speculative_tokens": 2}]}},
+     "speculative_config.hybrid.methods[1].num_speculative_tokens", "below controller.min_draft_tokens"),
     ({"method": "hybrid", "hybrid": {"methods": [{"method": "ngram", "topk": 3}]}},
      "speculative_config.hybrid.methods[0].topk", "unknown key"),
 ])

@@ -114,7 +114,9 @@ def build(cls: type, data: Any, path: str, unsupported: Mapping[str, str] | None
             raise ConfigError(f"{path}.{name}", f"unknown key{did_you_mean(name, fields)}; valid keys: "
                                                 f"{', '.join(fields)}")
         hint = hints[name]
-        if dataclasses.is_dataclass(hint) and value is not None:
+        if dataclasses.is_dataclass(hint):
+            if value is None:
+                continue  # a null section means its defaults
             value = build(hint, value, f"{path}.{name}")
         elif _item_dataclass(hint) is not None and value is not None:
             value = _build_items(_item_dataclass(hint), value, f"{path}.{name}")

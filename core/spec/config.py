@@ -52,15 +52,15 @@ PLACEMENTS = ("local", "remote")
 VLLM_UNSUPPORTED_KEYS = {
     "enforce_eager": "hyspec has no CUDA-graph capture to opt out of",
     "tensor_parallel_size": "vLLM itself rejects this name; drafters run on one device",
-    "quantization": "draft weights are loaded in the target's dtype",
-    "moe_backend": "drafters are dense",
-    "attention_backend": "the backend is chosen once by the capability probe",
+    "quantization": "quantized drafters are not implemented; remove the key",
+    "moe_backend": "MoE drafters are not implemented",
+    "attention_backend": "the backend is chosen once by the capability probe (--backend)",
     "kv_cache_dtype": "draft and target share one KV block pool and its dtype",
-    "revision": "models load from local paths only",
-    "code_revision": "models load from local paths only",
-    "index_share_for_mtp_iteration": "MTP modules here do not use sparse attention",
-    "disable_padded_drafter_batch": "drafter batches are always ragged here",
-    "disable_eagle_block_drop": "no prefix-cache block dropping in hyspec",
+    "revision": "models load from local paths only (no downloads at run time)",
+    "code_revision": "models load from local paths only (no downloads at run time)",
+    "index_share_for_mtp_iteration": "sparse-attention MTP modules are not implemented",
+    "disable_padded_drafter_batch": "hyspec manages drafter batch layout itself",
+    "disable_eagle_block_drop": "hyspec has no prefix-cache block dropping to disable",
     "use_local_argmax_reduction": "no vocabulary-parallel lm_head",
     "use_heterogeneous_vocab": "draft and target must share the vocabulary (losslessness)",
     "parallel_drafting": "use method 'dflash' or 'dspark' for parallel drafting",
@@ -69,14 +69,14 @@ VLLM_UNSUPPORTED_KEYS = {
     "suffix_decoding_max_cached_requests": "method 'suffix' is not supported",
     "suffix_decoding_max_spec_factor": "method 'suffix' is not supported",
     "suffix_decoding_min_token_prob": "method 'suffix' is not supported",
-    "draft_load_config": "models load from local paths only",
+    "draft_load_config": "models load from local paths only (no downloads at run time)",
     "rejection_sample_method": "hyspec always uses lossless rejection sampling",
     "synthetic_acceptance_rates": "no synthetic acceptance mode",
     "synthetic_acceptance_length": "no synthetic acceptance mode",
     "enable_adaptive_verification": "the goodput controller adapts the budget for every method",
     "draft_sample_method": "draft probabilities are always the ones sampled from",
-    "dspark_draft_topk": "the DSpark decoder here scores the whole block",
-    "disable_logprobs": "vLLM v0 option",
+    "dspark_draft_topk": "not implemented for hyspec's DSpark decoder",
+    "disable_logprobs": "a vLLM v0 option with no hyspec equivalent",
     "disable_log_stats": "metrics are always collected (Prometheus /metrics)",
     "acceptance_method": "vLLM v0 option; hyspec always uses lossless rejection sampling",
 }
@@ -198,7 +198,8 @@ class MethodConfig:
     _SHORTHAND: ClassVar[str] = "method"
     method: str = key(dataclasses.MISSING, "A method other than hybrid.")
     model: str | None = key(None, "Draft weights (path); null = the embedded default drafter.")
-    num_speculative_tokens: int | None = key(None, "Draft length ceiling; null = the top-level value.")
+    num_speculative_tokens: int | None = key(None, "Draft length ceiling for this method, at most the "
+                                                   "top-level value; null = the top-level value.")
     prompt_lookup_min: int | None = key(None, "ngram only; as the top-level key.")
     prompt_lookup_max: int | None = key(None, "ngram only; as the top-level key.")
 
@@ -372,6 +373,15 @@ class SpeculativeConfig:
         if self.method == "hybrid":
             if not h.methods:
                 raise ConfigError(f"{ROOT}.hybrid.methods", 'method "hybrid" needs at least one method to choose from')
+            for i, m in enumerate(h.methods):
+                k, where = m.num_speculative_tokens, f"{ROOT}.hybrid.methods[{i}].num_speculative_tokens"
+                # the top-level value sizes the controller and the verification buffers
+                if k is not None and k > self.num_speculative_tokens:
+                    raise ConfigError(where, f"{k} exceeds the top-level num_speculative_tokens "
+                                             f"{self.num_speculative_tokens}")
+                if k is not None and k < self.controller.min_draft_tokens:
+                    raise ConfigError(where, f"{k} is below controller.min_draft_tokens "
+                                             f"{self.controller.min_draft_tokens}")
             methods = tuple(m if m.num_speculative_tokens is not None
                             else dataclasses.replace(m, num_speculative_tokens=self.num_speculative_tokens)
                             for m in h.methods)

@@ -117,6 +117,8 @@ class GoodputController:
         self.tree_depth = config.tree.depth
         self.budget_buckets = tuple(sorted({b for b in (2, 4, 8, 16, 32, 64, 128, 256) if b < self.tree_budget}
                                            | {self.tree_budget}))
+        # hybrid methods may draft less than the top-level maximum
+        self._caps = {m.method: min(m.num_speculative_tokens, self.max_tokens) for m in config.hybrid.methods}
         self._methods: dict[str, _MethodState] = {}
 
     @classmethod
@@ -179,10 +181,11 @@ class GoodputController:
         """Draft length for this step of a chain method; 0 = plain decoding."""
         if batch_size < 1:
             raise HyspecError(f"choose: batch_size must be >= 1, got {batch_size}")
+        cap = self._caps.get(method, self.max_tokens)
         if not self.enabled:
-            return self.max_tokens
+            return cap
         st = self._state(method)
-        candidates = range(max(1, self.min_tokens), self.max_tokens + 1)
+        candidates = range(max(1, self.min_tokens), cap + 1)
         expected = self._expected_tokens(st.acceptance)
         return self._decide(st, batch_size, candidates, lambda k: expected[k], lambda k: k + 1)
 
