@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", default="eagle,mtp,dflash", help="loaded methods, comma-separated")
+    parser.add_argument("--load-signal", default="load",
+                        help="the fallback's load figure; 'load' (uniform 0..0.9 here) lets most steps reach the rules, "
+                             "the expensive path")
     parser.add_argument("--no-gc", action="store_true", help="disable the garbage collector while timing")
     parser.add_argument("--poll-ms", type=float, default=1000.0,
                         help="rule-file poll interval (the stat is timed with the decision that does it)")
@@ -63,6 +66,7 @@ def main() -> None:
         rules = Path(tmp) / "rules.json"  # a watched copy, so polling is part of what is measured
         rules.write_text(default_rules_path().read_text())
         dispatcher = HybridDispatcher(rules, args.methods.split(","), reload_interval_s=args.poll_ms / 1000,
+                                      load_signal=args.load_signal,
                                       latency_window=args.decisions)
         for s in signals[:2000]:  # warm-up; the ring holds exactly the timed decisions afterwards
             dispatcher.choose(s)

@@ -201,7 +201,7 @@ class _Parser:
         if self._at("name", "not"):
             offset = self.tok.offset
             self._advance()
-            inner = self._require(self._nested(self._not), "truth value", "the operand of 'not'")
+            inner = self._require(self._nested(self._not, offset), "truth value", "the operand of 'not'")
             if inner.is_const:
                 return _constant(not inner.const, offset)
             f = inner.fn
@@ -265,17 +265,17 @@ class _Parser:
         if self._at("op", "-"):
             offset = self.tok.offset
             self._advance()
-            inner = self._require(self._nested(self._unary), "number", "the operand of '-'")
+            inner = self._require(self._nested(self._unary, offset), "number", "the operand of '-'")
             if inner.is_const:
                 return _constant(-inner.const, offset)
             f = inner.fn
             return _Node("number", lambda s: -f(s), offset)
         return self._primary()
 
-    def _nested(self, rule: Callable[[], _Node]) -> _Node:
+    def _nested(self, rule: Callable[[], _Node], opened_at: int) -> _Node:
         self.depth += 1
         if self.depth > MAX_NESTING:
-            raise ConditionError(f"the condition nests deeper than {MAX_NESTING} levels", self.tok.offset)
+            raise ConditionError(f"the condition nests deeper than {MAX_NESTING} levels", opened_at)
         try:
             return rule()
         finally:
@@ -289,7 +289,7 @@ class _Parser:
             return _constant(int(tok.text) if is_int else float(tok.text), tok.offset)
         if self._at("op", "("):
             self._advance()
-            inner = self._nested(self._or)
+            inner = self._nested(self._or, tok.offset)
             if not self._at("op", ")"):
                 raise ConditionError(
                     f"expected ')' to close the '(' at character {tok.offset + 1}, found {self._describe(self.tok)}",

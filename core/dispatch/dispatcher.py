@@ -33,6 +33,7 @@ from time import perf_counter_ns
 from typing import Iterable
 
 from hyspec.dispatch.canary import Canary
+from hyspec.dispatch.conditions import Predicate
 from hyspec.dispatch.latency import LatencyRing
 from hyspec.dispatch.load import LoadFallback
 from hyspec.dispatch.rules import Rule, RuleFileError, default_rules_path, load_rules
@@ -73,7 +74,7 @@ class HybridDispatcher:
         load_resume_threshold: float = 0.6,
         speculative_fraction: float = 1.0,
         *,
-        load_signal: str = "load",
+        load_signal: str = "max",
         max_batch_size: int | None = None,
         queue_capacity: int | None = None,
         reload_interval_s: float | None = 1.0,
@@ -87,6 +88,8 @@ class HybridDispatcher:
         decision (tests).  Raises ``RuleFileError`` when the initial rules do
         not compile, ``ConfigError`` for bad settings.
         """
+        if reload_interval_s is not None and reload_interval_s < 0:
+            raise ConfigError("hybrid.reload_interval_s", f"must be >= 0 or None, got {reload_interval_s}")
         self._loaded = _check_methods(loaded_methods)
         self.fallback = LoadFallback(load_threshold, load_resume_threshold, load_signal,
                                      max_batch_size, queue_capacity)
@@ -103,11 +106,9 @@ class HybridDispatcher:
         self.rules_path = Path(rules_path) if rules_path is not None else default_rules_path()
         self._stamp: FileStamp | None = file_stamp(self.rules_path)
         self._rules: tuple[Rule, ...] = ()
-        self._active: tuple[tuple[object, str], ...] = ()
+        self._active: tuple[tuple[Predicate | None, str], ...] = ()
         self._install(load_rules(self.rules_path))
 
-        if reload_interval_s is not None and reload_interval_s < 0:
-            raise ConfigError("hybrid.reload_interval_s", f"must be >= 0 or None, got {reload_interval_s}")
         self._interval_ns = 0 if reload_interval_s is None else int(reload_interval_s * 1e9)
         self._next_poll_ns = _NEVER
         self._thread: PollingThread | None = None

@@ -13,9 +13,10 @@ Load signals (``load_signal``):
 - ``"batch_occupancy"``: ``batch_size / max_batch_size``;
 - ``"kv_usage"``: ``StepSignals.mem_usage`` (KV pool blocks in use);
 - ``"queue_depth"``: ``min(1, queue_depth / queue_capacity)``;
-- ``"max"``: the largest of ``load``, ``kv_usage`` and, where their
-  normaliser (``max_batch_size`` / ``queue_capacity``) is given,
-  ``batch_occupancy`` and ``queue_depth``.
+- ``"max"`` (default, as in speculative_config): the largest of ``load``,
+  ``kv_usage`` and, where their normaliser (``max_batch_size`` /
+  ``queue_capacity``) is given, ``batch_occupancy`` and ``queue_depth``: any
+  saturated resource makes drafting a loss.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class LoadFallback:
         self,
         threshold: float = 0.75,
         resume_threshold: float = 0.6,
-        signal: str = "load",
+        signal: str = "max",
         max_batch_size: int | None = None,
         queue_capacity: int | None = None,
     ):
@@ -97,11 +98,15 @@ def _measure_for(signal: str, max_batch_size: int | None, queue_capacity: int | 
             raise ConfigError("hybrid.load_signal", "'queue_depth' needs queue_capacity to normalise it")
         return queue_fill
     if signal == "max":
-        parts: list[Callable[[Any], float]] = [lambda s: s.load, lambda s: s.mem_usage]
-        if max_batch_size is not None:
-            parts.append(batch_occupancy)
-        if queue_capacity is not None:
-            parts.append(queue_fill)
-        parts_t = tuple(parts)
-        return lambda s: max([part(s) for part in parts_t])
+        use_batch, use_queue = max_batch_size is not None, queue_capacity is not None
+
+        def largest(s: Any) -> float:  # no per-step list: this runs on every decision
+            value = max(s.load, s.mem_usage)
+            if use_batch:
+                value = max(value, batch_occupancy(s))
+            if use_queue:
+                value = max(value, queue_fill(s))
+            return value
+
+        return largest
     raise ConfigError("hybrid.load_signal", f"unknown load signal {signal!r}; choose one of {', '.join(LOAD_SIGNALS)}")
