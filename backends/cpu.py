@@ -1,0 +1,60 @@
+"""The CPU backend: host memory, the reference ops plus hyspec.cpu_ops' fast paths.
+
+Work on the CPU is synchronous, so there are no streams to order and
+``synchronize`` has nothing to wait for (the base class's no-ops apply).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hyspec.backend import Backend, MemoryStats
+from hyspec.backends.meminfo import host_memory
+from hyspec.backends.optable import resolve_ops
+from hyspec.backends.records import CpuCapabilities
+
+log = logging.getLogger(__name__)
+
+#: KV pool on the CPU when the user gives no byte budget (``cpu_kv_bytes``).
+DEFAULT_CPU_KV_BYTES = 2 << 30
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, capabilities: CpuCapabilities):
+        resolved = resolve_ops("hyspec.cpu_ops", "cpu_op_overrides", source="cpu_ops")
+        super().__init__(torch.device("cpu"), capabilities, resolved.table)
+        self.ops_note = resolved.note
+
+    def memory_stats(self) -> MemoryStats:
+        mem = host_memory()
+        if mem is None:
+            raise RuntimeError("host memory size is unknown: no /proc/meminfo and os.sysconf cannot tell")
+        if mem.available_bytes is None:
+            log.warning("available host memory is unknown on this OS; counting all %d bytes as free",
+                        mem.total_bytes)
+        free = mem.total_bytes if mem.available_bytes is None else mem.available_bytes
+        return MemoryStats(total_bytes=mem.total_bytes, free_bytes=free)
+
+    def kv_cache_budget_bytes(self, memory_fraction: float, cpu_kv_bytes: int | None = None) -> int:
+        """``cpu_kv_bytes`` (default 2 GiB), capped at ``memory_fraction`` of available host memory.
+
+        Host memory is shared with the model weights, the OS and other
+        processes, so a fraction of *free* memory is only the upper bound; the
+        explicit budget keeps a CPU box from being swapped to death.
+        """
+        if not 0.0 < memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
+        if cpu_kv_bytes is not None and (isinstance(cpu_kv_bytes, bool) or not isinstance(cpu_kv_bytes, int)
+                                         or cpu_kv_bytes <= 0):
+            raise ValueError(f"cpu_kv_bytes must be a positive number of bytes, got {cpu_kv_bytes!r}")
+        budget = DEFAULT_CPU_KV_BYTES if cpu_kv_bytes is None else cpu_kv_bytes
+        cap = int(self.memory_stats().free_bytes * memory_fraction)
+        if budget > cap:
+            # an explicit budget that cannot be met deserves a warning; the default one does not
+            level = logging.WARNING if cpu_kv_bytes is not None else logging.INFO
+            log.log(level, "CPU KV budget %d bytes capped to %d (%.0f%% of available host memory)",
+                    budget, cap, memory_fraction * 100)
+        return min(budget, cap)
