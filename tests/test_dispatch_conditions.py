@@ -115,7 +115,7 @@ def test_rejections_name_the_problem_and_its_offset(condition, offset, fragment)
 
 @pytest.mark.parametrize("condition", [
     "__import__('os')",
-    "__import__('os').system('touch /tmp/hyspec_pwned')",
+    "__import__('os').system('true')",
     "().__class__.__bases__[0].__subclasses__()",
     "load.__class__ == 1",
     "eval('1') > 0",
@@ -125,7 +125,7 @@ def test_rejections_name_the_problem_and_its_offset(condition, offset, fragment)
     "'a' == 'a'",
     "load if load else 1",
 ])
-def test_python_is_not_the_condition_language(condition, tmp_path):
+def test_python_is_not_the_condition_language(condition):
     with pytest.raises(ConditionError):
         compile_condition(condition)
 
