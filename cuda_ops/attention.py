@@ -1,0 +1,301 @@
+"""Paged attention for prefill, decode and tree verification in one Triton kernel.
+
+Contract: ``hyspec.ops.attention.paged_attention`` (same arguments, same
+visibility rules: context entries always, new entries causally or through the
+packed ancestor mask ``tree_mask``).
+
+How the work is cut:
+
+* A program owns one query tile of one sequence (``block_q`` query tokens) for
+  one KV head, and serves all ``Hq / Hkv`` query heads of that KV group at
+  once (rows = token x group head), so each K/V tile is loaded once per group.
+* Keys are visited in tiles of ``block_n`` from index 0 upwards; each key row
+  finds its page through the block table, so any block size works and the
+  cache may be a strided view of the shared pool.
+* Online softmax in fp32 (base-2 exponent with the scale folded in); Q.K^T and
+  P.V are fp32 dots (``ieee`` for fp32 inputs; ``tf32`` for bf16/fp16 inputs,
+  exact for those operands).
+* Split-KV ("flash decoding"): when the longest query is short (decode and
+  verification), each program covers one ``partition_size`` slice of the keys
+  and a second kernel merges the partial softmaxes; otherwise (prefill) one
+  program walks the whole range.
+
+Numerics for 1 vs n query tokens (DESIGN.md §4): tile and partition
+boundaries are absolute key indices, fixed by the config alone, and the
+block sizes do not depend on the number of queries.  A chain token verified
+among n others therefore sees exactly the key tiles it would see when decoded
+alone; extra keys it may not see contribute exact zeros (``exp2(-inf)``) and
+leave the running max unchanged, and a partial softmax merged with empty
+partitions equals the unsplit one.  So decode and chain verification agree
+bit for bit whenever both use split-KV or both do not.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from hyspec.cuda_ops.common import (TRITON_DTYPES, KernelInputError, check_device, check_dtype,
+                                    interpreted, next_power_of_2, round_to)
+from hyspec.ops.attention import AttentionMetadata
+
+#: Widest head the kernel keeps in registers (q and the accumulator are [rows, head_dim] fp32).
+MAX_HEAD_DIM = 256
+_LOG2E = 1.0 / math.log(2.0)  # exp(x) == exp2(x * _LOG2E)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile sizes of the attention kernel.  None of them depends on the step's query count."""
+
+    block_m: int = 32  # query rows (token x head of a KV group) per program
+    block_n: int = 32  # keys per inner step
+    partition_size: int = 512  # keys per program under split-KV; a multiple of block_n
+    split_max_query_len: int = 64  # split-KV only for steps whose longest query is at most this
+    max_workspace_bytes: int = 1 << 30  # split-KV scratch cap; above it the step runs unsplit
+    merge_block: int = 8  # partitions merged per inner step of the merge kernel
+    merge_heads: int = 4  # query heads per merge program
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name, least in (("block_m", 16), ("block_n", 16), ("merge_block", 1), ("merge_heads", 1)):
+            value = getattr(self, name)
+            if value < least or value & (value - 1):
+                raise ValueError(f"AttentionConfig.{name} must be a power of two >= {least}, got {value}")
+        if self.partition_size < self.block_n or self.partition_size % self.block_n:
+            raise ValueError(f"AttentionConfig.partition_size {self.partition_size} must be a positive "
+                             f"multiple of block_n {self.block_n}")
+        if self.split_max_query_len < 0 or self.max_workspace_bytes < 0:
+            raise ValueError("AttentionConfig: split_max_query_len and max_workspace_bytes must be >= 0")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"AttentionConfig: bad num_warps {self.num_warps} / num_stages {self.num_stages}")
+
+
+def default_attention_config(head_dim: int) -> AttentionConfig:
+    """Register-budget driven defaults: narrower key tiles for wide heads."""
+    return AttentionConfig(block_n=16 if head_dim > 128 else 32)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
+    qsl_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ko, stride_kh, stride_kd,
+    stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od,
+    stride_bt, stride_tree_t, stride_tree_k,
+    scale_log2, num_q_tiles, num_q_heads, head_dim, block_size, num_partitions, partition_size,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_PAD: tl.constexpr, HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    seq = tl.program_id(0) // num_q_tiles
+    i0 = (tl.program_id(0) % num_q_tiles) * BLOCK_Q
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + seq)
+    n = tl.load(qsl_ptr + seq + 1) - q_start
+    if i0 < n:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        ctx = seq_len - n  # committed context; the n new entries follow it in query order
+        rows = tl.arange(0, BLOCK_M)
+        qi = i0 + rows // GROUP_PAD  # query index within the sequence
+        head = kv_head * GROUP + rows % GROUP_PAD
+        row_ok = (qi < n) & (rows % GROUP_PAD < GROUP)
+        tok = (q_start + qi).to(tl.int64)
+        d = tl.arange(0, D_PAD)
+        d_ok = d < head_dim
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, D_PAD]
+
+        if HAS_TREE:
+            kv_end = seq_len  # an ancestor mask may point anywhere among the new entries
+        else:
+            kv_end = ctx + tl.minimum(i0 + BLOCK_Q, n)  # causal: nothing past the tile's last query
+        lo = part * partition_size
+        hi = tl.minimum(lo + partition_size, kv_end)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for start in range(lo, hi, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            j_ok = j < hi
+            page = tl.load(table + j // block_size, mask=j_ok, other=0).to(tl.int64)
+            slot_in_page = (j % block_size).to(tl.int64)
+            k_rows = page * stride_kb + slot_in_page * stride_ko + kv_head * stride_kh
+            v_rows = page * stride_vb + slot_in_page * stride_vo + kv_head * stride_vh
+            kv_mask = j_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_cache_ptr + k_rows[:, None] + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION) * scale_log2
+
+            new_index = j - ctx  # index among this step's new entries (negative: context)
+            if HAS_TREE:
+                ancestor = tl.load(tree_ptr + tok[:, None] * stride_tree_t + new_index[None, :] * stride_tree_k,
+                                   mask=row_ok[:, None] & (new_index >= 0)[None, :] & j_ok[None, :], other=0)
+                visible = (new_index < 0)[None, :] | (ancestor != 0)
+            else:
+                visible = new_index[None, :] <= qi[:, None]
+            s = tl.where(visible & j_ok[None, :], s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at 0
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + v_rows[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+            acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        out_mask = row_ok[:, None] & d_ok[None, :]
+        if SPLIT:
+            ws = (tok * num_q_heads + head) * num_partitions + part  # [BLOCK_M]
+            tl.store(m_ws_ptr + ws, m_i, mask=row_ok)
+            tl.store(l_ws_ptr + ws, l_i, mask=row_ok)
+            tl.store(acc_ws_ptr + ws[:, None] * D_PAD + d[None, :], acc, mask=out_mask)
+        else:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that sees nothing gives 0
+            tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
+                     round_to(out, OUT_DTYPE, SOFT_BF16), mask=out_mask)
+
+
+@triton.jit
+def _merge_partitions_kernel(
+    out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
+    stride_ot, stride_oh, stride_od,
+    num_q_heads, num_partitions, head_dim,
+    BLOCK_HEADS: tl.constexpr, P_BLOCK: tl.constexpr, D_PAD: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    SOFT_BF16: tl.constexpr,
+):
+    """out[t, h] = sum_p acc_p * 2^(m_p - m) / sum_p l_p * 2^(m_p - m), m = max_p m_p."""
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
+    head_ok = head < num_q_heads
+    base = (tok * num_q_heads + head) * num_partitions  # [BLOCK_HEADS]
+    p = tl.arange(0, P_BLOCK)
+    d = tl.arange(0, D_PAD)
+    m_max = tl.full([BLOCK_HEADS, P_BLOCK], float("-inf"), tl.float32)
+    for start in range(0, num_partitions, P_BLOCK):
+        ok = head_ok[:, None] & (start + p < num_partitions)[None, :]
+        m_max = tl.maximum(m_max, tl.load(m_ws_ptr + base[:, None] + start + p[None, :], mask=ok,
+                                          other=float("-inf")))
+    m_all = tl.max(m_max, axis=1)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # [BLOCK_HEADS]
+    l_total = tl.zeros([BLOCK_HEADS, P_BLOCK], tl.float32)
+    acc_total = tl.zeros([BLOCK_HEADS, D_PAD], tl.float32)
+    for start in range(0, num_partitions, P_BLOCK):
+        ok = head_ok[:, None] & (start + p < num_partitions)[None, :]  # [BLOCK_HEADS, P_BLOCK]
+        idx = base[:, None] + start + p[None, :]
+        weight = tl.exp2(tl.load(m_ws_ptr + idx, mask=ok, other=float("-inf")) - m_all[:, None])
+        l_total += tl.load(l_ws_ptr + idx, mask=ok, other=0.0) * weight
+        acc = tl.load(acc_ws_ptr + idx[:, :, None] * D_PAD + d[None, None, :], mask=ok[:, :, None], other=0.0)
+        acc_total += tl.sum(acc * weight[:, :, None], axis=1)
+    l_sum = tl.sum(l_total, axis=1)
+    out = acc_total / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    tl.store(out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
+             round_to(out, OUT_DTYPE, SOFT_BF16), mask=head_ok[:, None] & (d < head_dim)[None, :])
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata) -> None:
+    op = "attention"
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise KernelInputError(f"{op}: expected q [T, Hq, D] and equal caches [num_blocks, block_size, Hkv, D]; "
+                               f"got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
+                               f"v_cache {tuple(v_cache.shape)}")
+    T, Hq, D = q.shape
+    _, block_size, Hkv, Dk = k_cache.shape
+    check_dtype(op, "q", q)
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise KernelInputError(f"{op}: q {q.dtype} and caches {k_cache.dtype}/{v_cache.dtype} must share a dtype")
+    if Dk != D or D > MAX_HEAD_DIM:
+        raise KernelInputError(f"{op}: head_dim {D} (cache {Dk}) must match and be at most {MAX_HEAD_DIM}")
+    if Hq % Hkv:
+        raise KernelInputError(f"{op}: {Hq} query heads are not a multiple of {Hkv} KV heads")
+    if T != sum(meta.query_lens) or T != meta.num_tokens:
+        raise KernelInputError(f"{op}: q has {T} tokens but the metadata counts {sum(meta.query_lens)} queries "
+                               f"and {meta.num_tokens} slots")
+    pages_needed = -(-meta.max_seq_len // block_size)
+    if meta.block_tables.dim() != 2 or meta.block_tables.shape[1] < pages_needed:
+        raise KernelInputError(f"{op}: block_tables {tuple(meta.block_tables.shape)} cannot hold "
+                               f"{pages_needed} pages of {block_size} tokens (max_seq_len {meta.max_seq_len})")
+    for name in ("query_start_loc", "seq_lens", "block_tables"):
+        if getattr(meta, name).dtype not in (torch.int32, torch.int64):
+            raise KernelInputError(f"{op}: meta.{name} must be an int32 tensor, got {getattr(meta, name).dtype}")
+    tensors = [q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables]
+    if meta.tree_mask is not None:
+        if meta.tree_mask.dtype != torch.bool:
+            raise KernelInputError(f"{op}: tree_mask must be bool, got {meta.tree_mask.dtype}")
+        tensors.append(meta.tree_mask)
+    check_device(op, _paged_attention_kernel, *tensors)
+
+
+def triton_paged_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Same contract as ``hyspec.ops.attention.paged_attention`` (new KV already written)."""
+    _check_inputs(q, k_cache, v_cache, meta)
+    T, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    cfg = config or default_attention_config(D)
+    group = Hq // Hkv
+    group_pad = next_power_of_2(group)
+    block_q = max(1, cfg.block_m // group_pad)
+    d_pad = max(16, next_power_of_2(D))  # tl.dot needs K >= 16
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+
+    num_partitions = -(-meta.max_seq_len // cfg.partition_size)
+    workspace_bytes = T * Hq * num_partitions * (d_pad + 2) * 4
+    split = (num_partitions > 1 and meta.max_query_len <= cfg.split_max_query_len
+             and workspace_bytes <= cfg.max_workspace_bytes)
+    if split:
+        partition_size = cfg.partition_size
+        m_ws = torch.empty((T, Hq, num_partitions), dtype=torch.float32, device=q.device)
+        l_ws = torch.empty_like(m_ws)
+        acc_ws = torch.empty((T, Hq, num_partitions, d_pad), dtype=torch.float32, device=q.device)
+    else:
+        num_partitions = 1
+        partition_size = -(-meta.max_seq_len // cfg.block_n) * cfg.block_n
+        m_ws = l_ws = acc_ws = out  # unused (SPLIT=False)
+
+    tree = meta.tree_mask.view(torch.uint8) if meta.tree_mask is not None else meta.block_tables
+    num_q_tiles = -(-meta.max_query_len // block_q)
+    grid = (meta.num_seqs * num_q_tiles, Hkv, num_partitions)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, m_ws, l_ws, acc_ws,
+        meta.query_start_loc, meta.seq_lens, meta.block_tables, tree,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
+        float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=cfg.block_n, D_PAD=d_pad,
+        HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SOFT_BF16=interpreted(_paged_attention_kernel),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split:
+        merge_heads = min(cfg.merge_heads, next_power_of_2(Hq))
+        _merge_partitions_kernel[(T, triton.cdiv(Hq, merge_heads))](
+            out, m_ws, l_ws, acc_ws, *out.stride(), Hq, num_partitions, D,
+            BLOCK_HEADS=merge_heads, P_BLOCK=cfg.merge_block, D_PAD=d_pad, OUT_DTYPE=TRITON_DTYPES[q.dtype],
+            SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4,
+        )
+    return out
+
+
+__all__ = ["AttentionConfig", "MAX_HEAD_DIM", "default_attention_config", "triton_paged_attention"]

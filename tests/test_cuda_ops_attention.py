@@ -1,0 +1,137 @@
+"""Triton paged attention vs the reference, on CPU under TRITON_INTERPRET=1.
+
+Every case computes the reference first, then the kernel, on the same
+strided views of a block-major pool, and compares with the per-dtype
+tolerance from ``hyspec.cuda_ops.tolerances``.  Shapes are tiny because the
+interpreter runs each program in numpy.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules import triton's jit
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from hyspec.cuda_ops.attention import AttentionConfig, triton_paged_attention  # noqa: E402
+from hyspec.cuda_ops.cases import paged_attention_case  # noqa: E402
+from hyspec.cuda_ops.common import KernelInputError  # noqa: E402
+from hyspec.cuda_ops.tolerances import tolerance  # noqa: E402
+from hyspec.ops import reference_ops  # noqa: E402
+from hyspec.ops.attention import AttentionMetadata  # noqa: E402
+
+REF = reference_ops()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+#: small tiles and partitions so that tiny shapes still cross query tiles, key tiles and partitions
+#: (block_n 32: the interpreter's cost grows with the number of key steps, not their width)
+SPLIT = AttentionConfig(block_m=32, block_n=32, partition_size=64)
+SINGLE = AttentionConfig(block_m=32, block_n=32, partition_size=64, split_max_query_len=0)
+
+# (context_lens, query_lens, block_size, tree)
+SCENARIOS = {
+    "decode": ([70, 40, 5], [1, 1, 1], 16, False),  # the first crosses a KV partition
+    "prefill": ([0, 13], [33, 20], 16, False),  # crosses page boundaries; the first is a cold prefill
+    "ragged": ([0, 30, 7, 64], [9, 1, 4, 2], 32, False),
+    "tree": ([20, 70, 0], [8, 1, 13], 16, True),
+    "tree_bs32": ([45, 2], [6, 11], 32, True),
+}
+
+
+def check(case, config: AttentionConfig | None) -> None:
+    expected = REF.attention(*case.args())
+    actual = triton_paged_attention(*case.args(), config=config)
+    tolerance("attention", case.q.dtype).check(actual, expected, f"attention {case.q.dtype}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2)], ids=["mha", "gqa2", "gqa4"])
+def test_matches_reference(dtype: torch.dtype, scenario: str, heads: tuple[int, int]) -> None:
+    ctx, qlens, block_size, tree = SCENARIOS[scenario]
+    case = paged_attention_case(ctx, qlens, *heads, 32, block_size, dtype, tree=tree, seed=len(scenario))
+    check(case, SPLIT)
+
+
+@pytest.mark.parametrize("scenario", ["decode", "prefill", "tree"])
+def test_unsplit_and_default_configs(scenario: str) -> None:
+    ctx, qlens, block_size, tree = SCENARIOS[scenario]
+    case = paged_attention_case(ctx, qlens, 4, 2, 32, block_size, torch.bfloat16, tree=tree, seed=3)
+    check(case, SINGLE)
+    check(case, None)
+
+
+def test_narrow_tiles() -> None:
+    """block_m 16 with GQA 4: four query tokens per tile, many tiles and partitions."""
+    case = paged_attention_case([40, 3], [9, 14], 8, 2, 32, 16, torch.float32, tree=True, seed=2)
+    check(case, AttentionConfig(block_m=16, block_n=16, partition_size=32))
+
+
+def test_odd_group_and_head_dim() -> None:
+    """GQA ratio 3 (padded to 4 rows) and head_dim 40 (padded to 64)."""
+    case = paged_attention_case([11, 3], [5, 1], 6, 2, 40, 16, torch.float32, tree=True, seed=5)
+    check(case, SPLIT)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_chain_verification_equals_decode_bitwise(dtype: torch.dtype) -> None:
+    """DESIGN.md §4: token i of an n-token causal step == the same token decoded alone."""
+    ctx, n = 60, 6  # the chain crosses the first KV partition (64 keys)
+    case = paged_attention_case([ctx], [n], 8, 2, 32, 16, dtype, seed=11)
+    batched = triton_paged_attention(*case.args(), config=SPLIT)
+    for i in range(n):
+        m = case.meta
+        alone = AttentionMetadata(
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32), seq_lens=torch.tensor([ctx + i + 1],
+                                                                                           dtype=torch.int32),
+            block_tables=m.block_tables, slot_mapping=m.slot_mapping[i:i + 1], positions=m.positions[i:i + 1],
+            tree_mask=None, query_lens=[1], seq_lens_host=[ctx + i + 1])
+        single = triton_paged_attention(case.q[i:i + 1], case.k_cache, case.v_cache, alone, case.scale, config=SPLIT)
+        assert torch.equal(single[0], batched[i]), f"token {i} differs between decode and verification"
+
+
+def test_rejects_inputs_it_cannot_serve() -> None:
+    case = paged_attention_case([4], [2], 4, 2, 32, 16, torch.float32)
+    q, k, v, meta, scale = case.args()
+    with pytest.raises(KernelInputError, match="not a multiple"):
+        triton_paged_attention(torch.zeros(2, 3, 32), k, v, meta, scale)
+    with pytest.raises(KernelInputError, match="head_dim"):
+        triton_paged_attention(torch.zeros(2, 4, 16), k, v, meta, scale)
+    with pytest.raises(KernelInputError, match="share a dtype"):
+        triton_paged_attention(q.bfloat16(), k, v, meta, scale)
+    with pytest.raises(KernelInputError, match="dtype"):
+        triton_paged_attention(q.double(), k.double(), v.double(), meta, scale)
+    with pytest.raises(KernelInputError, match="tokens"):
+        triton_paged_attention(q[:1], k, v, meta, scale)
+    with pytest.raises(KernelInputError, match="at most 256"):
+        big = torch.zeros(1, 1, 1, 512)
+        triton_paged_attention(torch.zeros(2, 1, 512), big, big, meta, scale)
+    narrow = AttentionMetadata(meta.query_start_loc, meta.seq_lens, meta.block_tables[:, :0], meta.slot_mapping,
+                               meta.positions, None, meta.query_lens, meta.seq_lens_host)
+    with pytest.raises(KernelInputError, match="block_tables"):
+        triton_paged_attention(q, k, v, narrow, scale)
+
+
+@pytest.mark.parametrize("bad", [dict(block_m=24), dict(block_n=8), dict(partition_size=40),
+                                 dict(num_warps=3)])
+def test_config_validation(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        AttentionConfig(**bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_random_sweep(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    batch = int(torch.randint(1, 5, (1,), generator=g))
+    ctx = torch.randint(0, 90, (batch,), generator=g).tolist()
+    qlens = torch.randint(1, 24, (batch,), generator=g).tolist()
+    hkv = [1, 2, 4][seed % 3]
+    group = [1, 2, 3, 4][seed % 4]
+    dtype = DTYPES[seed % 3]
+    block_size = [16, 32, 8][seed % 3]
+    case = paged_attention_case(ctx, qlens, hkv * group, hkv, [32, 64][seed % 2], block_size, dtype,
+                                tree=bool(seed % 2), seed=seed)
+    check(case, SPLIT if seed % 2 else SINGLE)
