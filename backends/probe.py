@@ -93,16 +93,20 @@ def _probe_hardware(fresh: bool, npu_timeout_s: float) -> _Hardware:
     with _lock:
         if _hardware is None or fresh:
             npu = probe_npu(timeout_s=npu_timeout_s)  # before torch is imported here: see the docstring
-            _require_importable_torch(npu)
+            _require_importable_torch(npu, torch_imported="torch" in sys.modules)
             from hyspec.backends.probe_cuda import probe_cuda
 
             _hardware = _Hardware(cpu=probe_cpu(), cuda=probe_cuda(), npu=npu)
+            if fresh:  # backends built from the old records rebuild their op tables too
+                from hyspec.backends import registry
+
+                registry.clear_cache()
         return _hardware
 
 
-def _require_importable_torch(npu: NpuCapabilities) -> None:
+def _require_importable_torch(npu: NpuCapabilities, torch_imported: bool) -> None:
     """When autoload breaks ``import torch`` and torch is not imported yet, stop with the fix."""
-    if npu.failure_mode == "autoload_broken" and "torch" not in sys.modules:
+    if npu.failure_mode == "autoload_broken" and not torch_imported:
         raise HyspecError(f"{npu.reason}; {npu.hint}")
 
 
