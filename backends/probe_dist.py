@@ -81,5 +81,6 @@ def probe_dist(ray_address: str | None = None, timeout_s: float = DEFAULT_TIMEOU
         return failed(f"cannot connect to the Ray cluster at {ray_address}: {result['error']}")
     nodes = tuple(RayNode(node_id=n["node_id"], address=n["address"], alive=n["alive"],
                           resources=tuple(sorted(n["resources"].items()))) for n in result["nodes"])
+    resources = tuple(sorted(result["cluster_resources"].items()))
     return DistCapabilities(ray_installed=True, ray_version=version, address=ray_address, connected=True,
-                            reason=None, nodes=nodes, cluster_resources=tuple(sorted(result["cluster_resources"].items())))
+                            reason=None, nodes=nodes, cluster_resources=resources)

@@ -22,6 +22,7 @@ import re
 import site
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ HINT_INSTALL = ("install the Ascend driver and CANN toolkit, then pip install 'h
                 "with the torch-npu release built for your torch (https://github.com/Ascend/pytorch)")
 HINT_CANN = ("install the CANN toolkit and load it in this shell before starting hyspec: "
              "source /usr/local/Ascend/ascend-toolkit/set_env.sh (CANN >= 8.5: /usr/local/Ascend/cann/set_env.sh)")
-HINT_DRIVER = "install the Ascend NPU driver and firmware (check with npu-smi info) and add its lib64 to LD_LIBRARY_PATH"
+HINT_DRIVER = ("install the Ascend NPU driver and firmware (check with npu-smi info) "
+               "and add its lib64 to LD_LIBRARY_PATH")
 HINT_AUTOLOAD = ("export TORCH_DEVICE_BACKEND_AUTOLOAD=0 so that `import torch` stops auto-loading torch_npu; "
                  "to use the NPU, fix torch_npu's own import too")
 
@@ -164,6 +166,20 @@ def run_child(package_dir: str | None, timeout_s: float) -> tuple[dict[str, Any]
     return result, proc.stderr, proc.returncode
 
 
+def _query_in_process(torch_npu: Any) -> tuple[dict[str, Any], str, int]:
+    """run_child's answer, from a torch_npu this process has already imported."""
+    import torch
+
+    found: dict[str, Any] = {"stage": "query devices", "torch_version": torch.__version__,
+                             "torch_npu_version": getattr(torch_npu, "__version__", None)}
+    try:
+        found.update(query_devices(torch_npu))
+    except Exception:  # a device query that fails is reported, as it is from the child
+        return found, traceback.format_exc(), 3
+    found["stage"] = "done"
+    return found, "", 0
+
+
 def probe_npu(timeout_s: float = DEFAULT_TIMEOUT_S) -> NpuCapabilities:
     cann_version, cann_home = read_cann_version()
     spec = importlib.util.find_spec("torch_npu")
@@ -176,12 +192,7 @@ def probe_npu(timeout_s: float = DEFAULT_TIMEOUT_S) -> NpuCapabilities:
                                installed=False, failure_mode="not_installed", **base)
     base["torch_npu_version"] = dist_version("torch_npu")
     if "torch_npu" in sys.modules:  # already imported here without harm: ask it directly
-        import torch
-
-        found: dict[str, Any] | None = {"stage": "done", "torch_version": torch.__version__,
-                                        "torch_npu_version": getattr(sys.modules["torch_npu"], "__version__", None),
-                                        **query_devices(sys.modules["torch_npu"])}
-        stderr, returncode = "", 0
+        found, stderr, returncode = _query_in_process(sys.modules["torch_npu"])
     else:
         locations = list(spec.submodule_search_locations or [])
         package_dir = str(Path(locations[0] if locations else spec.origin).parent)

@@ -38,8 +38,11 @@ def _validated(raw: str, key: str) -> str:
     raise ConfigError(key, f"{raw!r} is not a backend; valid names: {', '.join(VALID_NAMES)}{hint}")
 
 
-def select_backend(requested: str, requested_by: str, availability: Mapping[str, tuple[bool, str | None, str | None]]) -> str:
-    """The backend to use, given each backend's (available, reason, hint)."""
+Availability = Mapping[str, tuple[bool, str | None, str | None]]  # name -> (available, reason, hint)
+
+
+def select_backend(requested: str, requested_by: str, availability: Availability) -> str:
+    """The backend to use: the forced one if it can run, else the first available in SELECTION_ORDER."""
     if requested == "auto":
         for name in SELECTION_ORDER:
             if availability[name][0]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -283,3 +284,14 @@ def test_autoload_failure_in_process_is_a_hyspec_error_not_a_traceback():
     with pytest.raises(HyspecError, match="TORCH_DEVICE_BACKEND_AUTOLOAD=0"):
         probe_module._require_importable_torch(caps, torch_imported=False)
     probe_module._require_importable_torch(caps, torch_imported=True)  # torch already works here: report it
+
+
+def test_docs_describe_every_field_of_the_json():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "probe.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", doc, re.MULTILINE))
+    data = probe().to_dict()
+    keys = set(data) | set(data["dist"])
+    for backend in data["backends"].values():
+        keys |= set(backend)
+    assert keys - documented == set(), "fields missing from docs/probe.md"
+    assert f"schema_version` | int | `{SCHEMA_VERSION}`" in doc

@@ -156,6 +156,17 @@ def test_no_devices(monkeypatch):
     assert caps.soc_version is None  # nothing to ask without a device
 
 
+def test_a_failing_device_query_is_reported(monkeypatch):
+    fake_imported_torch_npu(monkeypatch, version=TORCH_RELEASE, soc=223, count=1)
+
+    def no_device(i):
+        raise RuntimeError("call aclrtSetDevice failed, error code 507033")
+
+    monkeypatch.setattr(sys.modules["torch_npu"].npu, "get_device_properties", no_device)
+    caps = probe_npu()
+    assert caps.failure_mode == "query_failed" and "aclrtSetDevice failed" in caps.reason
+
+
 def test_hanging_import_times_out(on_path, monkeypatch):
     monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     write_torch_npu(on_path, "import time\ntime.sleep(600)\n")

@@ -113,7 +113,7 @@ def _details(b) -> list[str]:
 
 
 def _dist(dist) -> list[str]:
-    ray = f"ray {dist.ray_version}" if dist.ray_installed else "ray not installed (pip install 'hyspec[dist]')"
+    ray = f"{dist.ray_version} installed" if dist.ray_installed else "not installed (pip install 'hyspec[dist]')"
     lines = ["dist", f"  {'ray':<14} {ray}"]
     if dist.address is None:
         lines.append(f"  {'cluster':<14} not asked (--ray-address ADDR)")
