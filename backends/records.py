@@ -86,6 +86,14 @@ class CpuCapabilities:
     reason: str | None = None
     hint: str | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("physical_cores", "logical_cores", "usable_cores", "memory_total_bytes"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive when known, got {value}")
+        if self.source not in ("/proc/cpuinfo", "sysctl", "platform"):
+            raise ValueError(f"source must be /proc/cpuinfo, sysctl or platform, got {self.source!r}")
+
 
 @dataclass(frozen=True)
 class CudaDevice:
@@ -97,6 +105,10 @@ class CudaDevice:
     bf16_supported: bool
     triton_can_compile: bool | None  # None: not checked (Triton absent)
     triton_reason: str | None
+
+    def __post_init__(self) -> None:
+        if len(self.compute_capability) != 2:
+            raise ValueError(f"compute_capability must be (major, minor), got {self.compute_capability}")
 
     def to_dict(self) -> dict[str, Any]:
         out = to_jsonable({f.name: getattr(self, f.name) for f in fields(self)})
@@ -185,6 +197,10 @@ class DistCapabilities:
     reason: str | None  # why the cluster could not be read
     nodes: tuple[RayNode, ...] = ()
     cluster_resources: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.address is None) != (self.connected is None):
+            raise ValueError("connected is None exactly when no address was asked about")
 
     def to_dict(self) -> dict[str, Any]:
         out = to_jsonable({f.name: getattr(self, f.name) for f in fields(self)})
