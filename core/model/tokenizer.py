@@ -116,3 +116,10 @@ class IncrementalDetokenizer:
         delta = stable[len(self.text):] if len(stable) > len(self.text) else ""
         self.text = stable
         return delta
+
+    def flush(self, all_ids: list[int]) -> str:
+        """At the end of a request: emit whatever is left, incomplete characters included."""
+        full = self.tokenizer.decode(all_ids, skip_special_tokens=self.skip_special_tokens)
+        delta = full[len(self.text):] if len(full) > len(self.text) else ""
+        self.text = full
+        return delta

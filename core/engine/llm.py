@@ -1,0 +1,102 @@
+"""The offline API, shaped like vLLM's ``LLM``."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from hyspec.engine.engine import LLMEngine, PromptType
+from hyspec.engine.outputs import RequestOutput
+from hyspec.engine.sampling_params import SamplingParams
+from hyspec.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class LLM:
+    """Generate with a target model, optionally speculating.
+
+    >>> llm = LLM()  # the embedded default code model, plain decoding
+    >>> llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    >>> out = llm.generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=32))
+    >>> out[0].outputs[0].text
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        speculative_config: dict[str, Any] | str | None = None,
+        backend: str = "auto",
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        **engine_args: Any,
+    ):
+        if model is None:
+            from hyspec.assets import default_model
+
+            model = default_model()
+        self.engine = LLMEngine(model, backend=backend, dtype=dtype, max_model_len=max_model_len,
+                                speculative_config=speculative_config, **engine_args)
+        self.tokenizer = self.engine.tokenizer
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Seq[PromptType],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, Seq) and not isinstance(sampling_params, SamplingParams):
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise RequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.engine.add_request(prompt, p).request_id)
+        except Exception:
+            for rid in ids:  # a bad prompt in the list: leave the engine as it was
+                self.engine.abort_request(rid)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template and generate (one conversation or a list of them)."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = []
+        for conversation in conversations:
+            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt)
+            # The template already wrote any BOS it wants: do not add special tokens again.
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", disable=not use_tqdm)
+        pending = set(ids)
+        while pending:
+            for out in self.engine.step():
+                if out.finished and out.request_id in pending:
+                    final[out.request_id] = out
+                    pending.discard(out.request_id)
+                    bar.update(1)
+            if pending and not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"engine idle with unfinished requests {sorted(pending)[:3]}")
+        bar.close()
+        return [final[i] for i in ids]

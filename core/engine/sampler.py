@@ -1,0 +1,24 @@
+"""Sampling the next token of plain (non-speculative) rows, per request."""
+from __future__ import annotations
+
+import torch
+
+from hyspec.engine.sequence import Sequence
+
+
+def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """``logits [R, V]`` (row r belongs to ``seqs[r]``) -> one token per row.
+
+    Greedy rows take the argmax; the others sample from the processed
+    distribution (temperature, top-k, top-p, min-p) with their own generator,
+    so a seeded request draws the same numbers whatever shares its batch.
+    """
+    if all(s.params.greedy for s in seqs):
+        from hyspec.ops.sampling import greedy
+
+        return greedy(logits).tolist()
+    from hyspec.ops.sampling import SamplingTensors, process_logits, sample
+
+    st = SamplingTensors.from_params([s.params for s in seqs], device=logits.device)
+    probs = process_logits(logits, st.temperature, st.top_k, st.top_p, st.min_p)
+    return sample(probs, [s.generator for s in seqs]).tolist()
