@@ -50,11 +50,6 @@ def check_dtype(op: str, name: str, tensor: torch.Tensor) -> None:
                                f"{[str(d) for d in SUPPORTED_DTYPES]}")
 
 
-def check_shape(op: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(tensor.shape) != tuple(shape):
-        raise KernelInputError(f"{op}: {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
-
-
 def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
