@@ -90,11 +90,10 @@ def _paged_attention_kernel(
     stride_ot, stride_oh, stride_od,
     stride_bt, stride_tree_t, stride_tree_k,
     scale_log2, num_q_tiles, num_q_heads, head_dim, block_size, num_partitions, partition_size,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    D_PAD: tl.constexpr, HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
 ):
-    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     seq = tl.program_id(0) // num_q_tiles
     i0 = (tl.program_id(0) % num_q_tiles) * BLOCK_Q
     kv_head = tl.program_id(1)
@@ -282,7 +281,8 @@ def triton_paged_attention(
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
         float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=cfg.block_n, D_PAD=d_pad,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
+        D_PAD=d_pad,
         HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SOFT_BF16=interpreted(_paged_attention_kernel),

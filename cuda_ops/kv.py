@@ -26,8 +26,8 @@ def _scatter_kernel(
     stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
     stride_kcb, stride_kco, stride_kch, stride_kcd, stride_vcb, stride_vco, stride_vch, stride_vcd,
     num_tokens, block_size, num_heads, head_dim,
-    CACHE_DTYPE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    SOFT_BF16: tl.constexpr,
+    CACHE_DTYPE: tl.constexpr, CAST_K: tl.constexpr, CAST_V: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SOFT_BF16: tl.constexpr,
 ):
     """Rows of dense ``k``/``v`` ``[T, H, D]`` -> cache slots ``slot_mapping``."""
     t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None, None]  # [BLOCK_T, 1, 1]
@@ -38,9 +38,9 @@ def _scatter_kernel(
     page, offset = slot // block_size, slot % block_size
     k = tl.load(k_ptr + t * stride_kt + heads * stride_kh + dims * stride_kd, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + heads * stride_vh + dims * stride_vd, mask=mask)
-    if k.dtype != CACHE_DTYPE:  # a dtype change rounds like torch's .to(); a plain copy stays bitwise
+    if CAST_K:  # a dtype change rounds like torch's .to(); a plain copy stays bitwise
         k = round_to(k.to(tl.float32), CACHE_DTYPE, SOFT_BF16)
-    if v.dtype != CACHE_DTYPE:
+    if CAST_V:
         v = round_to(v.to(tl.float32), CACHE_DTYPE, SOFT_BF16)
     tl.store(k_cache_ptr + page * stride_kcb + offset * stride_kco + heads * stride_kch + dims * stride_kcd, k,
              mask=mask)
@@ -104,7 +104,8 @@ def _scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k, v, k_cache, v_cache, slots,
         *k.stride(), *v.stride(), *_cache_strides(k_cache, v_cache),
         k.shape[0], block_size, num_heads, head_dim,
-        CACHE_DTYPE=TRITON_DTYPES[k_cache.dtype], BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d,
+        CACHE_DTYPE=TRITON_DTYPES[k_cache.dtype], CAST_K=k.dtype != k_cache.dtype, CAST_V=v.dtype != k_cache.dtype,
+        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d,
         SOFT_BF16=interpreted(_scatter_kernel), num_warps=4,
     )
 

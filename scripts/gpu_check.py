@@ -18,10 +18,15 @@ Every case runs in its own try block, so one failure (a kernel that does not
 compile on this card, say) is recorded and the rest still run.  Prints a table
 and writes JSON to ``--out``, else ``$OUT/gpu_check.json``, else
 ``./gpu_check.json``.  Exit status 1 when any correctness check failed.
+
+hyspec need not be installed: run from a checkout, the script maps the
+package onto its folders (``hyspec`` -> core/, ``hyspec.cuda_ops`` ->
+cuda_ops/, ...) itself; torch and triton must be there.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -37,6 +42,24 @@ PEAK_GBPS = (
     ("A100-SXM4-80GB", 2039), ("A100 80GB PCIe", 1935), ("A100", 1555), ("L40S", 864), ("L40", 864),
     ("A10G", 600), ("A10", 600), ("RTX 4090", 1008), ("RTX 3090", 936), ("V100", 900), ("L4", 300), ("T4", 320),
 )
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ensure_hyspec_importable() -> None:
+    """Import hyspec from this checkout when it is not installed (pyproject's package-dir, by hand).
+
+    ``hyspec``'s search path is core/ and then the repository root, so
+    ``hyspec.ops`` resolves to core/ops and ``hyspec.cuda_ops`` to cuda_ops/.
+    """
+    if importlib.util.find_spec("hyspec") is not None:
+        return
+    spec = importlib.util.spec_from_file_location(
+        "hyspec", REPO / "core" / "__init__.py", submodule_search_locations=[str(REPO / "core"), str(REPO)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hyspec"] = module
+    spec.loader.exec_module(module)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -357,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernel modules' import of triton's jit
+    ensure_hyspec_importable()
     import torch
     import triton
 
