@@ -58,7 +58,8 @@ def reference_process(row, temperature, top_k, top_p, min_p):
                 break
             kept.add(i)
             cum += probs[i]
-        keep = kept
+        cutoff = min(x[i] for i in kept)
+        keep = {i for i in keep if x[i] >= cutoff}  # ties with the last kept token stay
     if min_p > 0:
         probs = softmax(keep)
         pmax = max(probs.values())
@@ -125,6 +126,8 @@ def test_each_row_uses_its_own_parameters():
     torch.testing.assert_close(probs[0], torch.tensor([0.5, 0.3, 0.15, 0.05]))
     torch.testing.assert_close(probs[1], torch.tensor([0.625, 0.375, 0.0, 0.0]))
     torch.testing.assert_close(probs[2], torch.tensor([0.625, 0.375, 0.0, 0.0]))  # 0.5 < 0.75 <= 0.8
+    tied = process_logits(torch.tensor([[1.0, 0.0, 0.0, -5.0]]), *_params(1, top_p=0.6))
+    assert (tied[0] > 0).tolist() == [True, True, True, False]  # both tokens tied at the cut stay
     assert probs[3].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 

@@ -54,10 +54,10 @@ def process_logits(
     """The distribution a request samples from, one row per logits row.
 
     Order: guard non-finite, temperature, top-k, top-p, min-p, softmax.  Rows
-    with temperature 0 are the one-hot of ``greedy(logits)``.  Top-k keeps
-    every token tied with the k-th largest logit (so the result does not depend
-    on how a sort orders ties); top-p keeps the smallest prefix of the
-    descending order whose mass reaches ``top_p`` (ties in stable index order).
+    with temperature 0 are the one-hot of ``greedy(logits)``.  Top-k keeps the
+    k largest logits, top-p the smallest most-likely-first prefix whose mass
+    reaches ``top_p``; both also keep every token tied with the last one kept,
+    so the result does not depend on how a sort orders ties.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
@@ -68,9 +68,9 @@ def process_logits(
     device = logits.device
     x = guard_logits(logits).float()
     is_greedy = (temperature == 0).to(device)
-    argmax = x.argmax(dim=-1)
-    if bool(is_greedy.all()):
-        return torch.nn.functional.one_hot(argmax, vocab).float()
+    num_greedy = int(is_greedy.sum())
+    if num_greedy == n:
+        return torch.nn.functional.one_hot(x.argmax(dim=-1), vocab).float()
 
     # Shift by the row max before dividing: the max becomes exactly 0 (so some
     # entry is always finite and the softmax never sees an all -inf row), and
@@ -96,8 +96,11 @@ def process_logits(
         x = x.masked_fill(x < threshold[:, None], -torch.inf)
 
     probs = torch.softmax(x, dim=-1)
-    one_hot = torch.nn.functional.one_hot(argmax, vocab).float()
-    return torch.where(is_greedy[:, None], one_hot, probs)
+    if num_greedy:
+        # Shifting and dividing by 1 kept every greedy row's argmax where it was.
+        one_hot = torch.nn.functional.one_hot(x.argmax(dim=-1), vocab).float()
+        probs = torch.where(is_greedy[:, None], one_hot, probs)
+    return probs
 
 
 def _top_k(x: torch.Tensor, k: torch.Tensor, k_on: torch.Tensor) -> torch.Tensor:
@@ -116,16 +119,20 @@ def _top_k_top_p_sorted(
     p: torch.Tensor,  # [N] fp32
     p_on: torch.Tensor,  # [N] bool
 ) -> torch.Tensor:
-    """Top-k then top-p over one descending sort of every row."""
-    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-    kth = sorted_x.gather(1, (k - 1)[:, None])
-    sorted_x = sorted_x.masked_fill(k_on[:, None] & (sorted_x < kth), -torch.inf)
+    """Top-k then top-p from one descending sort of every row, applied as a logit cutoff.
+
+    Both filters become "keep logits >= a per-row cutoff", so tokens tied with
+    the last kept one are kept too: the result does not depend on how a sort
+    (or a backend's top-k) orders ties.
+    """
+    sorted_x = x.sort(dim=-1, descending=True).values
+    kth = torch.where(k_on[:, None], sorted_x.gather(1, (k - 1)[:, None]), -torch.inf)
+    sorted_x = sorted_x.masked_fill(sorted_x < kth, -torch.inf)
     probs = torch.softmax(sorted_x, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # exclusive prefix sum
-    drop = p_on[:, None] & (mass_before >= p[:, None])
-    drop[:, 0] = False  # the most likely token always survives
-    sorted_x = sorted_x.masked_fill(drop, -torch.inf)
-    return torch.empty_like(x).scatter_(1, order, sorted_x)
+    mass_before = probs.cumsum(dim=-1) - probs  # exclusive prefix sum, non-decreasing
+    num_kept = (mass_before < p[:, None]).sum(dim=-1, keepdim=True).clamp(min=1)  # the most likely always stays
+    cutoff = torch.where(p_on[:, None], sorted_x.gather(1, num_kept - 1), -torch.inf)
+    return x.masked_fill(x < torch.maximum(kth, cutoff), -torch.inf)
 
 
 def draw_uniforms(

@@ -100,7 +100,8 @@ def verify(
 
     if stochastic_rows:
         sub_trees, sub_logits = _subset(trees, target_logits, stochastic_rows)
-        probs = sampling.select(stochastic_rows).repeat(sub_trees.num_nodes_host).to(device).process(sub_logits)
+        sub_sampling = sampling if len(stochastic_rows) == b else sampling.select(stochastic_rows)
+        probs = sub_sampling.repeat(sub_trees.num_nodes).to(device).process(sub_logits)
         if uniforms is None:
             gens = [None] * b if generators is None else list(generators)
             sub_u = draw_uniforms([gens[r] for r in stochastic_rows], sub_trees.num_nodes_host, device)
