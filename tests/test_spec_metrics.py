@@ -41,7 +41,8 @@ def test_snapshot_counts_everything_per_method_and_arm():
     assert eagle["draft_seconds"]["count"] == 0  # not measured, not recorded
     assert eagle["verify_seconds"]["buckets"][-1] == [float("inf"), 1]  # above every bound
     assert snap["totals"] == {"drafts": 7, "draft_tokens": 22, "accepted_tokens": 12,
-                              "accepted_per_position": [6, 4, 2, 0]}
+                              "accepted_per_position": [6, 4, 2, 0],
+                              "rejections": {"token_mismatch": 3, "probability_rejected": 1, "draft_timeout": 1}}
     empty = SpecMetrics().snapshot()
     assert empty["methods"] == {} and empty["totals"]["drafts"] == 0
 

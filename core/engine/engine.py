@@ -25,7 +25,7 @@ from hyspec.engine.sampling_params import SamplingParams
 from hyspec.engine.scheduler import Scheduler, SchedulerConfig
 from hyspec.engine.sequence import Sequence, Status
 from hyspec.engine.stopping import append_token, find_stop_string
-from hyspec.errors import ConfigError, RequestError
+from hyspec.errors import ConfigError, KVOwnershipError, RequestError
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.loader import load_model
@@ -183,6 +183,49 @@ class LLMEngine:
         if sched.empty:
             return []
         trees = self.spec.propose(plan, sched.decodes) if self.spec is not None else {}
+        try:
+            feeds, kinds, result, forward_seconds = self._forward(sched, trees)
+        except KVOwnershipError as exc:
+            if not trees:
+                raise
+            # A speculative write would have touched pages it does not own: nothing was written
+            # (ownership is checked before the forward). Redo the step without speculation.
+            log.warning("KV ownership violation in a speculative step (%s): redoing it plainly", exc)
+            self.spec.metrics.record_rejection("kv_cache_mismatch", plan.method, count=len(trees))
+            trees = {}
+            feeds, kinds, result, forward_seconds = self._forward(sched, trees)
+
+        emitted: dict[str, list[int]] = {}
+        plain_rows, plain_seqs = [], []
+        tree_items = []
+        for i, (kind, seq) in enumerate(kinds):
+            if kind in ("decode", "prefill"):
+                plain_rows.append(result.feed_logits(i))
+                plain_seqs.append(seq)
+            elif kind == "tree":
+                tree_items.append((i, seq))
+        if tree_items:
+            self.spec.set_verify_seconds(forward_seconds)
+            emitted.update(self.spec.verify(tree_items, trees, result))
+        if plain_rows:
+            tokens = sample_next_tokens(torch.cat(plain_rows), plain_seqs)
+            for seq, tok in zip(plain_seqs, tokens):
+                emitted[seq.request_id] = [tok]
+        if self.spec is not None:
+            self.spec.after_forward(kinds, feeds, result, forward_seconds)
+
+        outputs = []
+        now = time.monotonic()
+        for kind, seq in kinds:
+            new = emitted.get(seq.request_id)
+            if new is None:
+                continue  # a prompt chunk that produced no token yet
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            outputs.append(self._emit(seq, new))
+        return outputs
+
+    def _forward(self, sched, trees):
         feeds: list[Feed] = []
         kinds: list[tuple[str, Sequence]] = []
         for seq in sched.decodes:
@@ -201,33 +244,7 @@ class LLMEngine:
             kinds.append(("prefill" if final else "chunk", seq))
         t0 = time.perf_counter()
         result = self.runner.run(feeds, aux_layers=self.spec.aux_layers if self.spec is not None else ())
-        forward_seconds = time.perf_counter() - t0
-
-        emitted: dict[str, list[int]] = {}
-        plain_rows, plain_seqs = [], []
-        for i, (kind, seq) in enumerate(kinds):
-            if kind in ("decode", "prefill"):
-                plain_rows.append(result.feed_logits(i))
-                plain_seqs.append(seq)
-            elif kind == "tree":
-                emitted[seq.request_id] = self.spec.verify_and_commit(seq, trees[seq.request_id], result, i)
-        if plain_rows:
-            tokens = sample_next_tokens(torch.cat(plain_rows), plain_seqs)
-            for seq, tok in zip(plain_seqs, tokens):
-                emitted[seq.request_id] = [tok]
-        if self.spec is not None:
-            self.spec.after_step(plan, sched, kinds, result, forward_seconds)
-
-        outputs = []
-        now = time.monotonic()
-        for kind, seq in kinds:
-            new = emitted.get(seq.request_id)
-            if new is None:
-                continue  # a prompt chunk that produced no token yet
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            outputs.append(self._emit(seq, new))
-        return outputs
+        return feeds, kinds, result, time.perf_counter() - t0
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
         n_before = seq.num_output_tokens

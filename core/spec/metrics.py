@@ -166,7 +166,8 @@ class SpecMetrics:
         """
         with self._lock:
             methods: dict[str, dict[str, Any]] = {}
-            totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": []}
+            totals = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_position": [],
+                      "rejections": {}}
             for (method, arm), s in self._series.items():
                 methods.setdefault(method, {})[arm] = s.snapshot()
                 totals["drafts"] += s.drafts
@@ -176,6 +177,8 @@ class SpecMetrics:
                 per_pos.extend([0] * (len(s.accepted_per_pos) - len(per_pos)))
                 for j, n in enumerate(s.accepted_per_pos):
                     per_pos[j] += n
+                for cause, n in s.snapshot()["rejections"].items():
+                    totals["rejections"][cause] = totals["rejections"].get(cause, 0) + n
             quality: dict[str, dict[str, Any]] = {}
             for (method, reason), degraded in self._quality_degraded.items():
                 quality.setdefault(method, {})[reason] = {

@@ -1,0 +1,96 @@
+"""The Proposer interface: how a drafting method plugs into the speculative step.
+
+A proposer keeps its own draft state per sequence and catches up lazily: the
+dispatcher may switch methods between steps, so a proposer can be asked to
+draft for a sequence after many tokens were committed without it.  It learns
+what was committed in two ways:
+
+* the sequence's token history (``seq.token_ids``) -- enough for proposers
+  conditioned on token ids only (ngram, draft_model);
+* :meth:`Proposer.on_commit`, called after *every* step for every loaded
+  proposer with the target hidden states of the tokens whose KV the target
+  just kept -- what hidden-state drafters (EAGLE, MTP, DFlash, DSpark) buffer.
+
+Drafts are returned as :class:`~hyspec.spec.tree.DraftTree` (a chain is a tree
+with one child per node).  Greedy requests get deterministic drafts
+(``draft_probs=None``); sampled requests get drafts drawn from q, the draft
+distribution processed exactly like the target's (temperature, top-k, top-p,
+min-p: ``SamplingTensors.process``), drawn with the request's own generator.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from hyspec.engine.sequence import Sequence
+from hyspec.ops.sampling import SamplingTensors
+from hyspec.spec.tree import DraftTree
+
+
+@dataclass
+class DraftRequest:
+    seq: Sequence
+    budget: int  # draft nodes (excluding the root) this sequence may use this step; >= 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.seq.params.greedy
+
+
+@dataclass
+class CommittedHidden:
+    """Target hidden states of tokens ``seq.token_ids[start : start + n]`` (their KV is now cached)."""
+
+    start: int
+    final: torch.Tensor  # [n, H] after the final norm (what lm_head sees)
+    aux: dict[int, torch.Tensor]  # layer -> [n, H] residual stream after that layer
+
+
+class Proposer(ABC):
+    """A drafting method."""
+
+    method: ClassVar[str]
+    #: Target layers whose outputs the proposer conditions on (residual stream after each).
+    aux_layers: tuple[int, ...] = ()
+    #: True if on_commit must receive hidden states (False lets the engine skip the bookkeeping).
+    needs_hidden: bool = False
+    #: True for methods that build trees (the controller then picks a tree budget, not a length).
+    builds_trees: bool = False
+
+    @abstractmethod
+    def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
+        """One draft (or None: nothing worth proposing) per request, in order.
+
+        ``sampling`` has one row per request.  The tree's root is the
+        sequence's last token (``seq.last_token``); it must have at most
+        ``budget + 1`` nodes.
+        """
+
+    def max_budget(self) -> int:
+        """Most draft nodes this proposer can produce per sequence and step."""
+        return 64
+
+    def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
+        """The target kept KV for more of ``seq``'s tokens (called after every step)."""
+
+    def on_finish(self, seq: Sequence) -> None:
+        """Release everything held for ``seq``."""
+
+    def on_preempt(self, seq: Sequence) -> None:
+        """The target dropped ``seq``'s KV; it will be re-prefilled.  Default: forget it."""
+        self.on_finish(seq)
+
+    def close(self) -> None:
+        """Release shared resources (threads, remote workers)."""
+
+
+def sample_or_argmax(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
+    """Draw from a processed row ``probs [V]`` (argmax for greedy requests)."""
+    if greedy:
+        return int(probs.argmax())
+    from hyspec.ops.sampling import sample
+
+    return int(sample(probs[None], [generator])[0])
