@@ -1,0 +1,155 @@
+"""hyspec's attention op on torch_npu: FIA for prefill, chains and trees, ATB paged attention for decode.
+
+NOT EXECUTED ON ASCEND HARDWARE.  The argument plumbing is tested on CPU
+against ``hyspec.npu_ops.emulation`` (pure-torch emulations of the documented
+semantics); whether the real kernels agree is for the conformance suite on an
+Ascend machine to show.
+
+Calls (argument derivation and the mask convention: hyspec.npu_ops.attention_args)::
+
+    # causal (prefill / decode / chains)
+    torch_npu.npu_fused_infer_attention_score(
+        q [T, Hq, D], key [Nv, bs, Hkv*D], value [Nv, bs, Hkv*D], atten_mask=int8 [2048, 2048],
+        block_table=int32 [B, nb], input_layout="TND", block_size=bs, actual_seq_lengths=cumulative q ends,
+        actual_seq_lengths_kv=seq_lens, num_heads=Hq, num_key_value_heads=Hkv, scale=scale, sparse_mode=3)
+    # tree verification
+    torch_npu.npu_fused_infer_attention_score(
+        q [E, C, Hq, D], key, value, atten_mask=bool [E, 1, C, nb*bs], block_table=int32 [E, nb],
+        input_layout="BSND", block_size=bs, actual_seq_lengths=rows per entry, actual_seq_lengths_kv=kv lens,
+        num_heads=Hq, num_key_value_heads=Hkv, scale=scale, sparse_mode=0)
+    # single-token decode
+    torch_npu._npu_paged_attention(query=q [B, Hq, D], key_cache=[Nv, bs, Hkv, D], value_cache=...,
+        num_kv_heads=Hkv, num_heads=Hq, scale_value=scale, block_table=int32 [B, nb],
+        context_lens=int32 [B] (host), out=[B, Hq, D])
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from hyspec.npu_ops import graph
+from hyspec.npu_ops.attention_args import TreeArgs, causal_args, causal_mask, decode_args, tree_args
+from hyspec.npu_ops.layout import PagedCache, paged_cache
+from hyspec.npu_ops.limits import (MAX_TREE_QUERY_TOKENS, NpuOpUnsupportedError, check_fia_shapes,
+                                   paged_attention_fits)
+from hyspec.ops.attention import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class NpuAttentionConfig:
+    max_tree_query_tokens: int = MAX_TREE_QUERY_TOKENS  # rows per FIA tree entry
+    split_large_trees: bool = True  # False: a request with more tree rows raises instead of being split
+    paged_attention_for_decode: bool = True  # use ATB PA for all-single-token steps when present
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_tree_query_tokens <= MAX_TREE_QUERY_TOKENS:
+            raise ValueError(f"max_tree_query_tokens must be in [1, {MAX_TREE_QUERY_TOKENS}], "
+                             f"got {self.max_tree_query_tokens}")
+
+
+class _StepCache:
+    """TreeArgs for the step being run: every layer shares one metadata object, so build the mask once."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._meta: weakref.ref | None = None
+        self._args: TreeArgs | None = None
+
+    def get(self, meta: AttentionMetadata, key: tuple) -> TreeArgs | None:
+        alive = self._meta is not None and self._meta() is meta
+        return self._args if alive and key == self._key else None
+
+    def put(self, meta: AttentionMetadata, key: tuple, args: TreeArgs) -> None:
+        self._key, self._meta, self._args = key, weakref.ref(meta), args
+
+
+class NpuAttention:
+    """``OpTable.attention`` backed by torch_npu (see the module docstring)."""
+
+    def __init__(self, fia: Callable, paged_attention: Callable | None = None,
+                 config: NpuAttentionConfig = NpuAttentionConfig()):
+        self.fia = fia
+        self.paged_attention = paged_attention
+        self.config = config
+        self._tree_cache = _StepCache()
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], maybe a strided pool view
+        v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        cache = paged_cache(k_cache, v_cache)
+        check_fia_shapes(q, k_cache, meta.num_seqs, cache.block_size, meta.max_seq_len)
+        q = q.contiguous()
+        static = graph.capturing()
+        if meta.max_query_len == 1 and self._use_paged_attention(q, cache, meta):
+            return self._decode(q, cache, meta, scale, static)
+        if meta.tree_mask is None or meta.max_query_len == 1:  # a one-node tree is the causal case
+            return self._causal(q, cache, meta, scale, static)
+        return self._tree(q, cache, meta, scale, static)
+
+    def _use_paged_attention(self, q: torch.Tensor, cache: PagedCache, meta: AttentionMetadata) -> bool:
+        return (self.paged_attention is not None and self.config.paged_attention_for_decode
+                and paged_attention_fits(q.shape[2], cache.block_size, meta.max_seq_len))
+
+    def _fia_common(self, q: torch.Tensor, cache: PagedCache, scale: float) -> dict:
+        return dict(block_size=cache.block_size, num_heads=q.shape[1], num_key_value_heads=cache.key.shape[2],
+                    scale=scale)
+
+    def _causal(self, q, cache, meta, scale, static) -> torch.Tensor:
+        args = causal_args(meta, cache, static_shapes=static)
+        kwargs = dict(atten_mask=causal_mask(q.device), block_table=args.block_table, input_layout="TND",
+                      actual_seq_lengths=args.actual_seq_lengths, actual_seq_lengths_kv=args.actual_seq_lengths_kv,
+                      sparse_mode=3, **self._fia_common(q, cache, scale))
+        return self._launch_fia(q, cache, kwargs, lambda m: {"actual_seq_lengths_kv": list(m.seq_lens_host)})
+
+    def _tree(self, q, cache, meta, scale, static) -> torch.Tensor:
+        cap = self.config.max_tree_query_tokens
+        if meta.max_query_len > cap and not self.config.split_large_trees:
+            raise NpuOpUnsupportedError(
+                f"NPU tree attention: a request verifies {meta.max_query_len} tree tokens, FIA serves at most {cap} "
+                "query rows per request against a tree mask; shrink the tree budget or enable split_large_trees")
+        # keyed on the capture too: a mask built before capturing would be a constant inside the graph
+        key = (id(meta.tree_mask), id(meta.block_tables), cache.block_stride, cache.block_size, cap,
+               id(graph.active_capture()))
+        args = self._tree_cache.get(meta, key)
+        if args is None:
+            args = tree_args(meta, cache, cap, static_shapes=static)
+            self._tree_cache.put(meta, key, args)
+        pieces = args.pieces
+        E, C = len(pieces.entry_rows), pieces.rows
+        q_padded = q.index_select(0, pieces.gather).view(E, C, q.shape[1], q.shape[2])  # [E, C, Hq, D]
+        kwargs = dict(atten_mask=args.atten_mask, block_table=args.block_table, input_layout="BSND",
+                      actual_seq_lengths=args.actual_seq_lengths, actual_seq_lengths_kv=args.actual_seq_lengths_kv,
+                      sparse_mode=0, **self._fia_common(q, cache, scale))
+        entry_seq = pieces.entry_seq_host
+        out = self._launch_fia(q_padded, cache, kwargs, lambda m: {  # [E, C, Hq, D]
+            "actual_seq_lengths_kv": [m.seq_lens_host[b] for b in entry_seq]})
+        return out.reshape(E * C, q.shape[1], q.shape[2]).index_select(0, pieces.scatter)
+
+    def _launch_fia(self, query: torch.Tensor, cache: PagedCache, kwargs: dict,
+                    refresh: Callable[[AttentionMetadata], dict]) -> torch.Tensor:
+        capture = graph.active_capture()
+        if capture is not None:
+            return capture.launch_fia(self.fia, query, cache.key_bsh(), cache.value_bsh(), kwargs, refresh)
+        out, _lse = self.fia(query, cache.key_bsh(), cache.value_bsh(), **kwargs)
+        return out
+
+    def _decode(self, q, cache, meta, scale, static) -> torch.Tensor:
+        args = decode_args(meta, cache, static_shapes=static)
+        kwargs = dict(query=q, key_cache=cache.key, value_cache=cache.value, num_kv_heads=cache.key.shape[2],
+                      num_heads=q.shape[1], scale_value=scale, block_table=args.block_table,
+                      context_lens=args.context_lens)
+        capture = graph.active_capture()
+        if capture is not None:
+            return capture.launch_paged_attention(self.paged_attention, kwargs, lambda m: {
+                "context_lens": torch.tensor(m.seq_lens_host, dtype=torch.int32)})
+        out = torch.empty_like(q)
+        self.paged_attention(**kwargs, out=out)
+        return out
