@@ -1,0 +1,185 @@
+"""The OpenAI-compatible FastAPI app: routes, lifespan, API key, metrics middleware, OpenAPI schema.
+
+>>> app = create_app({"model": "/path/to/model", "max_num_seqs": 32}, api_key="secret")
+>>> # uvicorn.run(app, host="127.0.0.1", port=8000)  -- or `hyspec serve`
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET
+/v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (200 while
+serving, 503 while draining or after an engine failure), ``GET /metrics``
+(Prometheus text).  With an API key, ``/v1/*`` need it; ``/health`` never
+does and ``/metrics`` only with ``protect_metrics``.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Mapping
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+
+from hyspec import __version__
+from hyspec.server.async_engine import AsyncEngine
+from hyspec.server.auth import api_key_dependency
+from hyspec.server.errors import error_body, install_exception_handlers
+from hyspec.server.metrics import ServerMetrics
+from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                    CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList)
+from hyspec.server.serving import OpenAIServing
+
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+# Endpoint labels of the HTTP counter; any other path counts as "other" (fuzzers must not grow the label set).
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                       "/openapi.json", "/docs", "/redoc"})
+_ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
+    (400, "invalid request (the message names the field)"), (401, "missing or invalid API key"),
+    (404, "unknown model"), (413, "request body too large"), (429, "queue full; retry later"),
+    (500, "the engine failed while running this request"), (503, "shutting down, or the engine failed"))}
+_SSE_DOC = {"description": "with stream=true: server-sent events `data: {chunk}`, ending with `data: [DONE]`",
+            "schema": {"type": "string"}}
+
+
+def create_app(
+    engine: Any,
+    *,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_queue: int = 256,
+    protect_metrics: bool = False,
+    drain_timeout: float = 30.0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """Build the app around ``engine``: an ``LLMEngine``, an ``AsyncEngine``, or LLMEngine keyword
+    arguments (a mapping with ``model`` and any of ``dtype``, ``max_model_len``, ``max_num_seqs``,
+    ``kv_cache_bytes``, ``memory_fraction``, ``speculative_config``, ...).
+
+    ``max_queue``: requests that may wait beyond the running batch before new ones get 429.
+    ``drain_timeout``: seconds in-flight requests get to finish at shutdown before they are aborted.
+    """
+    if isinstance(engine, Mapping):
+        from hyspec.engine.engine import LLMEngine
+
+        args = dict(engine)
+        engine = LLMEngine(args.pop("model"), **args)
+    async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)
+    name = served_model_name or Path(async_engine.engine.model_path).name
+    created = int(time.time())
+    metrics = ServerMetrics(async_engine, name)
+    serving = OpenAIServing(async_engine, name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        yield
+        await async_engine.shutdown(drain_timeout)
+
+    app = FastAPI(title="hyspec", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible API of hyspec, a lossless speculative-decoding runtime.")
+    app.state.async_engine = async_engine
+    app.state.metrics = metrics
+    app.state.served_model_name = name
+    install_exception_handlers(app)
+
+    auth = [Depends(api_key_dependency(api_key))] if api_key else []
+    v1 = APIRouter(prefix="/v1", dependencies=auth, responses=_ERRORS)
+
+    @v1.post("/completions", response_model=CompletionResponse,
+             responses={200: {"content": {"text/event-stream": _SSE_DOC}}})
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(body, request)
+
+    @v1.post("/chat/completions", response_model=ChatCompletionResponse,
+             responses={200: {"content": {"text/event-stream": _SSE_DOC}}})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await serving.chat(body, request)
+
+    def card() -> ModelCard:
+        return ModelCard(id=name, created=created, root=str(async_engine.engine.model_path),
+                         max_model_len=serving.max_model_len)
+
+    @v1.get("/models", response_model=ModelList)
+    async def list_models() -> ModelList:
+        return ModelList(data=[card()])
+
+    @v1.get("/models/{model_id:path}", response_model=ModelCard)
+    async def get_model(model_id: str) -> ModelCard:
+        serving.check_model(model_id)
+        return card()
+
+    app.include_router(v1)
+
+    @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
+    async def health() -> Response:
+        if async_engine.failed is not None:
+            return JSONResponse({"status": "failed", "detail": async_engine.failed}, status_code=503)
+        if not async_engine.accepting:
+            return JSONResponse({"status": "draining", "detail": "shutting down"}, status_code=503)
+        if async_engine.started and not async_engine.thread_alive:
+            return JSONResponse({"status": "failed", "detail": "the engine thread stopped"}, status_code=503)
+        return JSONResponse({"status": "ok", "detail": None})
+
+    metrics_deps = auth if protect_metrics else []
+
+    @app.get("/metrics", dependencies=metrics_deps,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "description": "Prometheus text exposition format"}})
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    app.add_middleware(_HTTPGuard, metrics=metrics, endpoints=ENDPOINTS, max_body_bytes=max_body_bytes)
+    app.openapi = lambda: _openapi(app)
+    return app
+
+
+class _HTTPGuard:
+    """Pure ASGI middleware (streams pass through untouched): counts responses by endpoint and status,
+    and refuses bodies whose declared length is over ``max_body_bytes`` (413) before they are read."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics, endpoints: frozenset[str], max_body_bytes: int):
+        self.app = app
+        self.metrics = metrics
+        self.endpoints = endpoints
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = path if path in self.endpoints else "/v1/models/{model_id}" if path.startswith("/v1/models/") \
+            else "other"
+        status = 500
+
+        async def send_and_record(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            length = dict(scope.get("headers") or []).get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+                status = 413
+                response = JSONResponse(error_body(413, f"the request body has {int(length)} bytes; the limit is "
+                                                        f"{self.max_body_bytes}"), status_code=413)
+                return await response(scope, receive, send)
+            await self.app(scope, receive, send_and_record)
+        finally:
+            self.metrics.observe_http(endpoint, scope.get("method", ""), status)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema without its 422 responses: validation errors here are OpenAI-style 400s."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+

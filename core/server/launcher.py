@@ -1,0 +1,91 @@
+"""Running the app under uvicorn: in the foreground with signals (``hyspec serve``), or in a thread (tests, load).
+
+Graceful shutdown, in order: the first SIGINT/SIGTERM makes the app refuse new
+requests (503, and ``/health`` says "draining"), uvicorn stops accepting
+connections and waits up to ``shutdown_timeout`` seconds for open responses
+to finish, then the lifespan shutdown drains the engine and joins its thread.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn.Server that first tells the engine to stop taking requests, then shuts down as usual."""
+
+    def __init__(self, config: uvicorn.Config, async_engine: Any):
+        super().__init__(config)
+        self.async_engine = async_engine
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.async_engine.begin_shutdown()
+        await super().shutdown(sockets)
+
+
+def _config(app: Any, host: str, port: int, shutdown_timeout: float, log_level: str, access_log: bool) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=access_log,
+                          timeout_graceful_shutdown=shutdown_timeout, timeout_keep_alive=5)
+
+
+def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
+               log_level: str = "info", access_log: bool = False) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM (blocking; call from the main thread)."""
+    _DrainingServer(_config(app, host, port, shutdown_timeout, log_level, access_log), app.state.async_engine).run()
+
+
+class BackgroundServer:
+    """Serve ``app`` from a daemon thread on ``host`` (a free port unless given).
+
+    >>> with BackgroundServer(app) as server:
+    ...     requests.get(server.url + "/health")
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 10.0,
+                 log_level: str = "warning"):
+        self.app = app
+        self.host = host
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))  # bound here, so the port is known before uvicorn starts
+        self.port = self._socket.getsockname()[1]
+        self.server = _DrainingServer(_config(app, host, self.port, shutdown_timeout, log_level, False),
+                                      app.state.async_engine)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]},
+                                        name=f"uvicorn-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "BackgroundServer":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the server thread exited during start-up (see its log)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not start within {timeout} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Graceful shutdown (as on SIGTERM); returns when the server thread has exited."""
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the server did not stop within {timeout} s")
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,251 @@
+"""OpenAI request and response bodies as pydantic models (the server's OpenAPI schema comes from these).
+
+Fields follow OpenAI's /v1/completions and /v1/chat/completions, plus the
+vLLM extensions clients of vLLM already send (``top_k``, ``min_p``,
+``ignore_eos``, ``stop_token_ids``, ...).  Scalars are strict (``"5"`` is not
+an integer, ``1`` is not a boolean) and floats must be finite, so a wrong type
+is a 400 naming the field, not a silent coercion.  Options that would change
+what is sampled and that hyspec does not implement (penalties, logit bias,
+logprobs, ...) are accepted by the schema but rejected with a message naming
+them, rather than ignored: hyspec's outputs are exactly the target model's.
+"""
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+
+from hyspec.engine.sampling_params import SamplingParams
+
+# torch.Generator.manual_seed accepts exactly this range.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_STOP_STRINGS = 16
+
+Float = StrictFloat  # strict still takes JSON 1 as 1.0; "1" and true are rejected
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    """Finite floats only; unknown keys are ignored (OpenAI clients send many optional ones)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = Field(False, description="vLLM extension: usage on every chunk")
+
+
+class _SamplingRequest(_Strict):
+    """What both endpoints share: model, sampling, stopping, streaming."""
+
+    model: Optional[StrictStr] = Field(None, description="the served model name (optional: it has only one)")
+    n: StrictInt = Field(1, ge=1, le=1, description="choices per prompt; hyspec returns exactly one")
+    temperature: Optional[Float] = Field(None, ge=0, description="0 is greedy; default 1")
+    top_p: Optional[Float] = Field(None, gt=0, le=1)
+    top_k: Optional[StrictInt] = Field(None, ge=-1, description="vLLM extension; 0 or -1 switch it off")
+    min_p: Optional[Float] = Field(None, ge=0, le=1, description="vLLM extension")
+    seed: Optional[StrictInt] = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: Optional[Union[StrictStr, Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)]]] = None
+    stop_token_ids: Optional[Annotated[list[Annotated[int, Field(strict=True, ge=0)]],
+                                       Field(max_length=MAX_STOP_STRINGS)]] = None
+    ignore_eos: StrictBool = Field(False, description="vLLM extension: keep going past end-of-sequence")
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    min_tokens: StrictInt = Field(0, ge=0, description="vLLM extension; not supported (must be 0)")
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    return_token_ids: StrictBool = Field(False, description="vLLM extension: token ids with each choice/delta")
+    presence_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
+    frequency_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
+    repetition_penalty: Optional[Float] = Field(None, description="not supported (must be 1 or absent)")
+    logit_bias: Optional[dict[str, Float]] = Field(None, description="not supported (must be empty or absent)")
+    user: Optional[StrictStr] = None
+
+    #: field -> value meaning "off"; anything else is rejected (hyspec samples the target's distribution as is).
+    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
+        "logit_bias": (None, {}),
+    }
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "_SamplingRequest":
+        for name, off in self.UNSUPPORTED_UNLESS.items():
+            if getattr(self, name) not in off:
+                raise _field_error(name, "not supported by hyspec; leave it out")
+        if self.stream_options is not None and not self.stream:
+            raise _field_error("stream_options", "only allowed when stream is true")
+        return self
+
+    def sampling_params(self, max_tokens: int | None) -> SamplingParams:
+        """hyspec SamplingParams for this request (raises RequestError for invalid combinations)."""
+        return SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else float(self.min_p),
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: Union[StrictStr, Annotated[list[StrictStr], Field(min_length=1)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1)]] = Field(
+        description="a string, a list of strings, a list of token ids, or a list of token-id lists")
+    max_tokens: Optional[StrictInt] = Field(16, ge=1, description="tokens to generate (default 16)")
+    echo: StrictBool = Field(False, description="not supported (must be false)")
+    logprobs: Optional[StrictInt] = Field(None, ge=0, description="not supported (must be absent)")
+    best_of: Optional[StrictInt] = Field(None, ge=1, description="must be 1 or absent")
+    suffix: Optional[StrictStr] = Field(None, description="not supported (must be absent)")
+
+    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingRequest.UNSUPPORTED_UNLESS, "echo": (False,), "logprobs": (None,), "best_of": (None, 1),
+        "suffix": (None,)}
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[StrictStr, list[TextPart]]] = None
+    name: Optional[StrictStr] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Optional[StrictInt] = Field(None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, description="default: up to max_model_len")
+    add_generation_prompt: StrictBool = Field(True, description="vLLM extension")
+    logprobs: Optional[StrictBool] = Field(None, description="not supported (must be false or absent)")
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="not supported (must be absent)")
+    tools: Optional[list[dict[str, Any]]] = Field(None, description="not supported (must be empty or absent)")
+    tool_choice: Optional[Union[Literal["none", "auto"], dict[str, Any]]] = Field(
+        None, description="only 'none' (or absent) is supported")
+    response_format: Optional[dict[str, Any]] = Field(None, description="only {'type': 'text'} is supported")
+
+    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingRequest.UNSUPPORTED_UNLESS, "logprobs": (None, False), "top_logprobs": (None,),
+        "tools": (None, []), "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"})}
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class FieldError(ValueError):
+    """A cross-field validation error; the app reports it as a 400 with ``param`` = field (see errors.py)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def _field_error(field: str, message: str) -> FieldError:
+    return FieldError(field, message)
+
+
+# -- responses -------------------------------------------------------------------------------------
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    stop_reason: Optional[Union[int, str]] = Field(None, description="vLLM extension: the stop string or token id")
+    token_ids: Optional[list[int]] = Field(None, description="with return_token_ids")
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: None = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
+    stop_reason: Optional[Union[int, str]] = None
+    token_ids: Optional[list[int]] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "hyspec"
+    root: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[Union[int, str]] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "draining", "failed"]
+    detail: Optional[str] = None

@@ -1,0 +1,309 @@
+"""/v1/completions and /v1/chat/completions: prompts in, engine requests, OpenAI responses or SSE out.
+
+Everything that can be refused is refused before the first byte is sent:
+prompts are tokenized and measured, sampling parameters built and the engine
+requests accepted, so a bad request is a 400 and never a stream that ends in
+an error.  A stream then sends one ``data: {chunk}`` event per engine step
+that produced text, and ends with ``data: [DONE]``.  A client that goes away
+(stream closed, or connection dropped while waiting for a non-streamed
+answer) has its requests aborted, which frees their KV at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from hyspec.engine.outputs import RequestOutput
+from hyspec.engine.sampling_params import SamplingParams
+from hyspec.errors import HyspecError, RequestError
+from hyspec.server.async_engine import AsyncEngine, RequestStream
+from hyspec.server.errors import APIError, request_error_param, sse_error
+from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatResponseMessage,
+                                    CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo)
+
+T = TypeVar("T")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = "data: [DONE]\n\n"
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its answer was ready."""
+
+
+@dataclass
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+    def engine_input(self) -> dict[str, Any]:
+        return {"prompt": self.text, "prompt_token_ids": self.token_ids}
+
+
+class OpenAIServing:
+    def __init__(self, async_engine: AsyncEngine, served_model_name: str):
+        self.async_engine = async_engine
+        self.engine = async_engine.engine
+        self.served_model_name = served_model_name
+        self.max_model_len: int = self.engine.max_model_len
+        self.vocab_size: int = self.engine.config.vocab_size
+        self.tokenizer = self.engine.tokenizer  # read-only and thread-safe: used off the engine thread
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.served_model_name:
+            raise APIError(404, f"the model `{name}` does not exist; this server serves `{self.served_model_name}`",
+                           param="model", code="model_not_found")
+
+    # -- /v1/completions ---------------------------------------------------------------------------
+
+    async def completions(self, req: CompletionRequest, raw_request: Any):
+        self.check_model(req.model)
+        prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
+        self.async_engine.check_capacity(len(prompts))  # fail fast, before any engine work
+        for p in prompts:
+            self._check_length(p, req.max_tokens, "prompt", "max_tokens")
+        params = _sampling_params(req, req.max_tokens)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        streams = await self._submit(prompts, params, request_id)
+        created = int(time.time())
+        if req.stream:
+            return _sse(self._completion_events(req, request_id, created, prompts, streams))
+        finals = await self._collect(streams, raw_request)
+        choices = [CompletionChoice(index=i, text=o.outputs[0].text, finish_reason=o.outputs[0].finish_reason,
+                                    stop_reason=o.outputs[0].stop_reason,
+                                    token_ids=o.outputs[0].token_ids if req.return_token_ids else None)
+                   for i, o in enumerate(finals)]
+        return CompletionResponse(id=request_id, created=created, model=self.served_model_name, choices=choices,
+                                  usage=_usage(prompts, finals))
+
+    def _completion_prompts(self, prompt: Any) -> list[Prompt]:
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                out.append(Prompt(item, self.tokenizer.encode(item)))
+            else:
+                if any(t < 0 or t >= self.vocab_size for t in item):
+                    raise APIError(400, f"prompt: token ids must be in [0, {self.vocab_size})", param="prompt")
+                out.append(Prompt(None, list(item)))
+        if len(out) > self.async_engine.capacity:
+            raise APIError(400, f"prompt: {len(out)} prompts in one request; this server takes at most "
+                                f"{self.async_engine.capacity} requests at once", param="prompt")
+        return out
+
+    async def _completion_events(self, req: CompletionRequest, request_id: str, created: int,
+                                 prompts: list[Prompt], streams: list[RequestStream]) -> AsyncIterator[str]:
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+            body: dict[str, Any] = {"id": request_id, "object": "text_completion", "created": created,
+                                    "model": self.served_model_name, "choices": choices}
+            if req.include_usage or usage is not None:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        completion_tokens = [0] * len(streams)
+        try:
+            async for index, out in _merge(streams):
+                completion_tokens[index] = len(out.outputs[0].token_ids)
+                if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+                    continue  # an incomplete UTF-8 character: its text comes with the next token
+                choice: dict[str, Any] = {"index": index, "text": out.new_text, "logprobs": None,
+                                          "finish_reason": out.outputs[0].finish_reason if out.finished else None,
+                                          "stop_reason": out.outputs[0].stop_reason if out.finished else None}
+                if req.return_token_ids:
+                    choice["token_ids"] = out.new_token_ids
+                usage = _usage_dict(prompts, completion_tokens) if req.continuous_usage else None
+                yield chunk([choice], usage)
+            if req.include_usage:
+                yield chunk([], _usage_dict(prompts, completion_tokens))
+        except Exception as exc:  # the engine failed or the server shut down mid-stream
+            yield sse_error(_status_of(exc), str(exc))
+        finally:
+            for s in streams:
+                s.abort()  # a no-op for finished requests; frees the KV of a client that left
+        yield DONE
+
+    # -- /v1/chat/completions ----------------------------------------------------------------------
+
+    async def chat(self, req: ChatCompletionRequest, raw_request: Any):
+        self.check_model(req.model)
+        prompt = await asyncio.to_thread(self._chat_prompt, req)
+        self.async_engine.check_capacity(1)
+        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        self._check_length(prompt, req.requested_max_tokens, "messages", max_field)
+        params = _sampling_params(req, req.requested_max_tokens)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = await self._submit([prompt], params, request_id)
+        created = int(time.time())
+        if req.stream:
+            return _sse(self._chat_events(req, request_id, created, prompt, streams[0]))
+        (final,) = await self._collect(streams, raw_request)
+        out = final.outputs[0]
+        choice = ChatChoice(index=0, message=ChatResponseMessage(content=out.text), finish_reason=out.finish_reason,
+                            stop_reason=out.stop_reason, token_ids=out.token_ids if req.return_token_ids else None)
+        return ChatCompletionResponse(id=request_id, created=created, model=self.served_model_name,
+                                      choices=[choice], usage=_usage([prompt], [final]))
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in req.messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        except HyspecError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
+        # The template wrote any BOS it wants; do not add special tokens again (as LLM.chat does).
+        return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def _chat_events(self, req: ChatCompletionRequest, request_id: str, created: int, prompt: Prompt,
+                           stream: RequestStream) -> AsyncIterator[str]:
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+            body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                                    "model": self.served_model_name, "choices": choices}
+            if req.include_usage or usage is not None:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        completion_tokens = [0]
+        try:
+            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
+            async for _, out in _merge([stream]):
+                completion_tokens[0] = len(out.outputs[0].token_ids)
+                if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+                    continue
+                delta: dict[str, Any] = {"content": out.new_text} if out.new_text else {}
+                if req.return_token_ids:
+                    delta["token_ids"] = out.new_token_ids
+                choice = {"index": 0, "delta": delta, "logprobs": None,
+                          "finish_reason": out.outputs[0].finish_reason if out.finished else None,
+                          "stop_reason": out.outputs[0].stop_reason if out.finished else None}
+                usage = _usage_dict([prompt], completion_tokens) if req.continuous_usage else None
+                yield chunk([choice], usage)
+            if req.include_usage:
+                yield chunk([], _usage_dict([prompt], completion_tokens))
+        except Exception as exc:
+            yield sse_error(_status_of(exc), str(exc))
+        finally:
+            stream.abort()
+        yield DONE
+
+    # -- shared --------------------------------------------------------------------------------------
+
+    def _check_length(self, prompt: Prompt, max_tokens: int | None, prompt_field: str, max_field: str) -> None:
+        n, limit = len(prompt.token_ids), self.max_model_len
+        if n == 0:
+            raise APIError(400, f"{prompt_field}: the prompt is empty (it has no tokens)", param=prompt_field)
+        if n >= limit:
+            raise APIError(400, f"{prompt_field}: the prompt has {n} tokens; this model's maximum context length is "
+                                f"{limit} tokens (the prompt plus at least one generated token must fit)",
+                           param=prompt_field)
+        if max_tokens is not None and n + max_tokens > limit:
+            raise APIError(400, f"{max_field}: {max_tokens} tokens requested after a {n}-token prompt; this model's "
+                                f"maximum context length is {limit} tokens, so at most {limit - n} can be generated",
+                           param=max_field)
+
+    async def _submit(self, prompts: list[Prompt], params: SamplingParams, request_id: str) -> list[RequestStream]:
+        try:
+            return await self.async_engine.add_requests(
+                [(p.engine_input(), params, f"{request_id}-{i}") for i, p in enumerate(prompts)])
+        except RequestError as exc:
+            raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
+
+    async def _collect(self, streams: list[RequestStream], raw_request: Any) -> list[RequestOutput]:
+        """The final output of every stream, aborting them all if the client disconnects first."""
+        async def last(stream: RequestStream) -> RequestOutput:
+            final = None
+            async for out in stream:
+                final = out
+            assert final is not None and final.finished
+            return final
+
+        try:
+            return await _until_disconnected(raw_request, asyncio.gather(*(last(s) for s in streams)))
+        finally:
+            for s in streams:
+                s.abort()
+
+
+def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None) -> SamplingParams:
+    try:
+        return req.sampling_params(max_tokens)
+    except RequestError as exc:
+        raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
+
+
+def _usage(prompts: list[Prompt], finals: list[RequestOutput]) -> UsageInfo:
+    return UsageInfo(**_usage_dict(prompts, [len(o.outputs[0].token_ids) for o in finals]))
+
+
+def _usage_dict(prompts: list[Prompt], completion_tokens: list[int]) -> dict[str, int]:
+    prompt_tokens = sum(len(p.token_ids) for p in prompts)
+    completion = sum(completion_tokens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _status_of(exc: Exception) -> int:
+    from hyspec.server.async_engine import EngineStepError, RequestAbortedError, ServiceUnavailableError
+
+    if isinstance(exc, (RequestAbortedError, ServiceUnavailableError)):
+        return 503
+    if isinstance(exc, HyspecError):
+        return 400
+    return 500
+
+
+def _sse(events: AsyncIterator[str]):
+    from fastapi.responses import StreamingResponse
+
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(index, output) from several streams as they come; each stream's outputs stay in order."""
+    pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, out
+                pending[asyncio.ensure_future(streams[index].__anext__())] = index
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def _until_disconnected(raw_request: Any, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it (and raising ClientDisconnected) if the HTTP client goes away first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected()
+
+
+async def _wait_for_disconnect(raw_request: Any) -> None:
+    # The body has been read; the next ASGI message is the disconnect (uvicorn sends it when the socket closes).
+    while True:
+        message = await raw_request.receive()
+        if message["type"] == "http.disconnect":
+            return
