@@ -8,7 +8,9 @@ with one rounding at the end (how fused kernels round; the reference ops
 round after each torch op, hence the tolerances in hyspec.npu_ops.tolerances).
 
 ``fake_torch_npu(missing=...)`` builds a module object to put in
-``sys.modules["torch_npu"]``; ``calls`` records every call by name.
+``sys.modules["torch_npu"]``; ``calls`` records every call by name.  The
+``.out`` variant and the ``*_get_workspace`` helpers used under NPU graph
+capture run eagerly (there is no graph here).
 """
 from __future__ import annotations
 
@@ -195,6 +197,22 @@ def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND", rotary_mode
     return query, key
 
 
+def _fia_out(query, key, value, *, workspace=None, out, **kwargs):
+    """``npu_fused_infer_attention_score.out``: the same op writing into ``out = [attention_out, lse]``."""
+    result, _ = npu_fused_infer_attention_score(query, key, value, **kwargs)
+    out[0].copy_(result)
+
+
+def _fia_workspace(query, key, value, **kwargs):
+    npu_fused_infer_attention_score(query, key, value, **kwargs)  # the real one validates its arguments too
+    return torch.empty(0, dtype=torch.uint8, device=query.device)
+
+
+def _pa_workspace(**kwargs):
+    _npu_paged_attention(**kwargs)
+    return torch.empty(0, dtype=torch.uint8, device=kwargs["query"].device)
+
+
 class _AtbRope:
     """ATB's _npu_rotary_embedding: cos/sin from the FIRST table it sees, kept in statics (RopeAtb.cpp)."""
 
@@ -229,6 +247,8 @@ def fake_torch_npu(missing: Iterable[str] = ()) -> types.ModuleType:
         "npu_add_rms_norm": npu_add_rms_norm,
         "npu_apply_rotary_pos_emb": npu_apply_rotary_pos_emb,
         "_npu_rotary_embedding": _AtbRope(),
+        "_npu_fused_infer_attention_score_get_max_workspace": _fia_workspace,
+        "_npu_paged_attention_get_workspace": _pa_workspace,
     }
     unknown = set(missing) - set(ops)
     if unknown:
@@ -236,6 +256,9 @@ def fake_torch_npu(missing: Iterable[str] = ()) -> types.ModuleType:
     for name, fn in ops.items():
         if name not in missing:
             setattr(module, name, _recorded(module.calls, name, fn))
+    if hasattr(module, "npu_fused_infer_attention_score"):
+        module.npu_fused_infer_attention_score.out = _recorded(module.calls, "npu_fused_infer_attention_score.out",
+                                                               _fia_out)
     return module
 
 

@@ -7,9 +7,12 @@ the references round after each torch op.  Why these values:
 * ``write_kv`` moves bytes (a dtype change rounds like ``Tensor.to``): exact.
 * ``rotary``: the reference rounds ``q*cos``, ``rotate(q)*sin`` and their
   sum separately in bf16/fp16 (three roundings); a fused kernel rounds the
-  exact fp32 result once.  Two extra half-ulp roundings of terms up to |q|
-  give at most 1 ulp of |q| in the result: ``atol`` 1 ulp at 1.0 (the inputs
-  are O(1)), ``rtol`` 1 ulp.  fp32: a few fp32 ulps.
+  exact fp32 result once.  The two extra roundings are half an ulp of terms
+  bounded by ``max |q|``, not of the (possibly cancelling) result, so the
+  bound is absolute: for activations ``|q| < 8`` at most 1 ulp at 4
+  (``atol``), plus 1 ulp of the result (``rtol``) for the final rounding.
+  Measured against the emulation on 200 random cases (q ~ N(0, 1),
+  D = 128, positions < 4096): at most half this bound.  fp32: a few ulps.
 * ``rms_norm``: the reference rounds ``x * rstd`` to the dtype and then
   ``weight * h`` again; the kernel rounds ``x * rstd * weight`` once: up to
   2 ulp of the result.  fp32: the sum of squares runs in another order.
@@ -65,13 +68,13 @@ TOLERANCES: dict[torch.dtype, dict[str, Tolerance]] = {
     torch.bfloat16: {
         "attention": Tolerance(atol=_BF16_ULP, rtol=2 * _BF16_ULP),
         "rms_norm": Tolerance(atol=1e-6, rtol=2 * _BF16_ULP),
-        "rotary": Tolerance(atol=_BF16_ULP, rtol=_BF16_ULP),
+        "rotary": Tolerance(atol=4 * _BF16_ULP, rtol=_BF16_ULP),
         "write_kv": EXACT,
     },
     torch.float16: {
         "attention": Tolerance(atol=_FP16_ULP, rtol=2 * _FP16_ULP),
         "rms_norm": Tolerance(atol=1e-6, rtol=2 * _FP16_ULP),
-        "rotary": Tolerance(atol=_FP16_ULP, rtol=_FP16_ULP),
+        "rotary": Tolerance(atol=4 * _FP16_ULP, rtol=_FP16_ULP),
         "write_kv": EXACT,
     },
 }
