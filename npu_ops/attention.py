@@ -116,8 +116,8 @@ class NpuAttention:
                 f"NPU tree attention: a request verifies {meta.max_query_len} tree tokens, FIA serves at most {cap} "
                 "query rows per request against a tree mask; shrink the tree budget or enable split_large_trees")
         # keyed on the capture too: a mask built before capturing would be a constant inside the graph
-        key = (id(meta.tree_mask), id(meta.block_tables), cache.block_stride, cache.block_size, cap,
-               id(graph.active_capture()))
+        key = (id(meta.tree_mask), id(meta.block_tables), tuple(meta.query_lens), tuple(meta.seq_lens_host),
+               cache.block_stride, cache.block_size, cap, id(graph.active_capture()))
         args = self._tree_cache.get(meta, key)
         if args is None:
             args = tree_args(meta, cache, cap, static_shapes=static)

@@ -47,6 +47,9 @@ MAX_KV_LEN = 20971520  # KV_S for Q_S > 1 (20M)
 BLOCK_SIZE_ALIGN = 16
 MAX_BLOCK_SIZE = 512
 RECOMMENDED_BLOCK_SIZE = 128
+#: the newest FIA text lists Q_D = K_D = V_D = 128 (or Q/K 192, V 128/192) for TND without rope, while
+#: vllm-ascend calls TND for every head size; other head dims are let through with a warning
+TND_DOCUMENTED_HEAD_DIMS = (128, 192)
 #: Query tokens per request that one FIA call verifies against a tree mask.  The documented FIA paths
 #: for masked multi-token decode (MTP, rope/MLA, KV-antiquant) all stop at Q_S <= 16 and vllm-ascend
 #: asserts its speculative decode threshold <= 16; hyspec splits bigger trees into 16-row pieces.
@@ -100,6 +103,9 @@ def check_fia_shapes(q: torch.Tensor, k_cache: torch.Tensor, num_seqs: int, bloc
     if problems:
         raise NpuOpUnsupportedError("NPU attention (npu_fused_infer_attention_score) cannot serve this call: "
                                     + "; ".join(problems))
+    if D not in TND_DOCUMENTED_HEAD_DIMS:
+        _warn_once(f"d{D}", f"head_dim {D}: the FIA documentation's TND section lists head_dim 128/192; vllm-ascend "
+                   "runs TND with other head dims, but if FIA rejects this one, that is why")
     if block_size % RECOMMENDED_BLOCK_SIZE:
         _warn_once(f"bs{block_size}", f"KV block_size {block_size} is not a multiple of {RECOMMENDED_BLOCK_SIZE}: "
                    "the FIA PageAttention section asks for multiples of 128 when Q_S > 1 (its TND section and "
