@@ -57,10 +57,10 @@ class LLMEngine:
         self.device = self.backend.device
         path = Path(model)
         self.model_path = path
-        self.tokenizer = Tokenizer(path)
         from hyspec.model.config import ModelConfig
 
-        cfg = ModelConfig.from_pretrained(path)
+        cfg = ModelConfig.from_pretrained(path)  # first: it names a missing directory plainly
+        self.tokenizer = Tokenizer(path)
         if max_model_len is None:
             max_model_len = cfg.max_position_embeddings
         if not 1 < max_model_len:
