@@ -1,0 +1,48 @@
+"""Method name -> the module holding its training recipe (imported on demand).
+
+Torch-free at import, so the CLI can list the methods without loading torch.
+A recipe module registers itself with ``hyspec.train.base.register_recipe``
+when imported.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from hyspec.errors import HyspecError
+
+if TYPE_CHECKING:
+    from hyspec.train.base import DrafterRecipe
+
+RECIPE_MODULES: dict[str, str] = {
+    "draft_model": "hyspec.train.draft_model_recipe",
+    "eagle": "hyspec.drafters.eagle_recipe",
+    "eagle3": "hyspec.drafters.eagle_recipe",
+    "mtp": "hyspec.drafters.mtp_recipe",
+    "dflash": "hyspec.drafters.dflash_recipe",
+    "dspark": "hyspec.drafters.dspark_recipe",
+}
+METHODS: tuple[str, ...] = tuple(RECIPE_MODULES)
+
+
+def resolve_recipe(method: str) -> "DrafterRecipe":
+    """The registered recipe for ``method``, importing its module first if needed."""
+    from hyspec.train.base import RECIPES
+
+    if method not in RECIPE_MODULES and method not in RECIPES:
+        raise HyspecError(f"unknown method {method!r}; train-draft methods: {', '.join(METHODS)}")
+    if method not in RECIPES:
+        module = RECIPE_MODULES[method]
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            # Only the recipe module itself (or its package) missing means "not built yet";
+            # a missing dependency inside it is reported as what it is.
+            if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+                raise HyspecError(f"the {method} recipe ({module}) cannot be imported: {exc}") from None
+            raise HyspecError(f"method {method!r} is not available in this build: its recipe module "
+                              f"{module} is missing") from None
+        if method not in RECIPES:
+            raise HyspecError(f"method {method!r} is not available in this build: {module} was imported "
+                              f"but registered no recipe for it")
+    return RECIPES[method]

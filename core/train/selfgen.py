@@ -1,0 +1,66 @@
+"""``--self-generate N``: training windows made of the target's own continuations.
+
+A drafter is judged on how well it predicts what the *target* will emit,
+given contexts the target itself produced.  Prompts are cut from the data;
+hyspec's engine decodes them plainly (greedy by default, the setting the
+lossless identity guarantee and the benchmarks use; ``temperature > 0``
+samples with a per-prompt seed), and each window is ``prompt + continuation``
+with only the continuation's next-token predictions counted.  The result is
+cached in the working folder, so a resumed run does not generate again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from hyspec.train.data import Windows
+
+
+def generate_windows(target_dir: Path, prompts: list[list[int]], seq_len: int, temperature: float, seed: int,
+                     pad_id: int, dtype: str = "auto", progress: bool = False) -> Windows:
+    """One ``[seq_len]`` window per prompt: prompt, then up to ``seq_len - len(prompt)`` generated tokens."""
+    from hyspec import LLM, SamplingParams
+    from hyspec.model.config import ModelConfig
+
+    cfg = ModelConfig.from_pretrained(target_dir)
+    max_prompt = max(len(p) for p in prompts)
+    if max_prompt >= seq_len:
+        raise ValueError(f"self-generation prompts ({max_prompt} tokens) leave no room in --seq-len {seq_len}")
+    batch = 64
+    # Enough KV for a full batch of windows with headroom (fp32 at most: twice the bf16 figure); the engine
+    # would otherwise size its pool from free memory.
+    kv_bytes = int(1.5 * batch * (seq_len + 16) * cfg.kv_bytes_per_token * 2)
+    llm = LLM(str(target_dir), dtype=dtype, max_model_len=seq_len + 1, kv_cache_bytes=max(kv_bytes, 1 << 22),
+              max_num_seqs=batch)
+    params = [SamplingParams(temperature=temperature, max_tokens=seq_len - len(p),
+                             seed=None if temperature == 0 else seed * 1_000_003 + i)
+              for i, p in enumerate(prompts)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=progress)
+    ids = torch.full((len(prompts), seq_len), pad_id, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), seq_len, dtype=torch.bool)
+    for row, (prompt, out) in enumerate(zip(prompts, outs)):
+        tokens = (prompt + list(out.outputs[0].token_ids))[:seq_len]
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        # position t predicts token t+1: count the predictions of generated tokens only
+        mask[row, len(prompt) - 1: len(tokens) - 1] = True
+    return Windows(ids=ids, loss_mask=mask)
+
+
+def cached_generate(cache_file: Path, target_dir: Path, target_key: str, prompts: list[list[int]], seq_len: int, temperature: float,
+                    seed: int, pad_id: int, dtype: str, progress: bool) -> Windows:
+    """:func:`generate_windows`, reusing ``cache_file`` when it was made from the same inputs."""
+    h = hashlib.sha1(json.dumps([target_key, prompts, seq_len, temperature, seed, pad_id, dtype]).encode())
+    key = h.hexdigest()
+    if cache_file.is_file():
+        saved = torch.load(cache_file, weights_only=True)
+        if saved.get("key") == key:
+            return Windows(ids=saved["ids"], loss_mask=saved["loss_mask"])
+    windows = generate_windows(target_dir, prompts, seq_len, temperature, seed, pad_id,
+                               dtype, progress)
+    tmp = cache_file.with_name(cache_file.name + ".tmp")
+    torch.save({"key": key, "ids": windows.ids, "loss_mask": windows.loss_mask}, tmp)
+    tmp.replace(cache_file)
+    return windows

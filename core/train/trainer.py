@@ -1,0 +1,345 @@
+"""``hyspec train-draft``: distil a drafter from a frozen target, resumably, with atomic output.
+
+The trainer owns everything that is not method-specific: data, the frozen
+target and its features (:mod:`hyspec.train.features`), AdamW with linear
+warm-up and cosine decay, gradient clipping, bf16 autocast where the CPU has
+native bf16, progress bars, checkpoints every N steps and the output folder
+(:mod:`hyspec.train.workspace`).  A recipe (:mod:`hyspec.train.base`) brings
+the drafter, its loss and its checkpoint layout.
+
+Resuming is exact: step ``n``'s batch is a function of ``(seed, n)``, and the
+checkpoint holds the drafter, the optimiser, torch's RNG state and the
+running log, so an interrupted-and-resumed run ends with the same weights as
+an uninterrupted one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from hyspec.errors import CheckpointError, ConfigError, HyspecError
+from hyspec.model.config import ModelConfig
+from hyspec.model.loader import load_model
+from hyspec.model.tokenizer import Tokenizer
+from hyspec.train.base import DrafterRecipe
+from hyspec.train.data import BatchSampler, Corpus, DataStats, Windows, load_corpus, pack_windows, sample_prompts
+from hyspec.train.features import FeatureSource, HiddenCache
+from hyspec.train.registry import resolve_recipe
+from hyspec.train.selfgen import cached_generate
+from hyspec.train.workspace import LOG_FILE, Workspace, check_out_dir
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "bf16", "fp32")
+# Settings that change the trained weights: a checkpoint resumes only under the same values.
+_RUN_KEYS = ("method", "steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup", "weight_decay",
+             "grad_clip", "seed", "options", "precision", "target_dtype", "self_generate",
+             "self_generate_temperature", "prompt_len", "max_tokens")
+
+
+@dataclass
+class TrainConfig:
+    method: str
+    target: Path
+    data: list[str]
+    out: Path
+    steps: int = 1000
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio
+    warmup: int | None = None  # None: min(100, steps // 10)
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)  # method options (--layers, --option k=v, ...)
+    resume: bool = False
+    overwrite: bool = False
+    self_generate: int = 0  # > 0: train on this many target continuations of prompts cut from the data
+    self_generate_temperature: float = 0.0  # 0 = greedy (the default)
+    prompt_len: int = 64
+    cache_hidden: bool = False
+    max_tokens: int | None = None  # None: enough text for one pass over all steps
+    precision: str = "auto"
+    target_dtype: str = "auto"
+    checkpoint_every: int = 100
+    log_every: int = 10
+    work_dir: Path | None = None
+    keep_work: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.target, self.out = Path(self.target), Path(self.out)
+        self.work_dir = None if self.work_dir is None else Path(self.work_dir)
+        for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every", "prompt_len"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError("--" + key.replace("_", "-"), f"must be a positive integer, got {value!r}")
+        if self.seq_len < 2:
+            raise ConfigError("--seq-len", f"must be at least 2, got {self.seq_len}")
+        if self.warmup is None:
+            self.warmup = min(100, self.steps // 10)
+        if self.warmup < 0:
+            raise ConfigError("--warmup", f"must be >= 0, got {self.warmup}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError("--lr", f"must be a positive number, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("--min-lr-ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0 or self.grad_clip <= 0:
+            raise ConfigError("--weight-decay/--grad-clip", "weight decay must be >= 0 and grad clip > 0")
+        if self.self_generate < 0 or self.self_generate_temperature < 0:
+            raise ConfigError("--self-generate", "count and temperature must be >= 0")
+        if self.self_generate and self.prompt_len >= self.seq_len:
+            raise ConfigError("--prompt-len", f"must be shorter than --seq-len ({self.seq_len}) to leave room to generate")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ConfigError("--max-tokens", f"must be positive, got {self.max_tokens}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not self.data:
+            raise ConfigError("--data", "no data given (files, folders, 'stdlib' or 'humaneval')")
+
+    def run_settings(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _RUN_KEYS}
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    steps: int
+    loss: float  # mean over the last logged interval
+    metrics: dict[str, float]  # likewise (e.g. acc)
+    seconds: float  # training-loop time, summed over resumed runs
+    history: list[dict[str, Any]]  # the log entries of training_log.json
+    bf16: bool  # trained under bf16 autocast
+
+
+StepCallback = Callable[[int, float, dict[str, float]], None]  # (steps done, loss, metrics)
+
+
+def bf16_supported() -> bool:
+    """Native bf16 matmuls on this CPU (AVX512-BF16 / AMX): autocast pays off only then."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def target_key(target_dir: Path) -> str:
+    """Identifies the target's weights cheaply: config.json, shard sizes, and each shard's first and last 64 KiB."""
+    h = hashlib.sha1((target_dir / "config.json").read_bytes())
+    for shard in sorted(target_dir.glob("*.safetensors")):
+        size = shard.stat().st_size
+        h.update(f"{shard.name}:{size}".encode())
+        with open(shard, "rb") as f:
+            h.update(f.read(1 << 16))
+            f.seek(max(0, size - (1 << 16)))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+class _Meter:
+    """Means of loss and metrics over the steps since the last log entry (saved with checkpoints)."""
+
+    def __init__(self, state: dict[str, float] | None = None):
+        self.sums: dict[str, float] = dict(state or {})
+
+    def add(self, loss: float, metrics: dict[str, float]) -> None:
+        self.sums["_n"] = self.sums.get("_n", 0.0) + 1
+        for k, v in {"loss": loss, **metrics}.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+    def flush(self) -> dict[str, float]:
+        n = self.sums.pop("_n", 0.0) or 1.0
+        means = {k: v / n for k, v in self.sums.items()}
+        self.sums = {}
+        return means
+
+
+def _load_corpus(cfg: TrainConfig, tokenizer: Tokenizer, vocab_size: int) -> Corpus:
+    max_tokens = cfg.max_tokens or cfg.steps * cfg.batch_size * cfg.seq_len
+    if cfg.self_generate:  # only prompts are needed: a bounded amount of text gives plenty of variety
+        max_tokens = min(max_tokens, max(1 << 16, 8 * cfg.self_generate * cfg.prompt_len))
+    corpus = load_corpus(cfg.data, tokenizer, max_tokens=max_tokens, seed=cfg.seed)
+    top = int(corpus.tokens.max())
+    if top >= vocab_size:
+        raise CheckpointError(f"the tokenizer in {cfg.target} produced id {top}, beyond the model's vocab_size {vocab_size}")
+    return corpus
+
+
+def _windows(cfg: TrainConfig, corpus: Corpus, ws: Workspace) -> Windows:
+    if not cfg.self_generate:
+        return pack_windows(corpus, cfg.seq_len)
+    prompts = sample_prompts(corpus, cfg.self_generate, cfg.prompt_len, cfg.seed)
+    windows = cached_generate(ws.folder / "self_generated.pt", cfg.target, target_key(cfg.target), prompts,
+                              cfg.seq_len, cfg.self_generate_temperature, cfg.seed, corpus.pad_id,
+                              cfg.target_dtype, cfg.progress)
+    corpus.stats.self_generated = corpus.stats.windows = len(windows)
+    return windows
+
+
+def _optimizer(recipe: DrafterRecipe, drafter: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list]:
+    params = recipe.trainable_parameters(drafter)
+    if not params:
+        raise HyspecError(f"the {cfg.method} recipe exposes no trainable parameters")
+    decay = [p for p in params if p.ndim >= 2]  # matrices decay; norms and biases do not
+    rest = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(0.9, 0.95)), params
+
+
+def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult:
+    """Train ``cfg.method``'s drafter for ``cfg.target`` and write it to ``cfg.out``."""
+    t_start = time.time()
+    recipe = resolve_recipe(cfg.method)
+    check_out_dir(cfg.out, cfg.overwrite)
+    target_cfg = ModelConfig.from_pretrained(cfg.target)
+    tokenizer = Tokenizer(cfg.target)
+    ws = Workspace(cfg.out, cfg.work_dir)
+    if ws.checkpoint.is_file() and not (cfg.resume or cfg.overwrite):
+        raise HyspecError(f"{ws.folder} holds a checkpoint of an earlier run: pass --resume to continue it "
+                          "or --overwrite to start over")
+    corpus = _load_corpus(cfg, tokenizer, target_cfg.vocab_size)
+    target = load_model(cfg.target, dtype=cfg.target_dtype)
+    torch.manual_seed(cfg.seed)
+    drafter = recipe.build(target, dict(cfg.options))
+    optimizer, params = _optimizer(recipe, drafter, cfg)
+    ws.open()
+    try:
+        t_data = time.time()
+        windows = _windows(cfg, corpus, ws)
+        t_data = time.time() - t_data
+        settings = {**cfg.run_settings(), "target": target_key(cfg.target), "data": windows.fingerprint()}
+        state = ws.load_checkpoint() if cfg.resume else None
+        if state is not None:
+            changed = sorted(k for k in settings if state["settings"].get(k) != settings[k])
+            if changed:
+                raise HyspecError(f"the checkpoint in {ws.folder} was made with different {', '.join(changed)}; "
+                                  "resume with the same settings, or pass --overwrite without --resume")
+            drafter.load_state_dict(state["drafter"])
+            optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            print(f"train-draft: resuming {cfg.method} at step {state['step']}/{cfg.steps} from {ws.checkpoint}")
+        result = _loop(cfg, recipe, target, drafter, optimizer, params, windows, ws, settings, state, callback)
+        _write_output(cfg, recipe, target_cfg, drafter, ws, corpus.stats, windows, result,
+                      {"windows_s": round(t_data, 2), "total_s": round(time.time() - t_start, 2)},
+                      resumed_from=None if state is None else int(state["step"]))
+        ws.publish(keep_work=cfg.keep_work)
+        return result
+    finally:
+        ws.close()
+
+
+def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, params, windows: Windows,
+          ws: Workspace, settings: dict[str, Any], state: dict[str, Any] | None,
+          callback: StepCallback | None) -> TrainResult:
+    from tqdm.auto import tqdm
+
+    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported())
+    aux_layers = tuple(recipe.aux_layers(target.config))
+    cache = None
+    if cfg.cache_hidden:
+        key = hashlib.sha1(json.dumps([settings["target"], settings["data"], aux_layers, use_bf16,
+                                       cfg.target_dtype]).encode()).hexdigest()
+        cache = HiddenCache(ws.folder / "hidden", windows, target.config.hidden_size, aux_layers, key)
+    features = FeatureSource(target, windows, aux_layers, cache)
+    sampler = BatchSampler(len(windows), cfg.batch_size, cfg.seed)
+    step = 0 if state is None else int(state["step"])
+    history: list[dict[str, Any]] = [] if state is None else json.loads(state["log"])
+    meter = _Meter(None if state is None else json.loads(state["meter"]))
+    train_s = 0.0 if state is None else float(state["train_s"])
+    drafter.train()
+    loss_value, metrics = float("nan"), {}
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train-draft {cfg.method}", unit="step",
+               disable=not cfg.progress, dynamic_ncols=True)
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            batch = features.batch(sampler.indices(step))
+            loss, metrics = recipe.loss(drafter, target, batch)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise HyspecError(f"the loss became {loss_value} at step {step + 1}; lower --lr (now {cfg.lr})")
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        train_s += time.perf_counter() - t0
+        meter.add(loss_value, metrics)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            history.append({"step": step, **{k: round(v, 5) for k, v in meter.flush().items()},
+                            "lr": lr, "grad_norm": round(grad_norm, 4), "epoch": round(sampler.epoch(step), 3),
+                            "train_s": round(train_s, 2)})
+        bar.set_postfix(_postfix(loss_value, metrics), refresh=False)
+        bar.update(1)
+        if callback is not None:
+            callback(step, loss_value, metrics)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            ws.save_checkpoint({"step": step, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+                                "rng": torch.get_rng_state(), "settings": settings, "log": json.dumps(history),
+                                "meter": json.dumps(meter.sums), "train_s": train_s})
+    bar.close()
+    last = history[-1] if history else {"loss": loss_value}
+    return TrainResult(out=cfg.out, steps=step, loss=float(last.get("loss", loss_value)),
+                       metrics={k: v for k, v in last.items() if k not in _LOG_FIELDS}, seconds=train_s,
+                       history=history, bf16=use_bf16)
+
+
+_LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "epoch", "train_s")
+
+
+def _postfix(loss: float, metrics: dict[str, float]) -> dict[str, str]:
+    shown = {"loss": f"{loss:.3f}"}
+    for k in sorted(metrics):
+        if k.startswith("acc") and len(shown) < 6:  # per-position accuracies; the bar stays one line
+            shown[k] = f"{metrics[k]:.2f}"
+    return shown
+
+
+def _write_output(cfg: TrainConfig, recipe: DrafterRecipe, target_cfg: ModelConfig, drafter, ws: Workspace,
+                  stats: DataStats, windows: Windows, result: TrainResult, times: dict[str, float],
+                  resumed_from: int | None) -> None:
+    from hyspec import __version__
+
+    staging = ws.fresh_staging()
+    drafter.eval()
+    recipe.save(drafter, cfg.target, staging)
+    if not (staging / "config.json").is_file():
+        raise HyspecError(f"the {cfg.method} recipe wrote no config.json into its output")
+    args = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+    record = {
+        "method": cfg.method,
+        "target": str(cfg.target),
+        "target_model": {"hidden_size": target_cfg.hidden_size, "num_hidden_layers": target_cfg.num_hidden_layers,
+                         "vocab_size": target_cfg.vocab_size},
+        "args": args,
+        "data": {**stats.to_dict(), "seq_len": windows.seq_len, "counted_positions": int(windows.loss_mask.sum())},
+        "trainable_parameters": sum(p.numel() for p in recipe.trainable_parameters(drafter)),
+        "precision": "bf16 autocast" if result.bf16 else "fp32",
+        "resumed_from_step": resumed_from,
+        "final": {"step": result.steps, "loss": result.loss, **result.metrics},
+        "log": result.history,
+        "time": {**times, "train_s": round(result.seconds, 2),
+                 "seconds_per_step": round(result.seconds / max(1, result.steps), 4)},
+        "versions": {"hyspec": __version__, "torch": torch.__version__, "python": platform.python_version()},
+    }
+    (staging / LOG_FILE).write_text(json.dumps(record, indent=1) + "\n")

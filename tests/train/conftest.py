@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.model.tiny_checkpoint import make_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Training steps here are tiny: a second thread only adds synchronisation (and two share the box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def target_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("train_target")
+    make_checkpoint(path, "llama_gqa", layers=2, seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A small code corpus: a few of hyspec's own modules, a note and a jsonl file."""
+    path = tmp_path_factory.mktemp("train_corpus")
+    for name in ("spec/tree.py", "ops/norm.py", "errors.py"):
+        (path / name.replace("/", "_")).write_text((ROOT / "core" / name).read_text())
+    (path / "notes.md").write_text("# notes\n\nDraft models propose; the target verifies.\n")
+    (path / "extra.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"text": "def square(x):\n    return x * x\n"}, {"prompt": "for i in range(10):\n    print(i)\n"}]))
+    return path
+
+
+def small_config(target_dir: Path, data: Path, out: Path, **kw):
+    """A draft_model run that takes a second or two on one core."""
+    from hyspec.train.trainer import TrainConfig
+
+    base = dict(method="draft_model", target=target_dir, data=[str(data)], out=out, steps=12, batch_size=4,
+                seq_len=32, lr=3e-3, warmup=2, seed=0, options={"hidden_size": 32, "layers": 1},
+                checkpoint_every=4, log_every=1, progress=False, precision="fp32")
+    base.update(kw)
+    return TrainConfig(**base)
