@@ -36,12 +36,12 @@ def resolve_recipe(method: str) -> "DrafterRecipe":
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            # Only the recipe module itself (or its package) missing means "not built yet";
-            # a missing dependency inside it is reported as what it is.
-            if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
-                raise HyspecError(f"the {method} recipe ({module}) cannot be imported: {exc}") from None
-            raise HyspecError(f"method {method!r} is not available in this build: its recipe module "
-                              f"{module} is missing") from None
+            if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+                raise HyspecError(f"method {method!r} is not available in this build: its recipe module "
+                                  f"{module} is missing") from None
+            raise HyspecError(f"the {method} recipe ({module}) cannot be imported: {exc}") from None
+        except ImportError as exc:  # e.g. a name the module imports is missing: a broken build, said plainly
+            raise HyspecError(f"the {method} recipe ({module}) cannot be imported: {exc}") from None
         if method not in RECIPES:
             raise HyspecError(f"method {method!r} is not available in this build: {module} was imported "
                               f"but registered no recipe for it")
