@@ -21,7 +21,8 @@ at depth ``d`` has position ``c_b + d`` although it is stored at ``c_b + k``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,15 @@ class AttentionMetadata:
     tree_mask: torch.Tensor | None  # [T, max_query_len] bool, None = causal
     query_lens: list[int]  # host copy of the per-sequence query counts
     seq_lens_host: list[int]  # host copy of seq_lens
+    # Derived tensors shared by every layer of one forward (masks, gather indices), built once.
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def derived(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()`` once per step; later layers reuse the result."""
+        value = self._derived.get(key)
+        if value is None:
+            value = self._derived[key] = build()
+        return value
 
     def __post_init__(self) -> None:
         num_seqs = len(self.query_lens)
@@ -111,7 +121,7 @@ def gather_kv(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Contiguous ``[B, max_seq_len, Hkv, D]`` copy of each sequence's paged entries."""
     block_size = cache.shape[1]
     num_blocks = -(-meta.max_seq_len // block_size)
-    table = meta.block_tables[:, :num_blocks].long()  # [B, nb]
+    table = meta.derived(f"table/{num_blocks}", lambda: meta.block_tables[:, :num_blocks].long())  # [B, nb]
     gathered = cache[table]  # [B, nb, block_size, Hkv, D]
     B = table.shape[0]
     return gathered.reshape(B, num_blocks * block_size, *cache.shape[2:])[:, : meta.max_seq_len]
@@ -130,14 +140,18 @@ def paged_attention(
     Hkv = k_cache.shape[2]
     k = gather_kv(k_cache, meta).transpose(1, 2)  # [B, Hkv, L, D]
     v = gather_kv(v_cache, meta).transpose(1, 2)
+    device = q.device
     if B == 1:
         qp = q.unsqueeze(0)  # [1, T, Hq, D]
     else:
-        rows = _padded_row_index(meta, q.device)
+        rows = meta.derived("padded_rows", lambda: _padded_row_index(meta, device))
         qp = q.new_zeros(B * Q, Hq, D)
         qp[rows] = q
         qp = qp.view(B, Q, Hq, D)
-    mask = visibility_mask(meta, q.device).unsqueeze(1)  # [B, 1, Q, L]
+    if B == 1 and Q == 1:
+        mask = None  # one decode token sees its whole context: no mask, SDPA's fastest path
+    else:
+        mask = meta.derived("mask", lambda: visibility_mask(meta, device).unsqueeze(1))  # [B, 1, Q, L]
     out = F.scaled_dot_product_attention(
         qp.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=(Hq != Hkv)
     )  # [B, Hq, Q, D]
