@@ -1,0 +1,108 @@
+"""DFlash / DSpark drafter directories: ``config.json`` + ``model.safetensors``.
+
+``config.json`` is a Llama-family config of the draft layers (the target's
+architecture and RoPE, ``num_hidden_layers`` = draft layers) plus::
+
+    "hyspec_drafter": {"method": "dflash" | "dspark", "target_layers": [...], "block_size": K,
+                       "target": {"hidden_size": ..., "vocab_size": ..., "num_hidden_layers": ...},
+                       ...method-specific keys (DSpark: markov_rank, cut_threshold)}
+
+``model.safetensors`` holds the drafter's own tensors under its module names
+(``fc.weight``, ``hidden_norm.weight``, ``mask_embedding``, ``layers.{i}.*``,
+``norm.weight``, DSpark's ``decoder.*``); the target's embedding and lm_head
+are not stored.  ``config.json`` is written last, so a directory without it
+is an unfinished write.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from hyspec.drafters.dflash_model import DFlashConfig
+from hyspec.errors import CheckpointError
+from hyspec.model.config import ModelConfig
+from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically
+
+HYSPEC_KEY = "hyspec_drafter"
+_LAYER_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings")
+
+
+def read_drafter_config(path: str | Path, method: str) -> tuple[DFlashConfig, dict[str, Any]]:
+    """``(config, the hyspec_drafter section)`` of a ``method`` drafter directory."""
+    path = Path(path)
+    file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"{method} drafter directory {str(path)!r} does not exist")
+    if not file.is_file():
+        raise CheckpointError(f"{file} not found: a {method} drafter directory needs config.json "
+                              "(a missing config.json also marks an unfinished write)")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{file} is not valid JSON: {exc}") from None
+    section = data.get(HYSPEC_KEY) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise CheckpointError(f"{file} has no {HYSPEC_KEY!r} section: not a hyspec {method} drafter")
+    if section.get("method") != method:
+        raise CheckpointError(f"{path} holds a {section.get('method')!r} drafter, not a {method} drafter")
+    try:
+        config = DFlashConfig(layers=ModelConfig.from_dict(data),
+                              target_layers=tuple(int(x) for x in section["target_layers"]),
+                              block_size=int(section["block_size"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{file}: bad or missing {HYSPEC_KEY} key ({exc!r})") from None
+    return config, section
+
+
+def config_dict(method: str, config: DFlashConfig, target: ModelConfig, extra: dict[str, Any]) -> dict[str, Any]:
+    layers = config.layers
+    data = dict(layers.raw) if layers.raw else {}
+    data.update({key: getattr(layers, key) for key in _LAYER_KEYS})
+    data.pop("num_nextn_predict_layers", None)
+    data[HYSPEC_KEY] = {"method": method, "target_layers": list(config.target_layers), "block_size": config.block_size,
+                        "target": {"hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+                                   "num_hidden_layers": target.num_hidden_layers}, **extra}
+    return data
+
+
+def save_drafter(drafter: nn.Module, method: str, config: DFlashConfig, target: ModelConfig, out_dir: str | Path,
+                 extra: dict[str, Any] | None = None) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    write_safetensors_atomically(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(config_dict(method, config, target, extra or {}), indent=2, sort_keys=True))
+    tmp.replace(out / "config.json")
+
+
+def load_drafter(
+    path: str | Path,
+    method: str,
+    target: ModelConfig,
+    build: Callable[[DFlashConfig, dict[str, Any]], nn.Module],  # (config, hyspec section) -> module on CPU
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Read, check against the target and fill a drafter; every mismatch names the key or tensor."""
+    path = Path(path)
+    config, section = read_drafter_config(path, method)
+    config.check_target(target, str(path))
+    drafter = build(config, section)
+    ckpt = SafetensorsCheckpoint(path)
+    expected = drafter.state_dict()
+    missing = [name for name in expected if name not in ckpt]
+    if missing:
+        raise CheckpointError(f"the {method} checkpoint in {path} lacks tensors {missing[:4]} "
+                              f"({len(missing)} missing): it is corrupt or for another drafter configuration")
+    unexpected = [name for name in ckpt.names() if name not in expected]
+    if unexpected:
+        raise CheckpointError(f"the {method} checkpoint in {path} has unknown tensors {unexpected[:4]}")
+    state = {name: check_shape(name, ckpt.get(name), ref.shape).to(dtype) for name, ref in expected.items()}
+    drafter.load_state_dict(state, strict=True)
+    return drafter.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,0 +1,54 @@
+"""``dspark``: DFlash's one-forward block, then the sequential decoder chooses and cuts it.
+
+The backbone (shared with :class:`DFlashProposer`: context K/V in the pool,
+one block forward) yields base logits and hidden states per slot; the
+:class:`~hyspec.drafters.dspark_decoder.DSparkDecoder` walks them left to
+right, adding the Markov bias of the token chosen before, drawing each token
+from its processed q (argmax for greedy requests) with the request's
+generator, and cutting the chain where verifying more is not worth it.  With
+the Markov bias q_j depends on x_{j-1}: an ordinary autoregressive chain,
+verified losslessly with the q_j recorded for each draft.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hyspec.drafters.dflash_model import DFlashConfig
+from hyspec.drafters.dflash_proposer import DFlashProposer, Live
+from hyspec.drafters.dspark_decoder import decode_block
+from hyspec.drafters.dspark_model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
+from hyspec.ops.sampling import SamplingTensors, draw_uniforms
+
+
+class DSparkProposer(DFlashProposer):
+    method = "dspark"
+
+    @staticmethod
+    def build_drafter(config: DFlashConfig, section: dict[str, Any], embed, lm_head, ops, max_positions):
+        return DSparkDrafter(config, embed, lm_head, ops=ops, max_positions=max_positions,
+                             markov_rank=int(section.get("markov_rank", DEFAULT_RANK)),
+                             cut_threshold=float(section.get("cut_threshold", DEFAULT_CUT_THRESHOLD)))
+
+    def select(self, live: list[Live], hidden: torch.Tensor, sampling: SamplingTensors
+               ) -> list[tuple[list[int], torch.Tensor | None]]:
+        drafter: DSparkDrafter = self.drafter
+        slots = hidden[:, 1:]  # [B, K, H]
+        base = drafter.logits(slots)  # [B, K, V]
+        K = base.shape[1]
+        rows = sampling.select([lv.index for lv in live])
+        # Uniforms only for sampled requests, as many as their own draft length: a seeded request's
+        # random stream never depends on the batch around it.  Slots past k keep the 0.5 padding.
+        counts = [0 if lv.req.greedy else lv.k for lv in live]
+        u = draw_uniforms([lv.req.seq.generator for lv in live], counts, base.device)
+        uniforms = torch.full((len(live), K), 0.5, dtype=torch.float64, device=base.device)
+        uniforms[:, :u.shape[1]] = u
+        roots = torch.tensor([lv.req.seq.last_token for lv in live], device=base.device)
+        block = decode_block(drafter.decoder, base, slots, roots, rows, uniforms)
+        lengths = block.cut(drafter.cut_threshold, [lv.k for lv in live])
+        out = []
+        for r, (lv, length) in enumerate(zip(live, lengths)):
+            tokens = block.tokens[r, :length].tolist()
+            out.append((tokens, None if lv.req.greedy else block.q[r, :length]))
+        return out
