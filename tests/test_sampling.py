@@ -252,3 +252,21 @@ def test_sampling_ops_are_in_the_op_table():
     marker = object()
     custom = ops.with_overrides("test", rejection_sample=lambda *a: marker)
     assert custom.rejection_sample() is marker and custom.native_ops() == ["rejection_sample"]
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_top_p_window_retries_give_the_full_sort_result(monkeypatch, window):
+    """Rows whose nucleus outgrows the first top-W window retry with 8x W: same cutoff."""
+    import hyspec.ops.sampling as sampling
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(6, 300, generator=g) * 0.05, torch.randn(6, 300, generator=g) * 3])
+    n = logits.shape[0]
+    params = (torch.full((n,), 1.5), torch.zeros(n, dtype=torch.int64), torch.full((n,), 0.8), torch.zeros(n))
+    full_window = process_logits(logits, *params)  # vocab 300 < 8 * 64: one window at most two
+    monkeypatch.setattr(sampling, "_TOP_P_FIRST_WINDOW", window)
+    torch.testing.assert_close(process_logits(logits, *params), full_window, atol=0, rtol=0)
+    for row in (0, 7):
+        expected, margin = reference_process(logits[row].tolist(), 1.5, 0, 0.8, 0.0)
+        assert margin > 1e-6
+        assert ((full_window[row] > 0) == (torch.tensor(expected) > 0)).all()

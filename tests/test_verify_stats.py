@@ -18,7 +18,9 @@ any occurrence of an outcome with p = 0, e.g. a token top-k removed, fails).
 * False alarms: 5 s per outcome, ~300 outcomes: about 2e-4 -- and every random
   number comes from fixed seeds, so each test is deterministic anyway.
 The same check fails on a drafter that reports q before top-p and on greedy
-verification misused at temperature > 0.
+verification misused at temperature > 0.  The tree and mixed-batch runs are
+marked slow (``bash scripts/dev.sh test-slow``); trees are also proven exactly,
+by enumeration, in test_verify_bruteforce.py on every run.
 """
 from __future__ import annotations
 
@@ -177,11 +179,13 @@ def test_chain_emits_the_target_distribution(models, chain_samples):
     assert failures(chain_samples, models.exact()) == []
 
 
+@pytest.mark.slow  # ~10 s each; trees are proven exactly in test_verify_bruteforce.py
 def test_tree_with_iid_siblings_emits_the_target_distribution(models):
     samples = speculative_decode(models, TREE, "iid", _sampling(), seed=2)
     assert failures(samples, models.exact()) == []
 
 
+@pytest.mark.slow  # ~10 s each; trees are proven exactly in test_verify_bruteforce.py
 def test_tree_with_deterministic_top_k_siblings_emits_the_target_distribution(models):
     samples = speculative_decode(models, TREE, "topk", _sampling(), seed=3)
     assert failures(samples, models.exact()) == []

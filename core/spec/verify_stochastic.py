@@ -60,14 +60,16 @@ _TINY = 1e-30
 
 
 def rejection_sample(
-    target_probs: torch.Tensor,  # [T, V] fp32: processed p after every node, packed like trees.packed_index
+    target_probs: torch.Tensor,  # [T, V] fp32: processed p after every node (rows sum to 1), packed like trees
     trees: TreeBatch,
     uniforms: torch.Tensor,  # [B, N] in [0, 1): u[:, 0] final sample, u[:, i] the test of node i
 ) -> tuple[torch.Tensor, torch.Tensor]:  # last accepted node [B], next token [B]
     """Recursive rejection sampling over every tree of the batch (reference version).
 
     Loops over depth levels and sibling ranks (at most N iterations together),
-    each a [B, V] tensor op; never over tokens or sequences.
+    each a tensor op over the sequences still trying; never over tokens.  The
+    residual p_cur is kept unnormalised with its mass beside it, so a one-hot
+    (deterministic) rejection costs O(1) per sequence instead of O(V).
     """
     b = trees.batch_size
     device = target_probs.device
@@ -75,43 +77,55 @@ def rejection_sample(
     u = uniforms.to(device=device, dtype=torch.float64)
     q_all = trees.draft_probs  # [B, N, V] or None (one-hot q everywhere)
     cur = torch.zeros(b, dtype=torch.int64, device=device)
-    p_cur = target_probs[trees.packed_index[:, 0]].float()  # [B, V], p at the root
+    p_cur = target_probs[trees.packed_index[:, 0]].float()  # [B, V], a fresh copy we may edit
+    mass = p_cur.double().sum(dim=1)  # [B], p_cur's total: the residual is p_cur / mass
     live = torch.ones(b, dtype=torch.bool, device=device)
 
     for _ in range(trees.max_depth):
         chosen = torch.full((b,), -1, dtype=torch.int64, device=device)
         for rank in range(trees.children.shape[2]):
             child = trees.children[rows, cur, rank]  # [B], -1 where no such child
-            trying = live & (chosen < 0) & (child >= 0)
-            if not bool(trying.any()):
+            idx = (live & (chosen < 0) & (child >= 0)).nonzero().squeeze(1)  # sequences trying
+            if idx.numel() == 0:
                 break
-            c = child.clamp(min=0)
-            x = trees.tokens[rows, c]  # [B]
-            p_x = p_cur.gather(1, x[:, None]).squeeze(1).double()
+            c = child[idx]
+            x = trees.tokens[idx, c]
+            p_x = p_cur[idx, x].double()
             if q_all is None:
                 q_x = torch.ones_like(p_x)
-                residual = p_cur.scatter(1, x[:, None], 0.0)  # max(0, p - onehot(x))
             else:
-                q_row = q_all[rows, c].float()  # [B, V]
-                q_x = q_row.gather(1, x[:, None]).squeeze(1).double()
-                residual = (p_cur - q_row).clamp_min(0.0)  # max(0, p_cur - q_i)
-            accept = trying & (u[rows, c] * q_x < p_x)  # u < min(1, p/q)
-            chosen = torch.where(accept, child, chosen)
-            # On rejection continue with norm(max(0, p_cur - q_i)).  Zero residual mass
-            # means p_cur <= q_i everywhere, i.e. p_cur == q_i, where rejection has
-            # probability 0 and only rounding gets here: keep p_cur.
-            mass = residual.sum(dim=1, keepdim=True)
-            use = (trying & ~accept)[:, None] & (mass > _TINY)
-            p_cur = torch.where(use, residual / mass.clamp_min(_TINY), p_cur)
-        moved = chosen >= 0
-        live &= moved
-        if not bool(moved.any()):
+                q_rows = q_all[idx, c].float()  # [I, V]
+                q_x = q_rows.gather(1, x[:, None]).squeeze(1).double()
+            # Accept with min(1, (p_cur(x) / mass) / q(x)); no division, so q(x) = 0 is safe.
+            accept = u[idx, c] * q_x * mass[idx] < p_x
+            chosen[idx[accept]] = c[accept]
+            rej = ~accept
+            if not bool(rej.any()):
+                continue
+            r_idx = idx[rej]
+            if q_all is None:
+                # max(0, p_cur - onehot(x)) is p_cur with x zeroed.  A one-hot rejection
+                # needs p_cur(x) < mass, so some mass always remains.
+                p_cur[r_idx, x[rej]] = 0.0
+                mass[r_idx] -= p_x[rej]
+            else:
+                residual = (p_cur[r_idx] - mass[r_idx, None].float() * q_rows[rej]).clamp_min(0.0)
+                new_mass = residual.double().sum(dim=1)
+                # Zero residual mass means p_cur <= q everywhere, i.e. p_cur == q, where
+                # rejection has probability 0 and only rounding gets here: keep p_cur.
+                ok = new_mass > _TINY
+                p_cur[r_idx[ok]] = residual[ok]
+                mass[r_idx[ok]] = new_mass[ok]
+        moved = (chosen >= 0).nonzero().squeeze(1)
+        live = chosen >= 0
+        if moved.numel() == 0:
             break
-        cur = torch.where(moved, chosen, cur)
         # Descend: the next level is verified against the target's p after the accepted node.
-        p_next = target_probs[trees.packed_index[rows, cur]].float()
-        p_cur = torch.where(moved[:, None], p_next, p_cur)
+        cur[moved] = chosen[moved]
+        p_cur[moved] = target_probs[trees.packed_index[moved, cur[moved]]].float()
+        mass[moved] = p_cur[moved].double().sum(dim=1)
 
-    # Bonus token (a leaf was reached: p_cur is p there) or recovered token
-    # (every child of cur rejected: p_cur is the last residual).
+    # Bonus token (a leaf was reached: p_cur is p there) or recovered token (every
+    # child of cur rejected: p_cur is the last residual).  Inverse-CDF sampling
+    # normalises by the row's total itself.
     return cur, sample_from_uniforms(p_cur, u[:, 0])
