@@ -1,0 +1,321 @@
+"""Reading and writing EAGLE heads in the public layouts (SafeAILab EAGLE, vLLM, SGLang).
+
+EAGLE-1/2 (``LlamaForCausalLMEagle``; SafeAILab writes ``LlamaForCausalLM``)::
+
+    fc.weight [H, 2H]  (+ fc.bias [H])            over [token embedding ; feature]
+    layers.0.self_attn.{q,k,v,o}_proj.weight      (+ biases with attention_bias)
+    layers.0.mlp.{gate,up,down}_proj.weight
+    layers.0.post_attention_layernorm.weight      (layers.0.input_layernorm.weight: usually absent)
+
+EAGLE-3 (``LlamaForCausalLMEagle3``)::
+
+    fc.weight [H, 3 * target_hidden_size]
+    midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], o_proj [H, H]
+    midlayer.mlp.*, midlayer.{hidden_norm,input_layernorm,post_attention_layernorm}.weight
+    norm.weight [H], lm_head.weight [draft_vocab_size, H]
+    d2t [draft_vocab_size] int64 (target id = draft id + d2t), t2d [vocab_size] bool
+
+``config.json`` is a Llama config with ``num_hidden_layers: 1``, the target's
+``vocab_size`` and, for EAGLE-3, ``draft_vocab_size`` and optionally
+``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` (top level or in
+``eagle_config``) and ``norm_before_residual``.  A ``model.`` prefix on every
+tensor (vLLM-converted heads) is accepted.  Embeddings in the file are ignored
+unless the head needs its own (EAGLE-3 with a hidden size unlike the target's).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyspec.drafters.eagle import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
+                                   default_aux_layer_ids)
+from hyspec.errors import CheckpointError
+from hyspec.model.config import ModelConfig
+from hyspec.model.llama import CausalLM
+from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically
+from hyspec.ops import OpTable
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {EAGLE: "LlamaForCausalLMEagle", EAGLE3: "LlamaForCausalLMEagle3"}
+_LAYER_PREFIX = {EAGLE: "layers.0.", EAGLE3: "midlayer."}
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    cfg_file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"EAGLE head directory {str(path)!r} does not exist")
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} not found: an EAGLE head directory needs config.json")
+    try:
+        data = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{cfg_file} must hold a JSON object")
+    return data
+
+
+class _Names:
+    """Tensor names of a head checkpoint with an optional ``model.`` prefix stripped."""
+
+    def __init__(self, ckpt: SafetensorsCheckpoint):
+        self.ckpt = ckpt
+        names = ckpt.names()
+        self.prefix = "model." if names and all(n.startswith("model.") or n == "lm_head.weight" for n in names) else ""
+        self.names = {n[len(self.prefix):] if n.startswith(self.prefix) else n for n in names}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names
+
+    def get(self, name: str, shape) -> torch.Tensor:
+        full = name if name == "lm_head.weight" and name in self.ckpt else self.prefix + name
+        return check_shape(name, self.ckpt.get(full), shape)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        full = name if name == "lm_head.weight" and name in self.ckpt else self.prefix + name
+        return self.ckpt.shape(full)
+
+
+def detect_layout(names: _Names) -> str:
+    if any(n.startswith("midlayer.") for n in names.names):
+        return EAGLE3
+    if any(n.startswith("layers.0.") for n in names.names):
+        return EAGLE
+    raise CheckpointError("the checkpoint holds neither an EAGLE layer (layers.0.*) nor an EAGLE-3 layer "
+                          f"(midlayer.*); tensors: {sorted(names.names)[:6]}")
+
+
+def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: ModelConfig) -> EagleConfig:
+    """Validate a head's config against its tensors and the target it is loaded for."""
+    layout = detect_layout(names)
+    if layout != method:
+        other = "an EAGLE-3 head (midlayer.*)" if layout == EAGLE3 else "an EAGLE-1/2 head (layers.0.*)"
+        raise CheckpointError(f"the drafter is {other}, but method {method!r} was requested; use method {layout!r}")
+    body = dict(raw.get("model") or raw) if raw.get("model_type") == "eagle" else dict(raw)
+    body.setdefault("model_type", "llama")
+    body.setdefault("hidden_act", "silu")
+    try:
+        layers = int(body.get("num_hidden_layers", 1))
+        layer = ModelConfig.from_dict({**body, "num_hidden_layers": 1, "tie_word_embeddings": False})
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"the head's config.json has a malformed value: {exc}") from None
+    if layers != 1:
+        raise CheckpointError(f"EAGLE heads with {layers} decoder layers are not supported (one layer)")
+    H, V = target_cfg.hidden_size, target_cfg.vocab_size
+    target_hidden = int(body.get("target_hidden_size") or layer.hidden_size)
+    if layer.vocab_size != V:
+        raise CheckpointError(f"the EAGLE head was trained for a target with vocab_size {layer.vocab_size}; "
+                              f"this target has {V}")
+    if target_hidden != H:
+        raise CheckpointError(f"the EAGLE head was trained for a target with hidden size {target_hidden}; "
+                              f"this target has {H}")
+    fc_in = (3 if method == EAGLE3 else 2) * (target_hidden if method == EAGLE3 else layer.hidden_size)
+    fc_shape = names.shape("fc.weight") if "fc.weight" in names else None
+    if fc_shape != (layer.hidden_size, fc_in):
+        raise CheckpointError(f"fc.weight has shape {fc_shape}; a head of hidden size {layer.hidden_size} for a "
+                              f"target of hidden size {H} needs {(layer.hidden_size, fc_in)}")
+    prefix = _LAYER_PREFIX[method]
+    if method == EAGLE:
+        return EagleConfig(EAGLE, layer, target_hidden, V, V, fc_bias="fc.bias" in names,
+                           input_layernorm=prefix + "input_layernorm.weight" in names)
+    eagle_cfg = body.get("eagle_config") or {}
+    ids = body.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
+    ids = tuple(int(j) for j in ids) if ids else default_aux_layer_ids(target_cfg.num_hidden_layers)
+    if max(ids) > target_cfg.num_hidden_layers:
+        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids {list(ids)} name layers the target "
+                              f"({target_cfg.num_hidden_layers} layers) does not have")
+    own_embed = layer.hidden_size != H
+    if own_embed and "embed_tokens.weight" not in names:
+        raise CheckpointError(f"an EAGLE-3 head of hidden size {layer.hidden_size} for a target of hidden size {H} "
+                              "must carry embed_tokens.weight")
+    return EagleConfig(EAGLE3, layer, target_hidden, V, int(body.get("draft_vocab_size") or V),
+                       fc_bias="fc.bias" in names, input_layernorm=True, aux_layer_ids=ids,
+                       norm_before_residual=bool(body.get("norm_before_residual", False)), own_embeddings=own_embed)
+
+
+def _layer_state(cfg: EagleConfig, names: _Names) -> dict[str, torch.Tensor]:
+    """hyspec names (``layer.*``, fused qkv / gate_up) from the public per-projection tensors."""
+    lc, prefix = cfg.layer, _LAYER_PREFIX[cfg.method]
+    H, I = lc.hidden_size, lc.intermediate_size
+    A = 2 * H if cfg.method == EAGLE3 else H  # attention input width
+    q, kv = lc.num_attention_heads * lc.head_dim, lc.num_key_value_heads * lc.head_dim
+    a, m = prefix + "self_attn.", prefix + "mlp."
+    state = {
+        "layer.self_attn.qkv_proj.weight": torch.cat([names.get(a + "q_proj.weight", (q, A)),
+                                                      names.get(a + "k_proj.weight", (kv, A)),
+                                                      names.get(a + "v_proj.weight", (kv, A))]),
+        "layer.self_attn.o_proj.weight": names.get(a + "o_proj.weight", (H, q)),
+        "layer.mlp.gate_up_proj.weight": torch.cat([names.get(m + "gate_proj.weight", (I, H)),
+                                                    names.get(m + "up_proj.weight", (I, H))]),
+        "layer.mlp.down_proj.weight": names.get(m + "down_proj.weight", (H, I)),
+        "layer.post_attention_layernorm.weight": names.get(prefix + "post_attention_layernorm.weight", (H,)),
+    }
+    if lc.qkv_bias:
+        state["layer.self_attn.qkv_proj.bias"] = torch.cat([names.get(a + "q_proj.bias", (q,)),
+                                                            names.get(a + "k_proj.bias", (kv,)),
+                                                            names.get(a + "v_proj.bias", (kv,))])
+    if lc.o_bias:
+        state["layer.self_attn.o_proj.bias"] = names.get(a + "o_proj.bias", (H,))
+    if lc.mlp_bias:
+        state["layer.mlp.gate_up_proj.bias"] = torch.cat([names.get(m + "gate_proj.bias", (I,)),
+                                                          names.get(m + "up_proj.bias", (I,))])
+        state["layer.mlp.down_proj.bias"] = names.get(m + "down_proj.bias", (H,))
+    if cfg.input_layernorm:
+        state["layer.input_layernorm.weight"] = names.get(prefix + "input_layernorm.weight", (H,))
+    return state
+
+
+def _head_state(cfg: EagleConfig, names: _Names) -> dict[str, torch.Tensor]:
+    H = cfg.hidden_size
+    state = _layer_state(cfg, names)
+    state["fc.weight"] = names.get("fc.weight", (H, cfg.feature_size if cfg.method == EAGLE3 else 2 * H))
+    if cfg.fc_bias:
+        state["fc.bias"] = names.get("fc.bias", (H,))
+    if cfg.method == EAGLE3:
+        Vd, V = cfg.draft_vocab_size, cfg.vocab_size
+        state["layer.hidden_norm.weight"] = names.get("midlayer.hidden_norm.weight", (H,))
+        state["norm.weight"] = names.get("norm.weight", (H,))
+        state["lm_head.weight"] = names.get("lm_head.weight", (Vd, H))
+        if cfg.own_embeddings:
+            state["embed_tokens.weight"] = names.get("embed_tokens.weight", (V, H))
+    return state
+
+
+def _vocabulary(cfg: EagleConfig, names: _Names) -> torch.Tensor:  # [draft_vocab] target ids
+    """The target id of every draft id, checked: in range, distinct, and agreeing with t2d when given."""
+    Vd, V = cfg.draft_vocab_size, cfg.vocab_size
+    if "d2t" not in names:
+        if Vd != V:
+            raise CheckpointError(f"the head drafts over {Vd} of {V} tokens but has no d2t map")
+        return torch.arange(V)
+    ids = torch.arange(Vd) + names.get("d2t", (Vd,)).to(torch.int64)
+    if int(ids.min()) < 0 or int(ids.max()) >= V or torch.unique(ids).numel() != Vd:
+        raise CheckpointError(f"d2t maps draft ids outside [0, {V}) or onto the same target id twice: corrupt")
+    if "t2d" in names:
+        t2d = names.get("t2d", (V,)).to(torch.bool)
+        expected = torch.zeros(V, dtype=torch.bool)
+        expected[ids] = True
+        if not torch.equal(t2d, expected):
+            raise CheckpointError("t2d disagrees with d2t (a different draft vocabulary): corrupt checkpoint")
+    return ids
+
+
+def load_head(
+    path: str | Path,
+    target: CausalLM,
+    method: str,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    ops: OpTable | None = None,
+    max_positions: int | None = None,
+) -> EagleHeadBase:
+    """Load an EAGLE (``method="eagle"``) or EAGLE-3 (``"eagle3"``) head for ``target``."""
+    path = Path(path)
+    raw = read_config(path)
+    names = _Names(SafetensorsCheckpoint(path))
+    cfg = eagle_config(raw, names, method, target.config)
+    weight = target.embed_tokens.weight
+    dtype = dtype or weight.dtype
+    device = torch.device(device) if device is not None else weight.device
+    state = {k: v.to(dtype) for k, v in _head_state(cfg, names).items()}
+    bad = [k for k, v in state.items() if not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"tensor {bad[0]!r} of the EAGLE head in {path} holds NaN or inf: corrupt checkpoint")
+    with torch.device("meta"):
+        head = build_head(cfg, target, ops, max_positions)
+    head.load_state_dict(state, strict=False, assign=True)
+    missing = [n for n, p in head.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"the EAGLE head in {path} does not provide {missing[:4]}")
+    head.cos_sin = _rope_table(head)  # buffers built on the meta device are recomputed, not loaded
+    if isinstance(head, Eagle3Head):
+        ids = _vocabulary(cfg, names)
+        head.d2t = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+        head.t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        head.set_vocabulary(ids)
+    ignored = sorted(n for n in names.names if n.startswith("embed_tokens") and not cfg.own_embeddings)
+    if ignored:
+        log.info("the EAGLE head's %s is ignored: the target's embeddings are shared", ignored[0])
+    return head.to(device).eval().requires_grad_(False)
+
+
+def _rope_table(head: EagleHeadBase) -> torch.Tensor:
+    from hyspec.model.rope import cos_sin_cache
+
+    return cos_sin_cache(head.config.layer, head.max_positions)
+
+
+# -- saving -----------------------------------------------------------------------------------
+
+
+def head_tensors(head: EagleHeadBase) -> dict[str, torch.Tensor]:
+    """Every saved weight of ``head`` under its public name (target weights excluded)."""
+    cfg = head.config
+    lc, prefix = cfg.layer, _LAYER_PREFIX[cfg.method]
+    q, kv, I = lc.num_attention_heads * lc.head_dim, lc.num_key_value_heads * lc.head_dim, lc.intermediate_size
+    layer, a, m = head.layer, prefix + "self_attn.", prefix + "mlp."
+    out: dict[str, torch.Tensor] = {"fc.weight": head.fc.weight}
+    if head.fc.bias is not None:
+        out["fc.bias"] = head.fc.bias
+    qw, kw, vw = layer.self_attn.qkv_proj.weight.split([q, kv, kv])
+    out.update({a + "q_proj.weight": qw, a + "k_proj.weight": kw, a + "v_proj.weight": vw,
+                a + "o_proj.weight": layer.self_attn.o_proj.weight})
+    if layer.self_attn.qkv_proj.bias is not None:
+        qb, kb, vb = layer.self_attn.qkv_proj.bias.split([q, kv, kv])
+        out.update({a + "q_proj.bias": qb, a + "k_proj.bias": kb, a + "v_proj.bias": vb})
+    if layer.self_attn.o_proj.bias is not None:
+        out[a + "o_proj.bias"] = layer.self_attn.o_proj.bias
+    gate, up = layer.mlp.gate_up_proj.weight.split(I)
+    out.update({m + "gate_proj.weight": gate, m + "up_proj.weight": up, m + "down_proj.weight": layer.mlp.down_proj.weight})
+    if layer.mlp.gate_up_proj.bias is not None:
+        gb, ub = layer.mlp.gate_up_proj.bias.split(I)
+        out.update({m + "gate_proj.bias": gb, m + "up_proj.bias": ub, m + "down_proj.bias": layer.mlp.down_proj.bias})
+    out[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
+    if layer.input_layernorm is not None:
+        out[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight
+    if isinstance(head, Eagle3Head):
+        out.update({prefix + "hidden_norm.weight": layer.hidden_norm.weight, "norm.weight": head.norm.weight,
+                    "lm_head.weight": head.lm_head.weight, "d2t": head.d2t, "t2d": head.t2d})
+        if head.embed_tokens is not None:
+            out["embed_tokens.weight"] = head.embed_tokens.weight
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
+    """The head's config.json body, in the layout SafeAILab / vLLM / SGLang read."""
+    cfg = head.config
+    lc = cfg.layer
+    raw = lc.raw
+    d: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[cfg.method]], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": lc.hidden_size, "intermediate_size": lc.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": lc.num_attention_heads, "num_key_value_heads": lc.num_key_value_heads,
+        "head_dim": lc.head_dim, "rms_norm_eps": lc.rms_norm_eps, "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": lc.max_position_embeddings, "tie_word_embeddings": False,
+        "attention_bias": lc.o_bias, "mlp_bias": lc.mlp_bias,
+        "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
+    }
+    d.update({k: raw[k] for k in ("rope_theta", "rope_scaling", "rope_parameters", "bos_token_id", "eos_token_id",
+                                  "pad_token_id") if raw.get(k) is not None})
+    d.setdefault("rope_theta", lc.rope.theta)
+    if cfg.method == EAGLE3:
+        ids = list(cfg.aux_layer_ids)
+        d.update({"draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
+                  "eagle_aux_hidden_state_layer_ids": ids, "norm_before_residual": cfg.norm_before_residual,
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}})
+    return d
+
+
+def save_head(head: EagleHeadBase, out_dir: str | Path) -> None:
+    """Write ``model.safetensors`` then ``config.json`` (last, so a directory with it is complete)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_safetensors_atomically(head_tensors(head), out_dir / "model.safetensors", metadata={"format": "pt"})
+    tmp = out_dir / "config.json.tmp"
+    tmp.write_text(json.dumps(head_config_dict(head), indent=2) + "\n")
+    tmp.replace(out_dir / "config.json")

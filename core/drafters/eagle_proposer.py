@@ -1,0 +1,242 @@
+"""``eagle`` / ``eagle3``: EAGLE-2 dynamic trees drafted by an EAGLE head over the target's features.
+
+Per sequence the head keeps its own KV in the shared pool (layout ``eagle`` /
+``eagle3``): entry ``e`` holds pair ``base + e``, i.e. (feature of token
+``base + e``, token ``base + e + 1``), at position ``e``.  Features arrive
+through :meth:`on_commit` after every step and are buffered; :meth:`propose`
+catches up lazily -- every pair not yet in the head's KV, ending with the root
+pair (feature of the last committed token, the root token), goes through one
+paged forward, whose last row gives the root's children (the tree's first
+level).  Each further level is one forward for all sequences of the batch:
+the frontiers fed so far, tree-masked and at their depth positions, after the
+committed pairs.  (The op's tree mask covers only the entries written by the
+same forward, so earlier frontiers are re-fed each level -- a few dozen rows
+for one layer -- rather than left visible to every branch as context.)
+
+Draft entries never become context: a committed pair needs the target's real
+feature, which arrives after verification.  So before drafting, the KV is cut
+back to the committed pairs (rollback), and everything is freed on finish or
+preemption.  When the target needs pages, head caches are given up (least
+recently drafted first); such a sequence restarts its head context at the
+features still buffered, drafting with a shorter context rather than none.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from hyspec.drafters.eagle import EAGLE, EAGLE3
+from hyspec.drafters.eagle_checkpoint import load_head
+from hyspec.drafters.eagle_tree import DynamicTrees, draft_logprobs
+from hyspec.engine.model_runner import NO_LOGITS, Feed, build_inputs
+from hyspec.engine.sequence import Sequence
+from hyspec.kv.pool import OutOfKVBlocks
+from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.ops.sampling import SamplingTensors
+from hyspec.spec.config import MAX_TREE_BUDGET, TreeConfig
+from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.spec.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+
+class _HeadState:
+    """One sequence's head KV and buffered features."""
+
+    __slots__ = ("kv", "base", "fed", "feats", "feat_start")
+
+    def __init__(self, kv: SequenceKV, start: int):
+        self.kv = kv
+        self.base = start  # pair index of KV entry 0
+        self.fed = 0  # KV entries 0..fed-1 hold committed pairs (real features)
+        self.feats: torch.Tensor | None = None  # [m, F] raw features of pairs feat_start .. feat_start+m-1
+        self.feat_start = start
+
+    @property
+    def feat_end(self) -> int:
+        return self.feat_start + (0 if self.feats is None else self.feats.shape[0])
+
+    def restart(self, start: int, feats: torch.Tensor | None) -> None:
+        self.kv.release()
+        self.base = self.feat_start = start
+        self.fed = 0
+        self.feats = feats
+
+    def add(self, start: int, feats: torch.Tensor) -> None:
+        """Features of pairs ``start ..``; a gap or a rewrite of fed pairs restarts the head context."""
+        if self.feats is None or start > self.feat_end or start < max(self.base, self.feat_start):
+            self.restart(start, feats)
+            return
+        keep = start - self.feat_start
+        self.feats = torch.cat([self.feats[:keep], feats]) if keep else feats
+        self.feat_start = start if not keep else self.feat_start
+        if start < self.base + self.fed:  # pairs recomputed by the target: their head KV is stale
+            self.fed = start - self.base
+
+
+class EagleProposer(Proposer):
+    method = EAGLE
+    needs_hidden = True
+    builds_trees = True
+
+    def __init__(self, engine, head_dir: str | Path, tree: TreeConfig):
+        self.engine = engine
+        self.head = load_head(head_dir, engine.model, self.method, dtype=engine.dtype, device=engine.device,
+                              ops=engine.backend.ops, max_positions=engine.max_model_len + MAX_TREE_BUDGET + 2)
+        cfg = self.head.config
+        self.aux_layers = tuple(sorted(set(cfg.target_aux_layers)))
+        self._fusion_order = cfg.target_aux_layers
+        missing = [j for j in self.aux_layers if j >= engine.config.num_hidden_layers]
+        if missing:
+            from hyspec.errors import CheckpointError
+
+            raise CheckpointError(f"the EAGLE-3 head reads target layers {list(missing)}, beyond the target's "
+                                  f"{engine.config.num_hidden_layers}")
+        self.tree = tree
+        self.pool = engine.pool
+        lc = cfg.layer
+        self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, engine.dtype)
+        self.device = engine.device
+        self._states: OrderedDict[str, _HeadState] = OrderedDict()  # least recently drafted first
+        self.pool.add_reclaimer(self._reclaim)
+
+    def max_budget(self) -> int:
+        return self.tree.budget
+
+    # -- features ---------------------------------------------------------------------------------
+
+    def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, F]
+        if self.method == EAGLE:
+            return hidden.final
+        return torch.cat([hidden.aux[j] for j in self._fusion_order], dim=-1)
+
+    def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
+        if hidden is None or hidden.final.shape[0] == 0:
+            return
+        feats = self._raw_features(hidden).detach()
+        st = self._states.get(seq.request_id)
+        if st is None:
+            st = self._states[seq.request_id] = _HeadState(SequenceKV(self.pool, self.layout), hidden.start)
+        st.add(hidden.start, feats)
+
+    def on_finish(self, seq: Sequence) -> None:
+        st = self._states.pop(seq.request_id, None)
+        if st is not None:
+            st.kv.release()
+
+    def on_preempt(self, seq: Sequence) -> None:
+        self.on_finish(seq)  # the target re-prefills and re-sends every feature
+
+    def _reclaim(self, pages_wanted: int) -> int:
+        """Give pages back to the target: drop the least recently drafted head caches."""
+        freed = 0
+        for st in list(self._states.values()):
+            if freed >= pages_wanted:
+                break
+            if st.kv.pages:
+                freed += len(st.kv.pages)
+                st.restart(st.feat_start, st.feats)  # keep the buffered features: a shorter context
+        return freed
+
+    # -- drafting ---------------------------------------------------------------------------------
+
+    def _prepare(self, req: DraftRequest, extra_entries: int) -> tuple[_HeadState, Feed, torch.Tensor] | None:
+        """Roll the head KV back to its committed pairs and build the catch-up feed ending at the root pair."""
+        seq = req.seq
+        st = self._states.get(seq.request_id)
+        root_pair = len(seq.token_ids) - 2  # feature of the last committed token, then the root token
+        if st is None or st.feats is None or root_pair < 0 or st.feat_end != root_pair + 1:
+            return None  # features missing (never committed, or a step was lost): no draft this step
+        self._states.move_to_end(seq.request_id)
+        first = min(st.base + st.fed, root_pair)  # nothing new since the last draft: re-feed the root pair
+        if first < st.feat_start:
+            st.restart(st.feat_start, st.feats)  # (only after reclaim) restart at the buffered features
+            first = st.feat_start
+        st.fed = first - st.base
+        st.kv.truncate(min(st.kv.num_tokens, st.fed))
+        pairs = root_pair + 1 - first
+        try:
+            st.kv.reserve(st.fed + pairs + extra_entries, reclaim=False)
+        except OutOfKVBlocks:
+            return None  # no room for the head this step: the sequence decodes plainly
+        tokens = seq.token_ids[first + 1: root_pair + 2]
+        feed = Feed(st.kv, tokens, st.fed, logits=NO_LOGITS)
+        return st, feed, st.feats[first - st.feat_start:]
+
+    def _run(self, feeds: list[Feed], hidden: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        """One paged head forward; ``hidden [T, H]`` in feed order.  Returns outputs [T, H] and feed rows."""
+        inputs = build_inputs(feeds, self.device)
+        out = self.head(inputs.input_ids, hidden, inputs.positions, self.layout.caches[0], inputs.meta)
+        for f in feeds:
+            f.kv.num_tokens = f.start + len(f.tokens)
+        return out, inputs.token_rows
+
+    def _logprobs(self, h: torch.Tensor, sampling: SamplingTensors | None) -> torch.Tensor:  # [N, H] -> [N, Vd]
+        return draft_logprobs(self.head.logits(h), sampling)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
+        k = min(self.tree.topk, max(r.budget for r in requests))
+        depth = min(self.tree.depth, max(r.budget for r in requests))
+        extra = k * (depth - 1)  # draft entries: every frontier but the last is fed
+        live: list[tuple[int, _HeadState]] = []
+        feeds: list[Feed] = []
+        feats: list[torch.Tensor] = []
+        for i, req in enumerate(requests):
+            prepared = self._prepare(req, extra)
+            if prepared is None:
+                continue
+            st, feed, raw = prepared
+            live.append((i, st))
+            feeds.append(feed)
+            feats.append(raw)
+        out: list[DraftTree | None] = [None] * len(requests)
+        if not live:
+            return out
+        head = self.head
+        # Catch-up + root: all pending pairs of every sequence in one forward.
+        h, rows = self._run(feeds, head.fuse(torch.cat(feats).to(self.engine.dtype)))
+        root_h = h[torch.tensor([r0 + n - 1 for r0, n in rows], device=h.device)]  # [B, H]
+        for (_, st), feed in zip(live, feeds):
+            st.fed += len(feed.tokens)
+            # Keep only the root pair's feature, to re-feed it if nothing new arrives before the next draft.
+            st.feat_start, st.feats = st.feat_end - 1, st.feats[-1:]
+        idx = [i for i, _ in live]
+        reqs = [requests[i] for i in idx]
+        stochastic = None if all(r.greedy for r in reqs) else sampling.select(idx)
+        trees = DynamicTrees([r.seq.last_token for r in reqs], [r.budget for r in reqs], self.tree.topk,
+                             self.tree.depth, device=h.device)
+        trees.grow(self._logprobs(root_h, stochastic)[:, None], head.draft_to_target)
+        b, kk = len(live), trees.k
+        level_h = [root_h[:, None].expand(b, kk, root_h.shape[-1])]  # input feature of each level's frontier
+        node_sampling = None if stochastic is None else stochastic.repeat([kk] * b)
+        while not trees.done:
+            tokens, depths, mask = trees.fed_nodes()  # [B, M], [B, M], [B, M, M]
+            inputs = []
+            for level in range(1, trees.levels + 1):
+                if level == 1:
+                    inputs.append(level_h[0])
+                else:  # a node's input feature is its parent's output
+                    slots = trees.frontier_parent_slots(level)
+                    inputs.append(level_h[level - 1].gather(1, slots[:, :, None].expand(-1, -1, level_h[0].shape[-1])))
+            hidden_in = torch.cat(inputs, dim=1)  # [B, M, H]
+            tok_h, dep_h = tokens.tolist(), (depths - 1).tolist()
+            feeds = [Feed(st.kv, tok_h[r], st.fed, depths=dep_h[r], tree_mask=mask[r], logits=NO_LOGITS)
+                     for r, (_, st) in enumerate(live)]
+            h, _ = self._run(feeds, hidden_in.reshape(-1, hidden_in.shape[-1]))
+            h = h.view(b, -1, h.shape[-1])
+            outputs = [h[:, (level - 1) * kk: level * kk] for level in range(1, trees.levels + 1)]
+            level_h = [level_h[0]] + outputs  # level_h[l] = outputs of level l's frontier
+            last = outputs[-1].reshape(b * kk, -1)
+            trees.grow(self._logprobs(last, node_sampling).view(b, kk, -1), head.draft_to_target)
+        vocab = self.engine.config.vocab_size
+        for i, (tokens, parents) in zip(idx, trees.select()):
+            out[i] = DraftTree.from_parents(tokens, parents, vocab_size=vocab)
+        return out
+
+
+class Eagle3Proposer(EagleProposer):
+    method = EAGLE3
