@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait beyond the running batch; more get 429 (default 256)")
     parser.add_argument("--kv-cache-bytes", type=byte_size, metavar="SIZE",
                         help="KV cache size, e.g. 2GiB (default: from --memory-fraction)")
-    parser.add_argument("--memory-fraction", type=_fraction, default=0.8,
+    parser.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
                         help="share of device memory hyspec may use, applied through the backend (default 0.8)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long in-flight requests may run after SIGTERM before they are aborted (default 30)")
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     run_server(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
                log_level=args.log_level)
+    print("hyspec serve: stopped", file=sys.stderr)
     return 0
 
 

@@ -37,8 +37,11 @@ _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, tex
     (400, "invalid request (the message names the field)"), (401, "missing or invalid API key"),
     (404, "unknown model"), (413, "request body too large"), (429, "queue full; retry later"),
     (500, "the engine failed while running this request"), (503, "shutting down, or the engine failed"))}
-_SSE_DOC = {"description": "with stream=true: server-sent events `data: {chunk}`, ending with `data: [DONE]`",
-            "schema": {"type": "string"}}
+# OpenAPI 3.1: the schema of a text/event-stream describes one event (3.2's itemSchema).
+_SSE_DOC = {"schema": {
+    "type": "object", "required": ["data"],
+    "description": "with stream=true, server-sent events: each `data` is one JSON chunk; the last is [DONE]",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}
 
 
 def create_app(

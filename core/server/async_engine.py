@@ -79,7 +79,7 @@ class RequestStream:
         self.finish_time: float | None = None
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
-        self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "rejected"
         self.error: BaseException | None = None
         self.done = False  # no more items will be pushed
         self._exhausted = False  # the consumer has seen the last item
@@ -116,6 +116,7 @@ class RequestStream:
 
     def _push_error(self, exc: BaseException, reason: str = "error") -> None:
         if not self.accepted.done():
+            reason = "rejected" if reason == "error" else reason  # refused before it ever ran
             self.accepted.set_exception(exc)
             self.accepted.exception()  # mark retrieved: the awaiting coroutine may already be gone
         if self.done:
@@ -305,6 +306,13 @@ class AsyncEngine:
             for stream in self._live.values():
                 self._outbox.append((stream, "error", error))
             self._live.clear()
+            while True:  # requests queued behind the failure would otherwise wait forever
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if command[0] == _ADD:
+                    self._outbox.append((command[1], "error", ServiceUnavailableError(error.args[0])))
         finally:
             self._flush()
 

@@ -91,7 +91,7 @@ def describe_validation_errors(errors: list[dict[str, Any]]) -> tuple[str, str |
             path += f".{part}" if path else part
         else:
             through_union = True
-    msg = err.get("msg", "invalid value")
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if not path:
         if err.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type"):
             return f"the request body must be a JSON object ({msg})", None

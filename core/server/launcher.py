@@ -7,10 +7,11 @@ to finish, then the lifespan shutdown drains the engine and joins its thread.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import uvicorn
 
@@ -25,6 +26,14 @@ class _DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.async_engine.begin_shutdown()
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the signal after a graceful stop (the process then dies of it); a stop the
+            # operator asked for that drained cleanly is a normal exit for `hyspec serve`.
+            getattr(self, "_captured_signals", []).clear()
 
 
 def _config(app: Any, host: str, port: int, shutdown_timeout: float, log_level: str, access_log: bool) -> uvicorn.Config:

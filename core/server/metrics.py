@@ -48,8 +48,9 @@ class ServerMetrics:
                                    "vllm:request_time_per_output_token_seconds")]
         self._e2e = [Histogram(name, "End-to-end request latency (seconds).", m, buckets=LATENCY_BUCKETS, registry=r)
                      for name in ("hyspec_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds")]
-        self._finished = Counter("hyspec_requests_finished", "Requests ended, by finish reason "
-                                 "(stop, length, abort, error).", ["model_name", "finish_reason"], registry=r)
+        self._finished = Counter("hyspec_requests_finished", "Requests ended, by finish reason (stop, length, "
+                                 "abort; error: the engine failed; rejected: refused before running).",
+                                 ["model_name", "finish_reason"], registry=r)
         self._vllm_success = Counter("vllm:request_success", "Requests finished, by reason (vLLM's name).",
                                      ["model_name", "finished_reason"], registry=r)
         self._prompt_tokens = [Counter(name, "Prompt tokens of accepted requests.", m, registry=r)
@@ -74,7 +75,7 @@ class ServerMetrics:
         if stream.num_output_tokens:
             for c in self._generation_tokens:
                 c.labels(*labels).inc(stream.num_output_tokens)
-        if stream.finish_time is None or reason == "error":
+        if stream.finish_time is None or reason in ("error", "rejected"):
             return
         for h in self._e2e:
             h.labels(*labels).observe(stream.finish_time - stream.arrival_time)

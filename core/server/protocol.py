@@ -11,15 +11,21 @@ them, rather than ignored: hyspec's outputs are exactly the target model's.
 """
 from __future__ import annotations
 
+import struct
 import time
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
 
 from hyspec.engine.sampling_params import SamplingParams
 
 # torch.Generator.manual_seed accepts exactly this range.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# The sampler keeps temperature/top_p in float32 and top_k/token ids in int64: larger values would
+# overflow (or top_p underflow to 0) inside an engine step, failing every request in the batch.
+FLOAT32_MAX = 3.4028234663852886e38
+INT64_MAX = 2**63 - 1
 MAX_STOP_STRINGS = 16
 
 Float = StrictFloat  # strict still takes JSON 1 as 1.0; "1" and true are rejected
@@ -42,13 +48,13 @@ class _SamplingRequest(_Strict):
 
     model: Optional[StrictStr] = Field(None, description="the served model name (optional: it has only one)")
     n: StrictInt = Field(1, ge=1, le=1, description="choices per prompt; hyspec returns exactly one")
-    temperature: Optional[Float] = Field(None, ge=0, description="0 is greedy; default 1")
+    temperature: Optional[Float] = Field(None, ge=0, le=FLOAT32_MAX, description="0 is greedy; default 1")
     top_p: Optional[Float] = Field(None, gt=0, le=1)
-    top_k: Optional[StrictInt] = Field(None, ge=-1, description="vLLM extension; 0 or -1 switch it off")
+    top_k: Optional[StrictInt] = Field(None, ge=-1, le=INT64_MAX, description="vLLM extension; 0 or -1: off")
     min_p: Optional[Float] = Field(None, ge=0, le=1, description="vLLM extension")
     seed: Optional[StrictInt] = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Optional[Union[StrictStr, Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)]]] = None
-    stop_token_ids: Optional[Annotated[list[Annotated[int, Field(strict=True, ge=0)]],
+    stop_token_ids: Optional[Annotated[list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]],
                                        Field(max_length=MAX_STOP_STRINGS)]] = None
     ignore_eos: StrictBool = Field(False, description="vLLM extension: keep going past end-of-sequence")
     include_stop_str_in_output: StrictBool = False
@@ -69,13 +75,20 @@ class _SamplingRequest(_Strict):
         "logit_bias": (None, {}),
     }
 
+    @field_validator("top_p")
+    @classmethod
+    def _top_p_survives_float32(cls, value: float | None) -> float | None:
+        if value is not None and struct.unpack("f", struct.pack("f", value))[0] == 0.0:
+            raise ValueError(f"{value} is 0 in float32, which the sampler uses; top_p must be > 0")
+        return value
+
     @model_validator(mode="after")
     def _check_combinations(self) -> "_SamplingRequest":
         for name, off in self.UNSUPPORTED_UNLESS.items():
             if getattr(self, name) not in off:
-                raise _field_error(name, "not supported by hyspec; leave it out")
+                raise FieldError(name, "not supported by hyspec; leave it out")
         if self.stream_options is not None and not self.stream:
-            raise _field_error("stream_options", "only allowed when stream is true")
+            raise FieldError("stream_options", "only allowed when stream is true")
         return self
 
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
@@ -165,10 +178,6 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(message)
-
-
-def _field_error(field: str, message: str) -> FieldError:
-    return FieldError(field, message)
 
 
 # -- responses -------------------------------------------------------------------------------------

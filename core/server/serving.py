@@ -11,6 +11,7 @@ answer) has its requests aborted, which frees their KV at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -110,17 +111,19 @@ class OpenAIServing:
 
         completion_tokens = [0] * len(streams)
         try:
-            async for index, out in _merge(streams):
-                completion_tokens[index] = len(out.outputs[0].token_ids)
-                if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
-                    continue  # an incomplete UTF-8 character: its text comes with the next token
-                choice: dict[str, Any] = {"index": index, "text": out.new_text, "logprobs": None,
-                                          "finish_reason": out.outputs[0].finish_reason if out.finished else None,
-                                          "stop_reason": out.outputs[0].stop_reason if out.finished else None}
-                if req.return_token_ids:
-                    choice["token_ids"] = out.new_token_ids
-                usage = _usage_dict(prompts, completion_tokens) if req.continuous_usage else None
-                yield chunk([choice], usage)
+            async with contextlib.aclosing(_merge(streams)) as outputs:
+                async for index, out in outputs:
+                    completion_tokens[index] = len(out.outputs[0].token_ids)
+                    if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+                        continue  # an incomplete UTF-8 character: its text comes with the next token
+                    choice: dict[str, Any] = {
+                        "index": index, "text": out.new_text, "logprobs": None,
+                        "finish_reason": out.outputs[0].finish_reason if out.finished else None,
+                        "stop_reason": out.outputs[0].stop_reason if out.finished else None}
+                    if req.return_token_ids:
+                        choice["token_ids"] = out.new_token_ids
+                    usage = _usage_dict(prompts, completion_tokens) if req.continuous_usage else None
+                    yield chunk([choice], usage)
             if req.include_usage:
                 yield chunk([], _usage_dict(prompts, completion_tokens))
         except Exception as exc:  # the engine failed or the server shut down mid-stream
@@ -174,18 +177,19 @@ class OpenAIServing:
         try:
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None}])
-            async for _, out in _merge([stream]):
-                completion_tokens[0] = len(out.outputs[0].token_ids)
-                if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
-                    continue
-                delta: dict[str, Any] = {"content": out.new_text} if out.new_text else {}
-                if req.return_token_ids:
-                    delta["token_ids"] = out.new_token_ids
-                choice = {"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": out.outputs[0].finish_reason if out.finished else None,
-                          "stop_reason": out.outputs[0].stop_reason if out.finished else None}
-                usage = _usage_dict([prompt], completion_tokens) if req.continuous_usage else None
-                yield chunk([choice], usage)
+            async with contextlib.aclosing(_merge([stream])) as outputs:
+                async for _, out in outputs:
+                    completion_tokens[0] = len(out.outputs[0].token_ids)
+                    if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+                        continue
+                    delta: dict[str, Any] = {"content": out.new_text} if out.new_text else {}
+                    if req.return_token_ids:
+                        delta["token_ids"] = out.new_token_ids
+                    choice = {"index": 0, "delta": delta, "logprobs": None,
+                              "finish_reason": out.outputs[0].finish_reason if out.finished else None,
+                              "stop_reason": out.outputs[0].stop_reason if out.finished else None}
+                    usage = _usage_dict([prompt], completion_tokens) if req.continuous_usage else None
+                    yield chunk([choice], usage)
             if req.include_usage:
                 yield chunk([], _usage_dict([prompt], completion_tokens))
         except Exception as exc:

@@ -1,0 +1,61 @@
+"""Schemathesis fuzzes the server's own OpenAPI schema against the real server: no input gets a 5xx, every
+error has an OpenAI error body, and responses match the schema (status codes, content types, bodies)."""
+from __future__ import annotations
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis.errors import Unsatisfiable  # noqa: E402
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,  # noqa: E402
+                                               status_code_conformance)
+
+POSITIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+NEGATIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(make_server):
+    # A short context keeps every generated request small: at most 48 tokens per request.
+    srv = make_server(max_queue=64, engine_overrides={"max_model_len": 48, "max_num_seqs": 8})
+    yield srv
+    srv.stop()
+
+
+def fuzz(server, examples: int) -> int:
+    """Run ``examples`` positive and ``examples`` negative cases per operation; returns the cases run."""
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models"}
+    ran = 0
+    for operation in operations:
+        for mode, checks in ((GenerationMode.POSITIVE, POSITIVE_CHECKS), (GenerationMode.NEGATIVE, NEGATIVE_CHECKS)):
+            @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=operation.as_strategy(generation_mode=mode))
+            def check(case) -> None:
+                nonlocal ran
+                ran += 1
+                response = case.call_and_validate(base_url=server.url, checks=checks, timeout=60)
+                if response.status_code >= 400:
+                    error = response.json()["error"]
+                    assert error["message"] and error["code"] == response.status_code or error["code"], error
+
+            try:
+                check()
+            except Unsatisfiable:
+                # nothing to get wrong in a GET without parameters (/health, /metrics, /v1/models)
+                assert mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET", operation.path
+    assert server.app.state.async_engine.failed is None
+    return ran
+
+
+def test_fuzz_quick(fuzz_server):
+    assert fuzz(fuzz_server, examples=8) > 40
+
+
+@pytest.mark.slow
+def test_fuzz_thorough(fuzz_server):
+    fuzz(fuzz_server, examples=300)
