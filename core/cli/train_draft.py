@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--self-generate-temperature", type=float, default=0.0, metavar="T",
                    help="0 (default): greedy continuations; > 0: sampled, seeded per prompt")
     g.add_argument("--prompt-len", type=int, default=64, help="longest prompt cut from the data, in tokens")
+    g.add_argument("--self-generate-cache", type=Path, default=None, metavar="FILE",
+                   help="where generated windows are kept (default: OUT.partial/self_generated.pt); runs with the "
+                        "same target, data, seed, --seq-len, --prompt-len and N share one file")
     r = parser.add_argument_group("checkpoints and output")
     r.add_argument("--resume", action="store_true", help="continue from the checkpoint in OUT.partial/ if there is one")
     r.add_argument("--overwrite", action="store_true",
@@ -112,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed,
         options=method_options(args), resume=args.resume, overwrite=args.overwrite,
         self_generate=args.self_generate, self_generate_temperature=args.self_generate_temperature,
-        prompt_len=args.prompt_len, cache_hidden=args.cache_hidden, max_tokens=args.max_tokens,
-        precision=args.precision, target_dtype=args.target_dtype, checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every, work_dir=args.work_dir, keep_work=args.keep_work, progress=not args.no_progress)
+        prompt_len=args.prompt_len, self_generate_cache=args.self_generate_cache, cache_hidden=args.cache_hidden,
+        max_tokens=args.max_tokens, precision=args.precision, target_dtype=args.target_dtype,
+        checkpoint_every=args.checkpoint_every, log_every=args.log_every, work_dir=args.work_dir,
+        keep_work=args.keep_work, progress=not args.no_progress)
     result = train(cfg)
     shown = " ".join(f"{k} {v:.3f}" for k, v in result.metrics.items() if k.startswith("acc"))
     print(f"train-draft: wrote {result.out} ({args.method}, {result.steps} steps, loss {result.loss:.4f}"

@@ -89,13 +89,17 @@ class DraftModelRecipe(DrafterRecipe):
     def loss(self, drafter: nn.Module, target: CausalLM, batch: TargetBatch) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.loss_mask  # [B, S]
         hidden = drafter.forward_dense(batch.input_ids).hidden[mask]  # [N, H_draft]
-        log_q = F.log_softmax(drafter.compute_logits(hidden), dim=-1)  # [N, V]
+        logits_q = drafter.compute_logits(hidden)  # [N, V] fp32
         with torch.no_grad():
-            log_p = F.log_softmax(target.compute_logits(batch.hidden[mask]), dim=-1)  # [N, V]
-        # KL(p || q) = sum p (log p - log q): soft cross-entropy minus the (constant) target entropy.
-        kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+            logits_p = target.compute_logits(batch.hidden[mask])  # [N, V] fp32
+            log_p = F.log_softmax(logits_p, dim=-1)
+            p = log_p.exp()
+            entropy = -(p * log_p).sum(-1).mean()
+        # KL(p || q) = soft cross-entropy H(p, q) minus the target's entropy H(p), a constant for the
+        # gradient: the fused soft-label cross_entropy does the V-wide work once.
+        kl = F.cross_entropy(logits_q, p) - entropy
         with torch.no_grad():
-            acc = (log_q.argmax(-1) == log_p.argmax(-1)).float().mean().item()
+            acc = (logits_q.argmax(-1) == logits_p.argmax(-1)).float().mean().item()
         return kl, {"acc": acc}
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:

@@ -39,10 +39,12 @@ def decoder_layer_tensors(layer: DecoderLayer, cfg: ModelConfig, prefix: str) ->
         out[a + "q_norm.weight"] = attn.q_norm.weight.detach()
         out[a + "k_norm.weight"] = attn.k_norm.weight.detach()
     gate, up = mlp.gate_up_proj.weight.detach().split(cfg.intermediate_size)
-    out.update({m + "gate_proj.weight": gate, m + "up_proj.weight": up, m + "down_proj.weight": mlp.down_proj.weight.detach()})
+    out.update({m + "gate_proj.weight": gate, m + "up_proj.weight": up,
+                m + "down_proj.weight": mlp.down_proj.weight.detach()})
     if mlp.gate_up_proj.bias is not None:
         gb, ub = mlp.gate_up_proj.bias.detach().split(cfg.intermediate_size)
-        out.update({m + "gate_proj.bias": gb, m + "up_proj.bias": ub, m + "down_proj.bias": mlp.down_proj.bias.detach()})
+        out.update({m + "gate_proj.bias": gb, m + "up_proj.bias": ub,
+                    m + "down_proj.bias": mlp.down_proj.bias.detach()})
     out[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.detach()
     out[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.detach()
     return out

@@ -19,24 +19,36 @@ import torch
 from hyspec.train.data import Windows
 
 
-def generate_windows(target_dir: Path, prompts: list[list[int]], seq_len: int, temperature: float, seed: int,
-                     pad_id: int, dtype: str = "auto", progress: bool = False) -> Windows:
-    """One ``[seq_len]`` window per prompt: prompt, then up to ``seq_len - len(prompt)`` generated tokens."""
-    from hyspec import LLM, SamplingParams
+CHUNK = 256  # prompts generated between two saves of the cache
+
+
+def make_generator(target_dir: Path, seq_len: int, dtype: str = "auto"):
+    """hyspec's engine over the target, sized for a batch of ``seq_len`` windows (plain decoding)."""
+    from hyspec import LLM
     from hyspec.model.config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(target_dir)
-    max_prompt = max(len(p) for p in prompts)
-    if max_prompt >= seq_len:
-        raise ValueError(f"self-generation prompts ({max_prompt} tokens) leave no room in --seq-len {seq_len}")
     batch = 64
     # Enough KV for a full batch of windows with headroom (fp32 at most: twice the bf16 figure); the engine
     # would otherwise size its pool from free memory.
     kv_bytes = int(1.5 * batch * (seq_len + 16) * cfg.kv_bytes_per_token * 2)
-    llm = LLM(str(target_dir), dtype=dtype, max_model_len=seq_len + 1, kv_cache_bytes=max(kv_bytes, 1 << 22),
-              max_num_seqs=batch)
+    return LLM(str(target_dir), dtype=dtype, max_model_len=seq_len + 1, kv_cache_bytes=max(kv_bytes, 1 << 22),
+               max_num_seqs=batch)
+
+
+def generate_windows(llm, prompts: list[list[int]], seq_len: int, temperature: float, seed: int, pad_id: int,
+                     first_index: int = 0, progress: bool = False) -> Windows:
+    """One ``[seq_len]`` window per prompt: prompt, then up to ``seq_len - len(prompt)`` generated tokens.
+
+    Prompt ``i`` samples with seed ``f(seed, first_index + i)``, so chunks of one prompt list reproduce it whole.
+    """
+    from hyspec import SamplingParams
+
+    max_prompt = max(len(p) for p in prompts)
+    if max_prompt >= seq_len:
+        raise ValueError(f"self-generation prompts ({max_prompt} tokens) leave no room in --seq-len {seq_len}")
     params = [SamplingParams(temperature=temperature, max_tokens=seq_len - len(p),
-                             seed=None if temperature == 0 else seed * 1_000_003 + i)
+                             seed=None if temperature == 0 else seed * 1_000_003 + first_index + i)
               for i, p in enumerate(prompts)]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=progress)
     ids = torch.full((len(prompts), seq_len), pad_id, dtype=torch.int64)
@@ -49,18 +61,33 @@ def generate_windows(target_dir: Path, prompts: list[list[int]], seq_len: int, t
     return Windows(ids=ids, loss_mask=mask)
 
 
-def cached_generate(cache_file: Path, target_dir: Path, target_key: str, prompts: list[list[int]], seq_len: int, temperature: float,
-                    seed: int, pad_id: int, dtype: str, progress: bool) -> Windows:
-    """:func:`generate_windows`, reusing ``cache_file`` when it was made from the same inputs."""
+def cached_generate(cache_file: Path, target_dir: Path, target_key: str, prompts: list[list[int]], seq_len: int,
+                    temperature: float, seed: int, pad_id: int, dtype: str, progress: bool) -> Windows:
+    """:func:`generate_windows` over all prompts, saved to ``cache_file`` chunk by chunk.
+
+    A cache made from the same inputs is reused (and a partial one completed), so an interrupted
+    generation resumes and several runs can share one file.
+    """
     h = hashlib.sha1(json.dumps([target_key, prompts, seq_len, temperature, seed, pad_id, dtype]).encode())
     key = h.hexdigest()
+    saved = {"key": key, "ids": [], "loss_mask": []}
     if cache_file.is_file():
-        saved = torch.load(cache_file, weights_only=True)
-        if saved.get("key") == key:
-            return Windows(ids=saved["ids"], loss_mask=saved["loss_mask"])
-    windows = generate_windows(target_dir, prompts, seq_len, temperature, seed, pad_id,
-                               dtype, progress)
-    tmp = cache_file.with_name(cache_file.name + ".tmp")
-    torch.save({"key": key, "ids": windows.ids, "loss_mask": windows.loss_mask}, tmp)
-    tmp.replace(cache_file)
-    return windows
+        old = torch.load(cache_file, weights_only=True)
+        if old.get("key") == key:
+            saved = old
+    done = sum(len(chunk) for chunk in saved["ids"])
+    llm = None
+    for start in range(done, len(prompts), CHUNK):
+        if llm is None:
+            llm = make_generator(target_dir, seq_len, dtype)
+        if progress:
+            print(f"train-draft: self-generating windows {start}-{min(start + CHUNK, len(prompts))} "
+                  f"of {len(prompts)}", flush=True)
+        w = generate_windows(llm, prompts[start: start + CHUNK], seq_len, temperature, seed, pad_id,
+                             first_index=start, progress=progress)
+        saved["ids"].append(w.ids)
+        saved["loss_mask"].append(w.loss_mask)
+        tmp = cache_file.with_name(cache_file.name + ".tmp")
+        torch.save(saved, tmp)
+        tmp.replace(cache_file)
+    return Windows(ids=torch.cat(saved["ids"]), loss_mask=torch.cat(saved["loss_mask"]))

@@ -67,6 +67,7 @@ class TrainConfig:
     self_generate: int = 0  # > 0: train on this many target continuations of prompts cut from the data
     self_generate_temperature: float = 0.0  # 0 = greedy (the default)
     prompt_len: int = 64
+    self_generate_cache: Path | None = None  # default OUT.partial/self_generated.pt; share one across methods
     cache_hidden: bool = False
     max_tokens: int | None = None  # None: enough text for one pass over all steps
     precision: str = "auto"
@@ -80,6 +81,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.target, self.out = Path(self.target), Path(self.out)
         self.work_dir = None if self.work_dir is None else Path(self.work_dir)
+        self.self_generate_cache = None if self.self_generate_cache is None else Path(self.self_generate_cache)
         for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every", "prompt_len"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -99,7 +101,8 @@ class TrainConfig:
         if self.self_generate < 0 or self.self_generate_temperature < 0:
             raise ConfigError("--self-generate", "count and temperature must be >= 0")
         if self.self_generate and self.prompt_len >= self.seq_len:
-            raise ConfigError("--prompt-len", f"must be shorter than --seq-len ({self.seq_len}) to leave room to generate")
+            raise ConfigError("--prompt-len",
+                              f"must be shorter than --seq-len ({self.seq_len}) to leave room to generate")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ConfigError("--max-tokens", f"must be positive, got {self.max_tokens}")
         if self.precision not in PRECISIONS:
@@ -172,13 +175,17 @@ class _Meter:
 
 
 def _load_corpus(cfg: TrainConfig, tokenizer: Tokenizer, vocab_size: int) -> Corpus:
-    max_tokens = cfg.max_tokens or cfg.steps * cfg.batch_size * cfg.seq_len
-    if cfg.self_generate:  # only prompts are needed: a bounded amount of text gives plenty of variety
-        max_tokens = min(max_tokens, max(1 << 16, 8 * cfg.self_generate * cfg.prompt_len))
+    if cfg.self_generate:
+        # Only prompts are needed: a bounded amount of text gives plenty of variety, and a cap that does
+        # not depend on --steps/--batch-size lets runs of several methods share one --self-generate-cache.
+        max_tokens = cfg.max_tokens or max(1 << 16, 8 * cfg.self_generate * cfg.prompt_len)
+    else:
+        max_tokens = cfg.max_tokens or cfg.steps * cfg.batch_size * cfg.seq_len
     corpus = load_corpus(cfg.data, tokenizer, max_tokens=max_tokens, seed=cfg.seed)
     top = int(corpus.tokens.max())
     if top >= vocab_size:
-        raise CheckpointError(f"the tokenizer in {cfg.target} produced id {top}, beyond the model's vocab_size {vocab_size}")
+        raise CheckpointError(f"the tokenizer in {cfg.target} produced id {top}, "
+                              f"beyond the model's vocab_size {vocab_size}")
     return corpus
 
 
@@ -186,7 +193,9 @@ def _windows(cfg: TrainConfig, corpus: Corpus, ws: Workspace) -> Windows:
     if not cfg.self_generate:
         return pack_windows(corpus, cfg.seq_len)
     prompts = sample_prompts(corpus, cfg.self_generate, cfg.prompt_len, cfg.seed)
-    windows = cached_generate(ws.folder / "self_generated.pt", cfg.target, target_key(cfg.target), prompts,
+    cache_file = cfg.self_generate_cache or ws.folder / "self_generated.pt"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    windows = cached_generate(cache_file, cfg.target, target_key(cfg.target), prompts,
                               cfg.seq_len, cfg.self_generate_temperature, cfg.seed, corpus.pad_id,
                               cfg.target_dtype, cfg.progress)
     corpus.stats.self_generated = corpus.stats.windows = len(windows)

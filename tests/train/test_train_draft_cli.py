@@ -64,12 +64,12 @@ def test_trained_drafter_is_lossless_in_the_runtime(drafter, target_dir, batch):
 
 def test_self_generated_windows_are_the_targets_greedy_continuations(target_dir):
     from hyspec.model.tokenizer import Tokenizer
-    from hyspec.train.selfgen import generate_windows
+    from hyspec.train.selfgen import generate_windows, make_generator
 
     tok = Tokenizer(target_dir)
     prompts = [tok.encode(p) for p in PROMPTS[:3]]
-    w = generate_windows(target_dir, prompts, seq_len=24, temperature=0.0, seed=0, pad_id=tok.eos_token_id,
-                         dtype="float32")
+    w = generate_windows(make_generator(target_dir, 24, "float32"), prompts, seq_len=24, temperature=0.0, seed=0,
+                         pad_id=tok.eos_token_id)
     plain = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20)
     for row, p in enumerate(prompts):
         cont = plain.generate([{"prompt_token_ids": p}], SamplingParams(temperature=0, max_tokens=24 - len(p)))

@@ -151,3 +151,33 @@ def test_failure_while_saving_leaves_no_complete_output(target_dir, corpus_dir, 
     monkeypatch.undo()
     train(small_config(target_dir, corpus_dir, out, steps=2, resume=True))  # picks up the final checkpoint
     assert is_complete(out)
+
+
+def test_self_generated_data_is_cached_shared_and_completed_after_interruption(target_dir, corpus_dir, tmp_path,
+                                                                                 monkeypatch):
+    from hyspec.train import selfgen
+
+    kw = dict(steps=3, seq_len=24, self_generate=6, prompt_len=8, self_generate_temperature=0.8)
+    whole = train(small_config(target_dir, corpus_dir, tmp_path / "whole", **kw))
+    assert whole.history[-1]["step"] == 3
+    log = json.loads((tmp_path / "whole" / "training_log.json").read_text())
+    assert log["data"]["self_generated"] == 6 and log["data"]["windows"] == 6
+
+    shared = tmp_path / "shared.pt"
+    monkeypatch.setattr(selfgen, "CHUNK", 4)  # two chunks; sampled, so per-prompt seeds must survive chunking
+    train(small_config(target_dir, corpus_dir, tmp_path / "a", self_generate_cache=shared, **kw))
+    saved = torch.load(shared, weights_only=True)
+    assert [len(c) for c in saved["ids"]] == [4, 2]
+    saved["ids"], saved["loss_mask"] = saved["ids"][:1], saved["loss_mask"][:1]  # as if stopped after chunk 1
+    torch.save(saved, shared)
+    train(small_config(target_dir, corpus_dir, tmp_path / "b", self_generate_cache=shared, **kw))
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("the shared cache should have been used")
+
+    monkeypatch.setattr(selfgen, "make_generator", no_generation)
+    train(small_config(target_dir, corpus_dir, tmp_path / "c", self_generate_cache=shared, **kw))
+    ref = weights(tmp_path / "whole")
+    for name in ("a", "b", "c"):
+        got = weights(tmp_path / name)
+        assert all(torch.equal(ref[k], got[k]) for k in ref), name
