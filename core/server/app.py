@@ -61,7 +61,8 @@ def create_app(
     ``max_queue``: requests that may wait beyond the running batch before new ones get 429.
     ``drain_timeout``: seconds in-flight requests get to finish at shutdown before they are aborted.
     """
-    if isinstance(engine, Mapping):
+    owns_engine = isinstance(engine, Mapping)
+    if owns_engine:
         from hyspec.engine.engine import LLMEngine
 
         args = dict(engine)
@@ -77,6 +78,10 @@ def create_app(
         async_engine.start()
         yield
         await async_engine.shutdown(drain_timeout)
+        if owns_engine:  # stop what the speculative decoder runs beside the engine (rule watcher, workers)
+            close = getattr(getattr(async_engine.engine, "spec", None), "close", None)
+            if close is not None:
+                close()
 
     app = FastAPI(title="hyspec", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible API of hyspec, a lossless speculative-decoding runtime.")
@@ -127,7 +132,8 @@ def create_app(
 
     @app.get("/metrics", dependencies=metrics_deps,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                              "description": "Prometheus text exposition format"}})
+                              "description": "Prometheus text exposition format"},
+                        **({401: _ERRORS[401]} if protect_metrics else {})})
     async def prometheus_metrics() -> Response:
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)

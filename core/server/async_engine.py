@@ -215,11 +215,12 @@ class AsyncEngine:
         """Queue several requests (one engine round trip); all are accepted, or none is and the first error raises."""
         self.check_capacity(len(requests))
         self.start()
+        ids = [request_id or f"req-{next(self._ids)}" for _, _, request_id in requests]
+        clash = next((i for i in ids if i in self._streams), None) or (None if len(set(ids)) == len(ids) else ids)
+        if clash:
+            raise ValueError(f"request id(s) {clash!r} already in flight")
         streams = []
-        for prompt, params, request_id in requests:
-            request_id = request_id or f"req-{next(self._ids)}"
-            if request_id in self._streams:
-                raise ValueError(f"request id {request_id!r} is already in flight")
+        for (prompt, params, _), request_id in zip(requests, ids):
             stream = RequestStream(request_id, self, self._loop)
             self._streams[request_id] = stream
             streams.append(stream)

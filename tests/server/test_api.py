@@ -236,3 +236,19 @@ def test_api_key(make_server):
         assert security["HTTPBearer"]["scheme"] == "bearer"
     finally:
         srv.stop()
+
+
+def test_a_speculating_server_streams_the_same_tokens_and_exports_spec_metrics(server, make_server):
+    body = {"prompt": "x = [", "max_tokens": 24, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    plain = post(server, body).json()["choices"][0]
+    srv = make_server(engine_overrides={"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+    try:
+        assert engine_of(srv).spec is not None
+        r = post(srv, {**body, "stream": True})
+        chunks = [json.loads(e) for e in sse_events(r)[:-1]]
+        assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == plain["token_ids"]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == plain["text"]
+        text = httpx.get(srv.url + "/metrics").text
+        assert "hyspec_spec_steps_total" in text and "vllm:spec_decode_num_drafts_total" in text
+    finally:
+        srv.stop()
