@@ -1,0 +1,150 @@
+"""The draft worker process: a Ray actor hosting a drafter on a CPU node.
+
+The actor builds the drafter with the ordinary method registry, against a
+small stand-in for the engine (:class:`WorkerEngine`): the CPU backend, a
+private KV pool for the drafter's own cache, and the target's vocabulary
+size and context length.  Weights are read from the worker node's disk (the
+same path as on the target node, or the embedded default), so a CPU node
+needs the drafter files, not the target's.  Prompts are processed here too:
+shipping token ids costs 4 bytes a token, shipping a draft model's KV
+``2 * layers * kv_heads * head_dim * dtype`` bytes a token (kilobytes), and
+the target node would need the drafter's weights -- what remote drafting
+exists to free.
+
+Ray is imported only inside :func:`spawn_ray_workers`, so importing this
+module costs nothing on a node without Ray.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from hyspec.remote.transport import RayHandle
+
+log = logging.getLogger(__name__)
+
+#: Custom Ray resource a CPU node advertises to host one draft worker (``hyspec draft-worker``).
+WORKER_RESOURCE = "hyspec_draft"
+DEFAULT_WORKER_KV_BYTES = 256 << 20
+# Threads of the actor's own pool: pings, fault settings and info answer while a draft computes.
+ACTOR_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class WorkerInit:
+    """What a worker needs to build its drafter (picklable; sent once at actor creation)."""
+
+    method: str
+    model: str | None  # drafter weights on the worker node; None = the embedded default
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    target_vocab_size: int
+    max_model_len: int
+    config: Any  # the SpeculativeConfig (drafter sections), placement forced to local on the worker
+    dtype: str = "float32"  # CPU drafting: fp32 unless the node has fast bf16 (AMX)
+    kv_cache_bytes: int = DEFAULT_WORKER_KV_BYTES
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens < 1 or self.target_vocab_size < 1 or self.max_model_len < 2:
+            raise ValueError("WorkerInit: num_speculative_tokens, target_vocab_size and max_model_len must be positive")
+        if self.kv_cache_bytes <= 0:
+            raise ValueError(f"WorkerInit.kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+
+
+def vocab_fingerprint(tokenizer: Any) -> str:
+    """A short hash of token -> id: equal fingerprints mean drafts mean the same thing to both models."""
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+@dataclass
+class WorkerEngine:
+    """The part of an engine that proposer factories read, for a process without a target model."""
+
+    model_path: Path | None
+    tokenizer: Any
+    dtype: Any
+    device: Any
+    backend: Any
+    max_model_len: int
+    config: Any  # .vocab_size: the target's
+    pool: Any  # the drafter's private KVPool (None for weightless methods)
+
+
+def build_host(init: WorkerInit):
+    """Load the drafter described by ``init`` on this process's CPU; return its DraftHost."""
+    import torch
+
+    from hyspec.backends.probe import probe_cpu
+    from hyspec.backends.registry import backend_for
+    from hyspec.kv.pool import KVPool
+    from hyspec.model.config import ModelConfig, parse_dtype
+    from hyspec.model.tokenizer import Tokenizer
+    from hyspec.remote.host import DraftHost
+    from hyspec.spec.methods import MethodSpec, build_proposer, draft_dir
+
+    backend = backend_for("cpu", probe_cpu())
+    dtype = parse_dtype(init.dtype)
+    local = dataclasses.replace(init.config, draft_placement="local", ray_address=None)
+    # One token more than the target asks for: the pipelined step's guess of the bonus token.
+    spec = MethodSpec(init.method, init.model, init.num_speculative_tokens + 1, init.prompt_lookup_min,
+                      init.prompt_lookup_max, local)
+    model_dir, tokenizer, pool = None, None, None
+    if init.method != "ngram":
+        model_dir = Path(draft_dir(spec))
+        tokenizer = Tokenizer(model_dir)
+        cfg = ModelConfig.from_pretrained(model_dir)
+        page = KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, 16)
+        pool = KVPool.for_budget(init.kv_cache_bytes, page, "cpu")
+    # Hypothesis drafts run up to 2k + 1 positions past the committed history.
+    engine = WorkerEngine(model_dir, tokenizer, dtype, torch.device("cpu"), backend,
+                          init.max_model_len + 2 * init.num_speculative_tokens + 2,
+                          SimpleNamespace(vocab_size=init.target_vocab_size), pool)
+    proposer = build_proposer(engine, spec)
+    fingerprint = vocab_fingerprint(tokenizer) if tokenizer is not None else None
+    log.info("draft worker ready: %s from %s", init.method, model_dir)
+    return DraftHost(proposer, init.target_vocab_size, fingerprint)
+
+
+class DraftWorker:
+    """The Ray actor body (``ray.remote`` is applied in :func:`spawn_ray_workers`)."""
+
+    def __init__(self, init: WorkerInit):
+        self.host = build_host(init)
+
+    def ping(self) -> dict:
+        return self.host.stats()
+
+    def info(self) -> dict:
+        return self.host.info()
+
+    def draft(self, payload: bytes) -> bytes:
+        return self.host.handle(payload)
+
+    def set_fault(self, delay_ms: float = 0.0, garbage: str | None = None) -> None:
+        self.host.set_fault(delay_ms, garbage)
+
+
+def spawn_ray_workers(count: int, init: WorkerInit, use_resource: bool, num_cpus: float = 1.0) -> list[RayHandle]:
+    """Start ``count`` draft worker actors (one per node offering ``WORKER_RESOURCE`` when ``use_resource``).
+
+    Actors restart without limit when their process dies; the target notices
+    the new incarnation and resends histories.
+    """
+    import ray
+
+    actor_cls = ray.remote(DraftWorker)
+    resources = {WORKER_RESOURCE: 1} if use_resource else {}
+    handles = []
+    for i in range(count):
+        actor = actor_cls.options(num_cpus=num_cpus, resources=resources, max_restarts=-1, max_task_retries=0,
+                                  max_concurrency=ACTOR_CONCURRENCY).remote(init)
+        handles.append(RayHandle(actor, f"ray-{init.method}-{i}"))
+    return handles

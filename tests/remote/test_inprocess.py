@@ -1,0 +1,261 @@
+"""Remote drafting through the engine with in-process workers: identity, faults, failover, metrics.
+
+The workers here are DraftHosts on threads of the test process behind the
+same handle contract as Ray actors, so every protocol, timeout and failover
+path runs in seconds.  tests/remote/test_ray.py repeats the essentials on a
+real local Ray instance.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hyspec import LLM, SamplingParams
+from hyspec.remote.health import DOWN, INCOMPATIBLE, UP
+from hyspec.remote.proposer import RemoteProposer
+from tests.remote.conftest import MAX_TOKENS, PROMPTS, inprocess_handles, remote_placement, spec_config, token_ids
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+PATIENT = {"draft_deadline_ms": 5000}  # identity tests want every draft verified, however busy the box
+
+
+def remote_llm(target_dir, config, make_handles=None):
+    with remote_placement(make_handles or inprocess_handles()):
+        llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20, speculative_config=config)
+    proposer = llm.engine.spec.proposers[config["method"]]
+    assert isinstance(proposer, RemoteProposer)
+    return llm, proposer
+
+
+def wait_for(predicate, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture(scope="module")
+def shared(target_dir, draft_dir):
+    """One remote engine for the tests that leave it as they found it (faults are reset after each)."""
+    llm, rp = remote_llm(target_dir, spec_config(model=draft_dir, remote=PATIENT))
+    yield llm, rp
+    rp.close()
+
+
+@pytest.fixture
+def fresh_metrics(shared):
+    """The shared proposer with its remote metrics reset, and no fault left behind."""
+    _, rp = shared
+    rp.metrics.reset()
+    yield shared
+    rp.slots[0].handle.set_fault().result(5)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_identical_to_plain(fresh_metrics, plain_outputs, batch):
+    llm, rp = fresh_metrics
+    n = 3 if batch == 1 else len(PROMPTS)  # bs 1 on a few prompts: the slow half of the matrix
+    for i in range(0, n, batch):
+        assert token_ids(llm.generate(PROMPTS[i:i + batch], GREEDY)) == plain_outputs[i:i + batch]
+    snap = rp.metrics.snapshot()
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0 and snap["drafts"]["fallback"] == 0
+    assert llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"] > 0
+    assert snap["bytes_per_step"] > 0 and snap["rtt_seconds"]["count"] == snap["calls"]
+    pool = llm.engine.pool
+    pool.check_invariants()
+    assert pool.pages_by_owner()["target"] == 0  # workers keep their KV in their own process
+    assert rp.health() == 1.0
+
+
+def test_self_draft_pipelines_most_steps(target_dir, plain_outputs):
+    """The target drafting for itself accepts everything, so the pipelined hypothesis nearly always holds."""
+    llm, rp = remote_llm(target_dir, spec_config(model=target_dir, k=4, remote=PATIENT))
+    try:
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        t = llm.engine.spec.metrics.snapshot()["totals"]
+        assert t["accepted_tokens"] == t["draft_tokens"] > 0
+        drafts = rp.metrics.snapshot()["drafts"]
+        assert drafts["pipelined"] > drafts["remote"]
+    finally:
+        rp.close()
+
+
+def test_without_pipelining_nothing_is_pipelined(target_dir, draft_dir, plain_outputs):
+    llm, rp = remote_llm(target_dir, spec_config(model=draft_dir, remote={**PATIENT, "pipelining": False}))
+    try:
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        assert rp.metrics.snapshot()["drafts"]["pipelined"] == 0
+    finally:
+        rp.close()
+
+
+def test_sampled_requests_get_remote_q(fresh_metrics):
+    llm, rp = fresh_metrics
+    accepted = llm.engine.spec.metrics.snapshot()["totals"]["accepted_tokens"]
+    params = [SamplingParams(temperature=0.8, top_k=k, seed=i, max_tokens=24) for i, k in enumerate([0, 20] * 4)]
+    outs = llm.generate(PROMPTS, params)
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    snap = rp.metrics.snapshot()
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0 and not snap["invalid_drafts"]
+    assert llm.engine.spec.metrics.snapshot()["totals"]["accepted_tokens"] > accepted
+
+
+def test_slow_worker_times_out_to_plain_steps(target_dir, draft_dir, plain_outputs):
+    deadline_ms = 30
+    plain = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20)
+    t = time.perf_counter()
+    plain.generate(PROMPTS, GREEDY)
+    plain_seconds = time.perf_counter() - t
+
+    llm, rp = remote_llm(target_dir, spec_config(model=draft_dir, remote={"draft_deadline_ms": deadline_ms}))
+    try:
+        rp.slots[0].handle.set_fault(delay_ms=150).result(5)
+        t = time.perf_counter()
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        seconds = time.perf_counter() - t
+        snap = rp.metrics.snapshot()
+        lost = llm.engine.spec.metrics.snapshot()["totals"]["rejections"].get("draft_timeout", 0)
+        assert snap["draft_timeouts"] == lost > 0
+        assert rp.slots[0].state == UP  # slow is not dead: pings still answer
+        # Each call waits at most one deadline; while a late call runs, its sequences skip drafting (no wait).
+        waits = snap["calls"]
+        assert seconds <= plain_seconds * 1.5 + waits * deadline_ms / 1000 * 1.5 + 0.5, (seconds, plain_seconds, waits)
+    finally:
+        rp.close()
+
+
+@pytest.mark.parametrize("kind", ["lengths", "ids", "stale", "bytes", "nan"])
+def test_garbage_is_counted_and_the_step_falls_back(fresh_metrics, plain_outputs, kind):
+    llm, rp = fresh_metrics
+    rp.slots[0].handle.set_fault(garbage=kind).result(5)
+    if kind == "nan":  # q is read for sampled requests only
+        params = [SamplingParams(temperature=0.8, seed=i, max_tokens=16) for i in range(4)]
+        outs = llm.generate(PROMPTS[:4], params)
+        assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
+        expected_kind = "probs"
+    else:
+        assert token_ids(llm.generate(PROMPTS[:4], GREEDY)) == plain_outputs[:4]
+        expected_kind = {"lengths": "length", "ids": "vocab", "stale": "stale", "bytes": "bytes"}[kind]
+    snap = rp.metrics.snapshot()
+    assert snap["invalid_drafts"].get(expected_kind, 0) > 0, snap["invalid_drafts"]
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] == 0  # nothing garbled got through
+
+
+@pytest.mark.parametrize("fallback", ["ngram", "none"])
+def test_killed_worker_fails_over_within_a_second_and_rejoins(target_dir, draft_dir, plain_outputs, fallback):
+    cfg = spec_config(model=draft_dir, remote={**PATIENT, "fallback_method": fallback, "ping_interval_ms": 50})
+    llm, rp = remote_llm(target_dir, cfg)
+    try:
+        engine, slot = llm.engine, rp.slots[0]
+        for p in PROMPTS:
+            engine.add_request(p, GREEDY)
+        outs: dict[str, list[int]] = {}
+        steps = 0
+        killed_at = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    outs[o.request_id] = o.outputs[0].token_ids
+            steps += 1
+            if steps == 5:
+                slot.handle.kill()
+                killed_at = time.monotonic()
+                assert wait_for(lambda: slot.state == DOWN, timeout=2.0)
+                assert slot.down_at - killed_at <= 1.0
+        assert [outs[str(i)] for i in range(len(PROMPTS))] == plain_outputs
+        snap = rp.metrics.snapshot()
+        assert snap["failovers"] == 1 and rp.health() == 0.0
+        if fallback == "ngram":
+            assert snap["drafts"]["fallback"] > 0
+        slot.handle.restart()  # like Ray restarting the actor: a new incarnation, empty state
+        assert wait_for(lambda: slot.state == UP, timeout=5.0)
+        before = snap["drafts"]["remote"] + snap["drafts"]["pipelined"]
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        snap = rp.metrics.snapshot()
+        assert snap["rejoins"] == 1 and snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > before
+    finally:
+        rp.close()
+
+
+def test_drafter_for_another_target_is_refused(target_dir, foreign_draft_dir, plain_outputs):
+    llm, rp = remote_llm(target_dir, spec_config(model=foreign_draft_dir, remote=PATIENT),
+                         inprocess_handles(model_override=foreign_draft_dir))
+    try:
+        assert rp.slots[0].state == INCOMPATIBLE and "tokenizer" in rp.slots[0].problem
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        snap = rp.metrics.snapshot()
+        assert snap["incompatible_workers"] == 1 and snap["calls"] == 0 and snap["drafts"]["fallback"] > 0
+        assert rp.health() == 0.0
+    finally:
+        rp.close()
+
+
+def test_unreachable_ray_address_drafts_locally(target_dir, draft_dir, plain_outputs):
+    t = time.perf_counter()
+    with remote_placement():  # real Ray path: the TCP check fails before ray.init is tried
+        llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20,
+                  speculative_config=spec_config(model=draft_dir, ray_address="127.0.0.1:1"))
+    assert time.perf_counter() - t < 30
+    rp = llm.engine.spec.proposers["draft_model"]
+    try:
+        assert rp.slots == [] and rp.health() == 0.0
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        snap = rp.metrics.snapshot()
+        assert snap["connect_failures"] == 1 and snap["drafts"]["fallback"] > 0
+    finally:
+        rp.close()
+
+
+def test_lost_message_is_resynced(target_dir, draft_dir, plain_outputs):
+    """A call that never arrives leaves a gap: the worker asks for the history again, nothing breaks."""
+    from concurrent.futures import Future
+
+    from hyspec.remote.proposer import ABANDON_LATE_CALL_DEADLINES
+    from hyspec.remote.transport import FuturePending
+
+    deadline_s = 0.2
+    llm, rp = remote_llm(target_dir, spec_config(model=draft_dir, remote={"draft_deadline_ms": 200,
+                                                                          "pipelining": False}))
+    try:
+        engine, handle = llm.engine, rp.slots[0].handle
+        deliver, calls = handle.draft, []
+
+        def lossy(payload):
+            calls.append(payload)
+            return FuturePending(Future()) if len(calls) == 3 else deliver(payload)  # call 3 is lost
+
+        handle.draft = lossy
+        for p in PROMPTS[:2]:
+            engine.add_request(p, GREEDY)
+        outs = {}
+        while engine.has_unfinished_requests():
+            n = len(calls)
+            for o in engine.step():
+                if o.finished:
+                    outs[o.request_id] = o.outputs[0].token_ids
+            if n < 3 <= len(calls):  # let the lost call be given up on, so later calls go out
+                time.sleep(ABANDON_LATE_CALL_DEADLINES * deadline_s + 0.05)
+        assert [outs["0"], outs["1"]] == plain_outputs[:2]
+        snap = rp.metrics.snapshot()
+        assert snap["draft_timeouts"] >= 2 and snap["resyncs"] >= 1
+        assert snap["drafts"]["remote"] > 0  # remote drafting resumed after the resync
+    finally:
+        rp.close()
+
+
+def test_prometheus_families(fresh_metrics):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    llm, rp = fresh_metrics
+    llm.generate(PROMPTS[:2], GREEDY)
+    assert wait_for(lambda: rp.metrics.snapshot()["workers"].get(rp.slots[0].name, {}).get("threads"))
+    registry = CollectorRegistry()
+    rp.register_prometheus(registry)
+    text = generate_latest(registry).decode()
+    for name in ("hyspec_remote_rtt_seconds_bucket", "hyspec_remote_bytes_sent_total",
+                 "hyspec_remote_draft_timeouts_total", "hyspec_remote_failovers_total",
+                 "hyspec_remote_worker_cpu_utilisation", "hyspec_remote_health"):
+        assert name in text, name
