@@ -191,13 +191,30 @@ class DFlashProposer(Proposer):
                ) -> list[tuple[list[int], torch.Tensor | None]]:
         """Per request: its draft tokens and their q rows (None for greedy requests)."""
         logits = self.drafter.logits(hidden[:, 1:])  # [B, K, V]: slot j predicts t[n+j]
-        out = []
-        for r, lv in enumerate(live):
-            rows = logits[r, :lv.k]
-            if lv.req.greedy:
-                out.append((rows.argmax(-1).tolist(), None))
-                continue
-            q = sampling.select([lv.index] * lv.k).process(rows)
-            u = draw_uniforms([lv.req.seq.generator], [lv.k], q.device)[0]
-            out.append((sample_from_uniforms(q, u).tolist(), q))
-        return out
+        tokens, q = sample_block(logits, sampling.select([lv.index for lv in live]), block_uniforms(live, logits.shape[1]))
+        return [(tokens[r, :lv.k].tolist(), None if lv.req.greedy else q[r, :lv.k]) for r, lv in enumerate(live)]
+
+
+def block_uniforms(live: list[Live], K: int) -> torch.Tensor:  # [B, K] fp64
+    """One uniform per draft slot of each sampled request, from its own generator (greedy rows: 0.5).
+
+    A request draws exactly as many numbers as its own draft length, so a seeded
+    request's random stream never depends on the batch around it.
+    """
+    counts = [0 if lv.req.greedy else lv.k for lv in live]
+    drawn = draw_uniforms([lv.req.seq.generator for lv in live], counts)
+    out = torch.full((len(live), K), 0.5, dtype=torch.float64)
+    out[:, :drawn.shape[1]] = drawn
+    return out
+
+
+def sample_block(
+    logits: torch.Tensor,  # [B, K, V] one block per row
+    sampling: SamplingTensors,  # [B] rows
+    uniforms: torch.Tensor,  # [B, K] fp64
+) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, K] int64, q [B, K, V] fp32
+    """Every slot drawn from its own processed distribution (one-hot argmax for greedy rows)."""
+    B, K, V = logits.shape
+    q = sampling.repeat([K] * B).process(logits.reshape(B * K, V))
+    tokens = sample_from_uniforms(q, uniforms.reshape(B * K).to(q.device))
+    return tokens.view(B, K), q.view(B, K, V)

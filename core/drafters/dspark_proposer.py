@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from hyspec.drafters.dflash_model import DFlashConfig
-from hyspec.drafters.dflash_proposer import DFlashProposer, Live
+from hyspec.drafters.dflash_proposer import DFlashProposer, Live, block_uniforms
 from hyspec.drafters.dspark_decoder import decode_block
 from hyspec.drafters.dspark_model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
-from hyspec.ops.sampling import SamplingTensors, draw_uniforms
+from hyspec.ops.sampling import SamplingTensors
 
 
 class DSparkProposer(DFlashProposer):
@@ -36,14 +36,8 @@ class DSparkProposer(DFlashProposer):
         drafter: DSparkDrafter = self.drafter
         slots = hidden[:, 1:]  # [B, K, H]
         base = drafter.logits(slots)  # [B, K, V]
-        K = base.shape[1]
         rows = sampling.select([lv.index for lv in live])
-        # Uniforms only for sampled requests, as many as their own draft length: a seeded request's
-        # random stream never depends on the batch around it.  Slots past k keep the 0.5 padding.
-        counts = [0 if lv.req.greedy else lv.k for lv in live]
-        u = draw_uniforms([lv.req.seq.generator for lv in live], counts, base.device)
-        uniforms = torch.full((len(live), K), 0.5, dtype=torch.float64, device=base.device)
-        uniforms[:, :u.shape[1]] = u
+        uniforms = block_uniforms(live, base.shape[1]).to(base.device)
         roots = torch.tensor([lv.req.seq.last_token for lv in live], device=base.device)
         block = decode_block(drafter.decoder, base, slots, roots, rows, uniforms)
         lengths = block.cut(drafter.cut_threshold, [lv.k for lv in live])

@@ -192,8 +192,9 @@ def mtp_tensors(drafter: MTPDrafter, first_layer: int, with_shared_copies: bool)
         for name, t in _block_to_hf(layer.block, drafter.config.block).items():
             out[p + name] = t
         if with_shared_copies:
-            out[p + "shared_head.head.weight"] = drafter.shared["lm_head"].detach()
-            out[p + "embed_tokens.weight"] = drafter.shared["embed"].detach()
+            # Separate copies per module, as DeepSeek ships them (safetensors refuses shared storage).
+            out[p + "shared_head.head.weight"] = drafter.shared["lm_head"].detach().clone()
+            out[p + "embed_tokens.weight"] = drafter.shared["embed"].detach().clone()
     return {k: v.cpu().contiguous() for k, v in out.items()}
 
 

@@ -1,0 +1,129 @@
+"""Shared set-up for the MTP / DFlash / DSpark tests: a tiny target, its greedy outputs, quick training.
+
+Drafters trained here learn the tiny target's own greedy continuations of
+the test prompts (a few hundred Adam steps with a sharp teacher), so that in
+the identity runs most drafts are accepted: long accepted chains, bonus
+tokens and the roll-back of draft caches all happen.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hyspec import LLM, SamplingParams
+from tests.model.tiny_checkpoint import make_checkpoint
+
+PROMPTS = ["def add(a, b):", "import os\n", "class Foo:\n    def", "x = [", "return self",
+           "for i in range(", "if x is None:\n    ", "@property\ndef name(self):"]
+MAX_TOKENS = 40
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+# The goodput controller reacts to measured step times (noise on a shared box): off, so tests are about tokens.
+FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One intra-op thread: these tiny models gain nothing from two, and on a busy box lose a lot."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hidden_drafter_target")
+    make_checkpoint(path, "llama_gqa", layers=2, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain(target_dir) -> dict[str, Any]:
+    """Plain greedy decoding of PROMPTS: the reference outputs and the full token sequences."""
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20)
+    outs = llm.generate(PROMPTS, GREEDY)
+    return {"outputs": [o.outputs[0].token_ids for o in outs],
+            "sequences": [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]}
+
+
+def spec_llm(target_dir: Path, config: dict[str, Any], **kw) -> LLM:
+    return LLM(str(target_dir), dtype="float32", kv_cache_bytes=kw.pop("kv_cache_bytes", 8 << 20),
+               speculative_config={**FAST, **config}, **kw)
+
+
+def generate_in_batches(llm: LLM, batch: int, count: int = len(PROMPTS),
+                        params: SamplingParams = GREEDY) -> list[list[int]]:
+    """Greedy outputs of the first ``count`` prompts, ``batch`` requests at a time."""
+    out = []
+    for i in range(0, count, batch):
+        out += [o.outputs[0].token_ids for o in llm.generate(PROMPTS[i:min(i + batch, count)], params)]
+    return out
+
+
+def assert_clean_pool(llm: LLM) -> None:
+    """Every page is back in the free list: target and drafters released everything."""
+    pool = llm.engine.pool
+    pool.check_invariants()
+    assert pool.num_free == pool.num_pages, pool.pages_by_owner()
+
+
+def totals(llm: LLM) -> dict[str, Any]:
+    return llm.engine.spec.metrics.snapshot()["totals"]
+
+
+def target_batch(target, sequences: list[list[int]], aux_layers: tuple[int, ...]):
+    """The frozen target's view of the sequences, right-padded (padding never counts, nor the last token)."""
+    from hyspec.train.base import TargetBatch
+
+    length = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), length, dtype=torch.int64)
+    mask = torch.zeros(len(sequences), length, dtype=torch.bool)
+    for row, s in enumerate(sequences):
+        ids[row, :len(s)] = torch.tensor(s)
+        mask[row, :len(s) - 1] = True  # position p counts when token p+1 is real
+    with torch.no_grad():
+        out = target.forward_dense(ids, aux_layers=aux_layers)
+    return TargetBatch(ids, mask, out.hidden, out.aux_hidden)
+
+
+def train_drafter(method: str, target_dir: Path, out_dir: Path, sequences: list[list[int]], steps: int,
+                  options: dict[str, Any] | None = None, lr: float = 5e-3, seed: int = 0) -> dict[str, float]:
+    """Train ``method``'s recipe on ``sequences`` for ``steps`` full-batch Adam steps, save it to ``out_dir``."""
+    import hyspec.drafters  # noqa: F401  (registers the recipes)
+    from hyspec.model.loader import load_model
+    from hyspec.train.base import RECIPES
+
+    torch.manual_seed(seed)
+    recipe = RECIPES[method]
+    target = load_model(target_dir, dtype="float32")
+    drafter = recipe.build(target, {"teacher_temperature": 0.02, **(options or {})})
+    batch = target_batch(target, sequences, tuple(recipe.aux_layers(target.config)))
+    optimizer = torch.optim.Adam(recipe.trainable_parameters(drafter), lr=lr)
+    metrics: dict[str, float] = {}
+    for _ in range(steps):
+        loss, metrics = recipe.loss(drafter, target, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    recipe.save(drafter.eval(), target_dir, out_dir)
+    return metrics
+
+
+def reclaim_every(llm: LLM, method: str, period: int) -> dict[str, int]:
+    """Make the pool take every draft cache back before every ``period``-th draft (drafter restarts)."""
+    proposer = llm.engine.spec.proposers[method]
+    inner = proposer.propose
+    calls = {"n": 0, "reclaimed": 0}
+
+    def propose(requests, sampling):
+        calls["n"] += 1
+        if calls["n"] % period == 0:
+            calls["reclaimed"] += 1
+            proposer.states.reclaim(10 ** 9)
+        return inner(requests, sampling)
+
+    proposer.propose = propose
+    return calls
