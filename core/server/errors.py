@@ -97,7 +97,7 @@ def describe_validation_errors(errors: list[dict[str, Any]]) -> tuple[str, str |
             return f"the request body must be a JSON object ({msg})", None
         return msg, None
     top = path.split(".", 1)[0].split("[", 1)[0]
-    if through_union and top in _DESCRIPTIONS:
+    if through_union and top in _DESCRIPTIONS and str(err.get("type", "")).endswith("_type"):
         msg = f"{msg} (expected {_DESCRIPTIONS[top]})"
     return f"{path}: {msg}", path
 

@@ -15,8 +15,8 @@ import struct
 import time
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      field_validator, model_validator)
 
 from hyspec.engine.sampling_params import SamplingParams
 
@@ -29,6 +29,19 @@ INT64_MAX = 2**63 - 1
 MAX_STOP_STRINGS = 16
 
 Float = StrictFloat  # strict still takes JSON 1 as 1.0; "1" and true are rejected
+
+
+def _valid_unicode(text: str) -> str:
+    # JSON may carry unpaired UTF-16 surrogates ("\ud800"); the tokenizer and UTF-8 output cannot.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains an unpaired UTF-16 surrogate at character {exc.start}; "
+                         "send valid Unicode") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
 TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 
 
@@ -46,14 +59,14 @@ class StreamOptions(_Strict):
 class _SamplingRequest(_Strict):
     """What both endpoints share: model, sampling, stopping, streaming."""
 
-    model: Optional[StrictStr] = Field(None, description="the served model name (optional: it has only one)")
+    model: Optional[Text] = Field(None, description="the served model name (optional: it has only one)")
     n: StrictInt = Field(1, ge=1, le=1, description="choices per prompt; hyspec returns exactly one")
     temperature: Optional[Float] = Field(None, ge=0, le=FLOAT32_MAX, description="0 is greedy; default 1")
     top_p: Optional[Float] = Field(None, gt=0, le=1)
     top_k: Optional[StrictInt] = Field(None, ge=-1, le=INT64_MAX, description="vLLM extension; 0 or -1: off")
     min_p: Optional[Float] = Field(None, ge=0, le=1, description="vLLM extension")
     seed: Optional[StrictInt] = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    stop: Optional[Union[StrictStr, Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)]]] = None
+    stop: Optional[Union[Text, Annotated[list[Text], Field(max_length=MAX_STOP_STRINGS)]]] = None
     stop_token_ids: Optional[Annotated[list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]],
                                        Field(max_length=MAX_STOP_STRINGS)]] = None
     ignore_eos: StrictBool = Field(False, description="vLLM extension: keep going past end-of-sequence")
@@ -67,7 +80,7 @@ class _SamplingRequest(_Strict):
     frequency_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
     repetition_penalty: Optional[Float] = Field(None, description="not supported (must be 1 or absent)")
     logit_bias: Optional[dict[str, Float]] = Field(None, description="not supported (must be empty or absent)")
-    user: Optional[StrictStr] = None
+    user: Optional[Text] = None
 
     #: field -> value meaning "off"; anything else is rejected (hyspec samples the target's distribution as is).
     UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
@@ -119,14 +132,14 @@ class _SamplingRequest(_Strict):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Union[StrictStr, Annotated[list[StrictStr], Field(min_length=1)], TokenIds,
+    prompt: Union[Text, Annotated[list[Text], Field(min_length=1)], TokenIds,
                   Annotated[list[TokenIds], Field(min_length=1)]] = Field(
         description="a string, a list of strings, a list of token ids, or a list of token-id lists")
     max_tokens: Optional[StrictInt] = Field(16, ge=1, description="tokens to generate (default 16)")
     echo: StrictBool = Field(False, description="not supported (must be false)")
     logprobs: Optional[StrictInt] = Field(None, ge=0, description="not supported (must be absent)")
     best_of: Optional[StrictInt] = Field(None, ge=1, description="must be 1 or absent")
-    suffix: Optional[StrictStr] = Field(None, description="not supported (must be absent)")
+    suffix: Optional[Text] = Field(None, description="not supported (must be absent)")
 
     UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SamplingRequest.UNSUPPORTED_UNLESS, "echo": (False,), "logprobs": (None,), "best_of": (None, 1),
@@ -135,13 +148,13 @@ class CompletionRequest(_SamplingRequest):
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[StrictStr, list[TextPart]]] = None
-    name: Optional[StrictStr] = None
+    content: Optional[Union[Text, list[TextPart]]] = None
+    name: Optional[Text] = None
 
     def text(self) -> str:
         if self.content is None:

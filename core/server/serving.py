@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, TypeVar
 from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import HyspecError, RequestError
-from hyspec.server.async_engine import AsyncEngine, RequestStream
+from hyspec.server.async_engine import AsyncEngine, RequestAbortedError, RequestStream, ServiceUnavailableError
 from hyspec.server.errors import APIError, request_error_param, sse_error
 from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatResponseMessage,
                                     CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo)
@@ -254,8 +254,7 @@ def _usage_dict(prompts: list[Prompt], completion_tokens: list[int]) -> dict[str
 
 
 def _status_of(exc: Exception) -> int:
-    from hyspec.server.async_engine import EngineStepError, RequestAbortedError, ServiceUnavailableError
-
+    """The HTTP status an error inside an already started stream would have had."""
     if isinstance(exc, (RequestAbortedError, ServiceUnavailableError)):
         return 503
     if isinstance(exc, HyspecError):

@@ -164,6 +164,8 @@ BAD_COMPLETIONS = [
     ({"prompt": []}, 400, "prompt", "at least 1"),
     ({"prompt": ""}, 400, "prompt", "empty"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "this server serves `tiny`"),
+    (b'{"prompt": "a\\ud800b"}', 400, "prompt", "unpaired UTF-16 surrogate"),
+    (b'{"prompt": "x", "stop": ["\\udfff"]}', 400, "stop[0]", "unpaired UTF-16 surrogate"),
 ]
 
 
@@ -187,6 +189,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}, "max_tokens", "maximum context length"),
     ({"messages": [{"role": "user", "content": HUGE}]}, "messages", "maximum context length"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
+    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content", "unpaired UTF-16 surrogate"),
 ]
 
 
