@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -202,7 +203,8 @@ def _windows(cfg: TrainConfig, corpus: Corpus, ws: Workspace) -> Windows:
     return windows
 
 
-def _optimizer(recipe: DrafterRecipe, drafter: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list]:
+def _optimizer(recipe: DrafterRecipe, drafter: torch.nn.Module,
+               cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
     params = recipe.trainable_parameters(drafter)
     if not params:
         raise HyspecError(f"the {cfg.method} recipe exposes no trainable parameters")
@@ -250,6 +252,10 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
                       resumed_from=None if state is None else int(state["step"]))
         ws.publish(keep_work=cfg.keep_work)
         return result
+    except KeyboardInterrupt:
+        print(f"train-draft: interrupted; rerun the same command with --resume to continue from the last "
+              f"checkpoint in {ws.folder} (one every {cfg.checkpoint_every} steps)", file=sys.stderr)
+        raise
     finally:
         ws.close()
 

@@ -96,11 +96,18 @@ class Workspace:
         """Rename the staged output onto OUT (replacing an old one), then drop the working folder."""
         if not is_complete(self.staging):
             raise HyspecError(f"internal: staged output in {self.staging} is incomplete; not publishing it")
-        old = self.folder / "replaced"
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.staging
+        if os.stat(self.folder).st_dev != os.stat(self.out.parent).st_dev:
+            # --work-dir on another file system: copy next to OUT first, so the last step is still a rename
+            staged = self.out.with_name(f".{self.out.name}.incoming")
+            shutil.rmtree(staged, ignore_errors=True)
+            shutil.copytree(self.staging, staged)
+        old = self.out.with_name(f".{self.out.name}.replaced")
         if self.out.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(self.out, old)
-        os.replace(self.staging, self.out)
+        os.replace(staged, self.out)
         shutil.rmtree(old, ignore_errors=True)
         self.close()
         if not keep_work:

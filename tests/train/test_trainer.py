@@ -88,7 +88,8 @@ def test_hidden_cache_trains_like_on_the_fly(target_dir, corpus_dir, tmp_path, p
 
 def test_loss_decreases(target_dir, corpus_dir, tmp_path):
     result = train(small_config(target_dir, corpus_dir, tmp_path / "out", steps=40, log_every=5,
-                                options={"hidden_size": 64, "layers": 1}))
+                                options={"hidden_size": 64, "layers": 1}, work_dir=tmp_path / "work"))
+    assert not (tmp_path / "work").exists()
     losses = [e["loss"] for e in result.history]
     assert len(losses) == 8 and sum(losses[-2:]) < 0.7 * sum(losses[:2])
     log = json.loads((tmp_path / "out" / "training_log.json").read_text())
@@ -100,19 +101,20 @@ class Interrupt(Exception):
     pass
 
 
-def stop_at(step_to_stop: int):
+def stop_at(step_to_stop: int, exc: type[BaseException] = Interrupt):
     def callback(step, loss, metrics):
         if step == step_to_stop:
-            raise Interrupt
+            raise exc
 
     return callback
 
 
-def test_resume_gives_the_same_weights_as_an_uninterrupted_run(target_dir, corpus_dir, tmp_path):
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(target_dir, corpus_dir, tmp_path, capsys):
     full = train(small_config(target_dir, corpus_dir, tmp_path / "full"))
     out = tmp_path / "resumed"
-    with pytest.raises(Interrupt):
-        train(small_config(target_dir, corpus_dir, out), callback=stop_at(6))
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C after step 6
+        train(small_config(target_dir, corpus_dir, out), callback=stop_at(6, KeyboardInterrupt))
+    assert "--resume" in capsys.readouterr().err
     assert not out.exists()  # nothing that looks like an output
     ckpt = torch.load(out.with_name("resumed.partial") / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 4
