@@ -53,7 +53,8 @@ def decoder_layer_tensors(layer: DecoderLayer, cfg: ModelConfig, prefix: str) ->
 def causal_lm_tensors(model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every weight of ``model`` under its HF ``LlamaForCausalLM`` name, cast to ``dtype``."""
     cfg = model.config
-    out = {"model.embed_tokens.weight": model.embed_tokens.weight.detach(), "model.norm.weight": model.norm.weight.detach()}
+    out = {"model.embed_tokens.weight": model.embed_tokens.weight.detach(),
+           "model.norm.weight": model.norm.weight.detach()}
     if model.lm_head is not None:
         out["lm_head.weight"] = model.lm_head.weight.detach()
     for i, layer in enumerate(model.layers):

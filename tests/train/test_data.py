@@ -74,7 +74,8 @@ def test_batches_are_a_function_of_seed_and_step():
     steps = [a.indices(s).tolist() for s in range(5)]
     assert [b.indices(s).tolist() for s in reversed(range(5))] == steps[::-1]  # any order, same answer
     flat = [i for s in steps for i in s]
-    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))  # each epoch is a permutation
+    # each epoch is a permutation of the windows
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
     assert [BatchSampler(10, 4, seed=2).indices(s).tolist() for s in range(5)] != steps
 
 
