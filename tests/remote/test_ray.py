@@ -1,0 +1,117 @@
+"""Remote drafting on a real local Ray instance (127.0.0.1), started by the proposer and stopped here.
+
+One Ray instance and one remote engine serve the whole module: Ray takes
+tens of seconds to start on a small box.  The worker-kill test comes last
+because it leaves the worker restarting.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from hyspec import LLM, SamplingParams
+from hyspec.remote.health import DOWN, UP
+from hyspec.remote.proposer import RemoteProposer
+from tests.remote.conftest import MAX_TOKENS, PROMPTS, remote_placement, spec_config, token_ids
+
+ray = pytest.importorskip("ray")
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def ray_engine(target_dir, draft_dir):
+    if ray.is_initialized():
+        pytest.skip("this process already uses a Ray instance")
+    try:
+        with remote_placement():  # ray_address null: the proposer starts a local Ray on demand
+            llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20,
+                      speculative_config=spec_config(model=draft_dir, remote={
+                          "draft_deadline_ms": 500, "ping_interval_ms": 200, "max_missed_pings": 3}))
+        rp = llm.engine.spec.proposers["draft_model"]
+        assert isinstance(rp, RemoteProposer)
+        yield llm, rp
+        rp.close()
+    finally:
+        ray.shutdown()
+
+
+def test_workers_are_ray_actors_in_their_own_process(ray_engine):
+    _, rp = ray_engine
+    (slot,) = rp.slots
+    assert slot.state == UP and slot.handle.pid(10) != os.getpid()
+    assert ray.cluster_resources().get("hyspec_draft") == 1  # the local instance offers one worker slot
+
+
+def test_greedy_identical_to_plain_on_ray(ray_engine, plain_outputs):
+    llm, rp = ray_engine
+    rp.metrics.reset()
+    assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+    snap = rp.metrics.snapshot()
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0
+    assert snap["rtt_seconds"]["count"] > 0 and snap["bytes_per_step"] > 0
+
+
+def test_slow_worker_on_ray_times_out_to_plain_steps(ray_engine, plain_outputs):
+    llm, rp = ray_engine
+    rp.metrics.reset()
+    rp.slots[0].handle.set_fault(delay_ms=800).result(10)
+    try:
+        assert token_ids(llm.generate(PROMPTS[:4], GREEDY)) == plain_outputs[:4]
+        snap = rp.metrics.snapshot()
+        assert snap["draft_timeouts"] > 0 and rp.slots[0].state == UP
+    finally:
+        rp.slots[0].handle.set_fault().result(10)
+    # let the late calls drain before the next test
+    deadline = time.monotonic() + 10
+    while rp._still_busy(rp.slots[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_killed_worker_process_fails_over_within_a_second(ray_engine, plain_outputs):
+    llm, rp = ray_engine
+    engine, slot = llm.engine, rp.slots[0]
+    rp.metrics.reset()
+    pid = slot.handle.pid(10)
+    for p in PROMPTS:
+        engine.add_request(p, GREEDY)
+    outs, steps, killed_at = {}, 0, None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.outputs[0].token_ids
+        steps += 1
+        if steps == 3:
+            os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+    assert killed_at is not None
+    end = time.monotonic() + 3
+    while slot.state != DOWN and time.monotonic() < end:
+        time.sleep(0.01)
+    assert slot.state == DOWN
+    failover = slot.down_at - killed_at
+    print(f"failover detected {failover * 1000:.0f} ms after the kill")
+    assert failover <= 1.0
+    ids = sorted(outs, key=int)
+    assert [outs[i] for i in ids] == plain_outputs
+    # whether or not the generation outlived the detection, the next steps draft locally
+    assert token_ids(llm.generate(PROMPTS[:2], GREEDY)) == plain_outputs[:2]
+    snap = rp.metrics.snapshot()
+    assert snap["failovers"] == 1 and snap["drafts"]["fallback"] > 0
+
+
+@pytest.mark.slow
+def test_restarted_worker_rejoins(ray_engine, plain_outputs):
+    """Ray restarts the killed actor (a new process loads the drafter); it rejoins and drafts again."""
+    llm, rp = ray_engine
+    slot = rp.slots[0]
+    end = time.monotonic() + 120
+    while slot.state != UP and time.monotonic() < end:
+        time.sleep(0.2)
+    assert slot.state == UP
+    rp.metrics.reset()
+    assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+    snap = rp.metrics.snapshot()
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0
