@@ -1,15 +1,13 @@
 from __future__ import annotations
 
 import json
+import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.model.tiny_checkpoint import make_checkpoint
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
@@ -29,10 +27,11 @@ def target_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
-    """A small code corpus: a few of hyspec's own modules, a note and a jsonl file."""
+    """A small code corpus: three standard-library modules (stable for a given Python), a note, a jsonl file."""
     path = tmp_path_factory.mktemp("train_corpus")
-    for name in ("spec/tree.py", "ops/norm.py", "errors.py"):
-        (path / name.replace("/", "_")).write_text((ROOT / "core" / name).read_text())
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("bisect.py", "colorsys.py", "keyword.py"):
+        (path / name).write_text((stdlib / name).read_text())
     (path / "notes.md").write_text("# notes\n\nDraft models propose; the target verifies.\n")
     (path / "extra.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"text": "def square(x):\n    return x * x\n"}, {"prompt": "for i in range(10):\n    print(i)\n"}]))

@@ -6,7 +6,8 @@ import torch
 
 from hyspec.errors import HyspecError
 from hyspec.model.tokenizer import Tokenizer
-from hyspec.train.data import BatchSampler, load_corpus, pack_windows, resolve_sources, sample_prompts, stdlib_files
+from hyspec.train.data import (BatchSampler, Corpus, DataStats, load_corpus, pack_windows, resolve_sources,
+                               sample_prompts, stdlib_files)
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def test_folder_expands_to_text_files_and_jsonl_records(tok, corpus_dir, tmp_pat
     (corpus_dir / ".hidden" / "skip.py").write_text("x = 1\n")
     (corpus_dir / "image.bin").write_bytes(b"\x00\x01")
     files = resolve_sources([str(corpus_dir)])
-    assert sorted(f.name for f in files) == ["errors.py", "extra.jsonl", "notes.md", "ops_norm.py", "spec_tree.py"]
+    assert sorted(f.name for f in files) == ["bisect.py", "colorsys.py", "extra.jsonl", "keyword.py", "notes.md"]
     corpus = load_corpus([str(corpus_dir)], tok)
     assert corpus.stats.files == 5 and corpus.stats.documents == 6  # the jsonl file holds two records
     assert corpus.tokens.numel() == corpus.stats.tokens
@@ -58,15 +59,15 @@ def test_bad_data_is_named(tok, tmp_path, make, message):
         load_corpus([str(path)], tok)
 
 
-def test_windows_mask_the_last_position_and_pad_the_tail(tok, corpus_dir):
-    corpus = load_corpus([str(corpus_dir)], tok)
+@pytest.mark.parametrize("n, windows", [(70, 3), (65, 2), (64, 2)])
+def test_windows_mask_the_last_position_and_pad_the_tail(n, windows):
+    corpus = Corpus(tokens=torch.arange(10, 10 + n), doc_spans=[(0, n)], pad_id=0, stats=DataStats(["x"]))
     w = pack_windows(corpus, 32)
-    n = corpus.tokens.numel()
-    assert len(w) == -(-n // 32) and w.seq_len == 32
-    assert torch.equal(w.ids.flatten()[:n], corpus.tokens)
-    assert not w.loss_mask[:, -1].any() and w.loss_mask[0, :-1].all()
-    tail = n % 32
-    assert w.loss_mask[-1].sum() == tail - 1  # the padded tail counts only its real predictions
+    assert len(w) == windows and w.seq_len == 32 and corpus.stats.windows == windows
+    assert torch.equal(w.ids.flatten()[: min(n, 32 * windows)], corpus.tokens[: 32 * windows])
+    assert not w.loss_mask[:, -1].any() and w.loss_mask[:2, :-1].all()
+    if n % 32 >= 2:  # a padded tail window counts only its real predictions
+        assert int(w.loss_mask[-1].sum()) == n % 32 - 1 and (w.ids[-1, n % 32:] == 0).all()
 
 
 def test_batches_are_a_function_of_seed_and_step():
