@@ -109,18 +109,20 @@ def stop_at(step_to_stop: int, exc: type[BaseException] = Interrupt):
     return callback
 
 
-def test_resume_gives_the_same_weights_as_an_uninterrupted_run(target_dir, corpus_dir, tmp_path, capsys):
-    full = train(small_config(target_dir, corpus_dir, tmp_path / "full"))
+@pytest.mark.parametrize("cache_hidden", [False, True])
+def test_resume_gives_the_same_weights_as_an_uninterrupted_run(target_dir, corpus_dir, tmp_path, capsys, cache_hidden):
+    kw = dict(cache_hidden=cache_hidden, max_tokens=300)  # 10 windows: batches of later epochs hit the cache
+    full = train(small_config(target_dir, corpus_dir, tmp_path / "full", **kw))
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C after step 6
-        train(small_config(target_dir, corpus_dir, out), callback=stop_at(6, KeyboardInterrupt))
+        train(small_config(target_dir, corpus_dir, out, **kw), callback=stop_at(6, KeyboardInterrupt))
     assert "--resume" in capsys.readouterr().err
     assert not out.exists()  # nothing that looks like an output
     ckpt = torch.load(out.with_name("resumed.partial") / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 4
     with pytest.raises(Exception, match="--resume"):  # an earlier run's checkpoint is never silently dropped
-        train(small_config(target_dir, corpus_dir, out))
-    resumed = train(small_config(target_dir, corpus_dir, out, resume=True))
+        train(small_config(target_dir, corpus_dir, out, **kw))
+    resumed = train(small_config(target_dir, corpus_dir, out, resume=True, **kw))
     a, b = weights(tmp_path / "full"), weights(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda h: [{k: v for k, v in e.items() if k != "train_s"} for e in h]  # noqa: E731
