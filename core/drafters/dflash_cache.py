@@ -103,6 +103,9 @@ class DraftStates(Generic[S]):
     def __len__(self) -> int:
         return len(self._states)
 
+    def values(self) -> list[S]:
+        return list(self._states.values())
+
 
 def shifted_inputs(feeds: list[Feed], offsets: list[int], device: torch.device) -> BatchInputs:
     """``build_inputs`` with every feed's RoPE positions moved by its state's ``offset``.

@@ -112,18 +112,57 @@ def train_drafter(method: str, target_dir: Path, out_dir: Path, sequences: list[
     return metrics
 
 
-def reclaim_every(llm: LLM, method: str, period: int) -> dict[str, int]:
-    """Make the pool take every draft cache back before every ``period``-th draft (drafter restarts)."""
+def reclaim_before(llm: LLM, method: str, calls: tuple[int, ...]) -> dict[str, int]:
+    """Make the pool take every draft cache back before the listed ``propose`` calls (the drafter restarts)."""
     proposer = llm.engine.spec.proposers[method]
     inner = proposer.propose
-    calls = {"n": 0, "reclaimed": 0}
+    seen = {"n": 0, "reclaimed": 0, "max_offset": 0}
 
     def propose(requests, sampling):
-        calls["n"] += 1
-        if calls["n"] % period == 0:
-            calls["reclaimed"] += 1
-            proposer.states.reclaim(10 ** 9)
+        seen["n"] += 1
+        if seen["n"] in calls:
+            seen["reclaimed"] += proposer.states.reclaim(10 ** 9) > 0
+        seen["max_offset"] = max([seen["max_offset"]] + [st.offset for st in proposer.states.values()])
         return inner(requests, sampling)
 
     proposer.propose = propose
-    return calls
+    return seen
+
+
+# -- temperature > 0: vectorised speculative decoding of a toy target with block drafters --------
+
+def decode_chains(models, draft, sampling, seed: int, num_seqs: int, length: int, block: int) -> torch.Tensor:
+    """Decode ``num_seqs`` sequences of a toy Markov target speculatively until each has ``length`` tokens.
+
+    ``draft(pos [m], root [m], sampling [m], uniforms [m, block]) -> (tokens [m, block], q [m, block, V],
+    lengths [m])`` proposes one chain per sequence (only the first ``lengths[r]`` drafts are verified);
+    ``models`` is a ``tests.test_verify_stats.ToyModels``.  Returns the first ``length`` emitted tokens.
+    """
+    from hyspec.spec.tree import TreeBatch
+    from hyspec.spec.verify import verify
+    from tests.test_verify_stats import BOS
+
+    g = torch.Generator().manual_seed(seed)
+    V = models.target_logits.shape[-1]
+    out = torch.full((num_seqs, length + block + 1), -1, dtype=torch.int64)
+    count = torch.zeros(num_seqs, dtype=torch.int64)
+    last = torch.full((num_seqs,), BOS, dtype=torch.int64)
+    parents = torch.arange(-1, block)
+    while bool((count < length).any()):
+        active = (count < length).nonzero().squeeze(1)
+        m, pos, root = active.numel(), count[active], last[active]
+        rows = sampling.select(active)
+        tokens, q, lengths = draft(pos, root, rows, torch.rand(m, block, generator=g, dtype=torch.float64))
+        nodes = torch.cat([root[:, None], tokens], dim=1)  # [m, block + 1]
+        q_rows = torch.cat([q.new_zeros(m, 1, V), q], dim=1)
+        batch = TreeBatch(nodes, parents.expand(m, -1), lengths + 1, q_rows, V)
+        node_logits = models.target_logits[pos[:, None] + torch.arange(block + 1), nodes]  # [m, block + 1, V]
+        result = verify(node_logits[:, :batch.max_nodes][batch.valid], batch, rows,
+                        uniforms=torch.rand(m, batch.max_nodes, generator=g, dtype=torch.float64))
+        emitted = torch.cat([result.accepted_tokens, torch.full((m, 1), -1)], dim=1)
+        emitted[torch.arange(m), result.num_accepted] = result.next_token
+        cols = count[active, None] + torch.arange(emitted.shape[1])[None, :]
+        out[active[:, None].expand_as(cols), cols] = torch.where(emitted >= 0, emitted, out[active[:, None], cols])
+        count[active] += result.num_accepted + 1
+        last[active] = result.next_token
+    return out[:, :length]
