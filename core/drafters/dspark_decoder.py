@@ -27,6 +27,7 @@ lossless.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -170,9 +171,12 @@ def export_onnx(decoder: DSparkDecoder, path: str | Path, opset: int = 17) -> Pa
                torch.ones(B), torch.zeros(B, dtype=torch.int64), torch.ones(B), torch.zeros(B),
                torch.full((B,), 0.5, dtype=torch.float64))
     batch = {0: "batch"}
-    torch.onnx.export(module, example, str(path), input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
-                      dynamic_axes={name: batch for name in INPUT_NAMES + OUTPUT_NAMES}, opset_version=opset,
-                      dynamo=False)
+    # The TorchScript exporter: the dynamo one needs onnxscript, which hyspec does not depend on.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module, example, str(path), input_names=list(INPUT_NAMES),
+                          output_names=list(OUTPUT_NAMES), opset_version=opset, dynamo=False,
+                          dynamic_axes={name: batch for name in INPUT_NAMES + OUTPUT_NAMES})
     return path
 
 
