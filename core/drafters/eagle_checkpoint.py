@@ -36,6 +36,7 @@ from hyspec.drafters.eagle import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, Eagle
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
+from hyspec.model.rope import cos_sin_cache
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically
 from hyspec.ops import OpTable
 
@@ -232,7 +233,7 @@ def load_head(
     missing = [n for n, p in head.named_parameters() if p.is_meta]
     if missing:
         raise CheckpointError(f"the EAGLE head in {path} does not provide {missing[:4]}")
-    head.cos_sin = _rope_table(head)  # buffers built on the meta device are recomputed, not loaded
+    head.cos_sin = cos_sin_cache(cfg.layer, head.max_positions)  # meta-device buffers are recomputed, not loaded
     if isinstance(head, Eagle3Head):
         ids = _vocabulary(cfg, names)
         head.d2t = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
@@ -242,12 +243,6 @@ def load_head(
     if ignored:
         log.info("the EAGLE head's %s is ignored: the target's embeddings are shared", ignored[0])
     return head.to(device).eval().requires_grad_(False)
-
-
-def _rope_table(head: EagleHeadBase) -> torch.Tensor:
-    from hyspec.model.rope import cos_sin_cache
-
-    return cos_sin_cache(head.config.layer, head.max_positions)
 
 
 # -- saving -----------------------------------------------------------------------------------

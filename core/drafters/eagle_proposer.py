@@ -33,10 +33,11 @@ from hyspec.drafters.eagle_checkpoint import load_head
 from hyspec.drafters.eagle_tree import DynamicTrees, draft_logprobs
 from hyspec.engine.model_runner import NO_LOGITS, Feed, build_inputs
 from hyspec.engine.sequence import Sequence
+from hyspec.errors import CheckpointError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.config import MAX_TREE_BUDGET, TreeConfig
+from hyspec.spec.config import MAX_TREE_BUDGET, SpeculativeConfig
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
@@ -66,15 +67,18 @@ class _HeadState:
         self.feats = feats
 
     def add(self, start: int, feats: torch.Tensor) -> None:
-        """Features of pairs ``start ..``; a gap or a rewrite of fed pairs restarts the head context."""
+        """Features of pairs ``start ..``; a gap or a rewrite of fed pairs restarts the head context.
+
+        The buffer holds at most the sequence's unfed tokens (bounded by max_model_len), one
+        feature row each: H values (3H for EAGLE-3) next to the target's 2 * layers * kv_size.
+        """
         if self.feats is None or start > self.feat_end or start < max(self.base, self.feat_start):
             self.restart(start, feats)
-            return
-        keep = start - self.feat_start
-        self.feats = torch.cat([self.feats[:keep], feats]) if keep else feats
-        self.feat_start = start if not keep else self.feat_start
-        if start < self.base + self.fed:  # pairs recomputed by the target: their head KV is stale
-            self.fed = start - self.base
+        else:
+            keep = start - self.feat_start
+            self.feats = torch.cat([self.feats[:keep], feats]) if keep else feats
+            if start < self.base + self.fed:  # pairs recomputed by the target: their head KV is stale
+                self.fed = start - self.base
 
 
 class EagleProposer(Proposer):
@@ -82,7 +86,10 @@ class EagleProposer(Proposer):
     needs_hidden = True
     builds_trees = True
 
-    def __init__(self, engine, head_dir: str | Path, tree: TreeConfig):
+    def __init__(self, engine, head_dir: str | Path, config: SpeculativeConfig):
+        if config.speculative_token_tree is not None:
+            log.warning("%s builds EAGLE-2 dynamic trees; speculative_token_tree only sizes them "
+                        "(tree.budget/depth/topk = %s)", self.method, config.tree)
         self.engine = engine
         self.head = load_head(head_dir, engine.model, self.method, dtype=engine.dtype, device=engine.device,
                               ops=engine.backend.ops, max_positions=engine.max_model_len + MAX_TREE_BUDGET + 2)
@@ -91,11 +98,9 @@ class EagleProposer(Proposer):
         self._fusion_order = cfg.target_aux_layers
         missing = [j for j in self.aux_layers if j >= engine.config.num_hidden_layers]
         if missing:
-            from hyspec.errors import CheckpointError
-
             raise CheckpointError(f"the EAGLE-3 head reads target layers {list(missing)}, beyond the target's "
                                   f"{engine.config.num_hidden_layers}")
-        self.tree = tree
+        self.tree = config.tree
         self.pool = engine.pool
         lc = cfg.layer
         self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, engine.dtype)
@@ -108,14 +113,12 @@ class EagleProposer(Proposer):
 
     # -- features ---------------------------------------------------------------------------------
 
-    def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, F]
-        if self.method == EAGLE:
-            return hidden.final
-        return torch.cat([hidden.aux[j] for j in self._fusion_order], dim=-1)
+    def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, H]
+        return hidden.final  # EAGLE-1/2 read the target's hidden state after its final norm
 
     def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
-        if hidden is None or hidden.final.shape[0] == 0:
-            return
+        if hidden is None or hidden.final.shape[0] == 0 or seq.arm != "spec":
+            return  # canary "control" requests are never drafted: buffering their features would only grow
         feats = self._raw_features(hidden).detach()
         st = self._states.get(seq.request_id)
         if st is None:
@@ -240,3 +243,6 @@ class EagleProposer(Proposer):
 
 class Eagle3Proposer(EagleProposer):
     method = EAGLE3
+
+    def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, 3H]: low ; mid ; high
+        return torch.cat([hidden.aux[j] for j in self._fusion_order], dim=-1)

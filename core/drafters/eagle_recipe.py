@@ -61,6 +61,8 @@ def layer_config(method: str, target_cfg: ModelConfig, opts: dict[str, Any]) -> 
         _positive_int(method, {key: value}, key)
     if heads % kv_heads:
         raise ConfigError(f"{method}.kv_heads", f"heads {heads} is not a multiple of kv_heads {kv_heads}")
+    if heads != target_cfg.num_attention_heads and hidden % heads:
+        raise ConfigError(f"{method}.heads", f"hidden size {hidden} is not a multiple of heads {heads}")
     head_dim = target_cfg.head_dim if heads == target_cfg.num_attention_heads else hidden // heads
     intermediate = _positive_int(method, {"intermediate_size": opts["intermediate_size"] or target_cfg.intermediate_size},
                                  "intermediate_size")
@@ -133,7 +135,7 @@ class EagleRecipe(DrafterRecipe):
         with torch.no_grad():
             acc = _masked_mean((logp.argmax(-1) == target_p.argmax(-1)).float(), mask)
         loss = self.w_reg * reg + self.w_cls * cls
-        return loss, {"reg": float(reg), "cls": float(cls), "acc": float(acc)}
+        return loss, {"reg": reg.item(), "cls": cls.item(), "acc": acc.item()}
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         save_head(drafter, out_dir)
@@ -166,6 +168,39 @@ def ttt_attention(
     return out
 
 
+def ttt_unroll(
+    head: Eagle3Head,
+    input_ids: torch.Tensor,  # [B, S]
+    raw: torch.Tensor,  # [B, S-1, 3H] raw target features of pairs 0..S-2
+    steps: int,
+) -> list[torch.Tensor]:  # per step j: [B, S-1, H] head outputs
+    """The training-time test: step j reads token ``t_{i+j+1}`` at position ``i + j`` and step j-1's output.
+
+    Step j's output at pair ``i`` is what a depth-``j`` draft node grown from
+    pair ``i`` outputs at inference (its ancestors' tokens being the data's).
+    Tokens past the end are padding; the caller masks their losses.
+    """
+    ops, attn = head.ops, head.layer.self_attn
+    b, t = input_ids.shape[0], input_ids.shape[1] - 1
+    hidden = head.fuse(raw)
+    pad = input_ids.new_zeros(b, 1)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    outputs = []
+    for j in range(min(steps, t)):
+        tokens = torch.cat([input_ids[:, j + 1:], pad.expand(b, j)], dim=1)[:, :t]
+        x, residual = head.pre_attention(tokens, hidden)
+        positions = (torch.arange(t, device=input_ids.device) + j).repeat(b)
+        q, k, v = attn.project(ops, x.reshape(b * t, -1), positions, head.cos_sin)
+        q, k, v = (z.view(b, t, *z.shape[1:]) for z in (q, k, v))
+        keys.append(k)
+        values.append(v)
+        out = ttt_attention(q, keys, values, attn.scale)
+        hidden = head.post_attention(attn.o_proj(out.reshape(b, t, attn.q_size)), residual)
+        outputs.append(hidden)  # the next step reads the head's own output
+    return outputs
+
+
 class Eagle3Recipe(DrafterRecipe):
     """EAGLE-3 (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of LLMs via Training-Time Test", §3).
 
@@ -192,10 +227,11 @@ class Eagle3Recipe(DrafterRecipe):
         cfg = EagleConfig(EAGLE3, layer_config(self.method, tc, opts), tc.hidden_size, tc.vocab_size,
                           vocab_ids.numel(), fc_bias=bool(opts["fc_bias"]), input_layernorm=True,
                           aux_layer_ids=default_aux_layer_ids(tc.num_hidden_layers))
-        head = Eagle3Head(cfg, target, max_positions=target.max_positions)
+        steps = _positive_int(self.method, opts, "ttt_steps")
+        head = Eagle3Head(cfg, target, max_positions=target.max_positions + steps)  # step j reads position i + j
         _init(head, float(opts["init_std"]))
         head.set_vocabulary(vocab_ids)
-        head.ttt_steps = _positive_int(self.method, opts, "ttt_steps")
+        head.ttt_steps = steps
         return head.to(target.embed_tokens.weight.device)
 
     def _draft_vocabulary(self, vocab: int, opts: dict[str, Any]) -> torch.Tensor:  # sorted target ids
@@ -219,45 +255,27 @@ class Eagle3Recipe(DrafterRecipe):
 
     def loss(self, drafter: nn.Module, target: CausalLM, batch: TargetBatch) -> tuple[torch.Tensor, dict[str, float]]:
         head: Eagle3Head = drafter
-        ops, attn = head.ops, head.layer.self_attn
-        dtype = head.fc.weight.dtype
-        ids, mask_all = batch.input_ids, batch.loss_mask
-        b, s = ids.shape
-        t = s - 1  # pairs 0..S-2
-        raw = torch.cat([batch.aux[j] for j in head.config.target_aux_layers], dim=-1)[:, :t].to(dtype)
-        hidden = head.fuse(raw)  # [B, T, H]
+        ids, b, t = batch.input_ids, batch.input_ids.shape[0], batch.input_ids.shape[1] - 1
+        raw = torch.cat([batch.aux[j] for j in head.config.target_aux_layers], dim=-1)[:, :t]
         with torch.no_grad():
             target_logits = target.compute_logits(batch.hidden)  # [B, S, V]
             t2d = head.t2d.to(target_logits.device)
-            in_vocab = t2d[target_logits.argmax(-1)]  # [B, S]: the target's top token can be drafted
+            in_vocab = t2d[target_logits.argmax(-1)].to(ids.device)  # [B, S]: the target's top token can be drafted
             target_p = torch.softmax(target_logits[..., t2d], dim=-1)  # [B, S, Vd] over the draft vocabulary
-        steps = getattr(head, "ttt_steps", EAGLE3_OPTIONS["ttt_steps"])
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
-        total = hidden.new_zeros((), dtype=torch.float32)
+        total = torch.zeros((), device=target_p.device)
         metrics: dict[str, float] = {}
-        pad = torch.zeros(b, 1, dtype=ids.dtype, device=ids.device)
-        for j in range(min(steps, t)):
-            # Step j at pair i: token t_{i+j+1}, position i + j, target = the distribution after t_{i+j+1}.
-            tok = torch.cat([ids[:, j + 1:], pad.expand(b, j)], dim=1)[:, :t]
+        outputs = ttt_unroll(head, ids, raw.to(head.fc.weight.dtype), getattr(head, "ttt_steps", EAGLE3_OPTIONS["ttt_steps"]))
+        for j, h in enumerate(outputs):
+            # Step j, pair i predicts the token after t_{i+j+1}: the target's distribution at position i+j+1.
             valid = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
-            valid[:, : t - j] = (mask_all[:, j + 1:] & in_vocab[:, j + 1:].to(mask_all.device))[:, : t - j]
-            x, residual = head.pre_attention(tok, hidden)
-            positions = (torch.arange(t, device=ids.device) + j).repeat(b)
-            q, k, v = attn.project(ops, x.reshape(b * t, -1), positions, head.cos_sin)
-            q, k, v = (z.view(b, t, *z.shape[1:]) for z in (q, k, v))
-            keys.append(k)
-            values.append(v)
-            out = ttt_attention(q, keys, values, attn.scale)
-            h = head.post_attention(attn.o_proj(out.reshape(b, t, attn.q_size)), residual)
-            logp = torch.log_softmax(head.logits(h.reshape(b * t, -1)).view(b, t, -1), dim=-1)
+            valid[:, : t - j] = (batch.loss_mask[:, j + 1:] & in_vocab[:, j + 1:])[:, : t - j]
             p = torch.cat([target_p[:, j + 1:], target_p.new_zeros(b, j, target_p.shape[-1])], dim=1)[:, :t]
+            logp = torch.log_softmax(head.logits(h.reshape(b * t, -1)).view(b, t, -1), dim=-1)
             step_loss = _masked_mean(-(p * logp).sum(-1), valid)
             total = total + (TTT_DECAY ** j) * step_loss
             with torch.no_grad():
-                metrics[f"acc{j}"] = float(_masked_mean((logp.argmax(-1) == p.argmax(-1)).float(), valid))
-            metrics[f"loss{j}"] = float(step_loss)
-            hidden = h  # the next step reads the head's own output (training-time test)
+                metrics[f"acc{j}"] = _masked_mean((logp.argmax(-1) == p.argmax(-1)).float(), valid).item()
+            metrics[f"loss{j}"] = step_loss.item()
         return total, metrics
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
