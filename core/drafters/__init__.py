@@ -10,8 +10,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from hyspec.spec.methods import MethodSpec, register_method
+from hyspec.spec.methods import MethodSpec, draft_dir, register_method
 from hyspec.spec.proposer import Proposer
+
+
+# -- eagle, eagle3 -------------------------------------------------------------------------------
+
+@register_method("eagle")
+def _eagle(engine: Any, spec: MethodSpec) -> Proposer:
+    from hyspec.drafters.eagle_proposer import EagleProposer
+
+    return EagleProposer(engine, draft_dir(spec), spec.config)
+
+
+@register_method("eagle3")
+def _eagle3(engine: Any, spec: MethodSpec) -> Proposer:
+    from hyspec.drafters.eagle_proposer import Eagle3Proposer
+
+    return Eagle3Proposer(engine, draft_dir(spec), spec.config)
 
 
 # -- mtp, dflash, dspark -------------------------------------------------------------------------
@@ -38,3 +54,4 @@ def _dspark(engine: Any, spec: MethodSpec) -> Proposer:
 
 
 from hyspec.drafters import dflash_recipe, dspark_recipe, mtp_recipe  # noqa: E402,F401  (register recipes)
+from hyspec.drafters import eagle_recipe  # noqa: E402,F401  (registers the eagle and eagle3 recipes)
