@@ -105,7 +105,7 @@ class DFlashDrafter(nn.Module):
         return self.ops.rms_norm(h, self.hidden_norm.weight, self.hidden_norm.eps)
 
     def context_kv(self, index: int, feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``index``'s keys and values of context rows ``feats [T, H]`` at ``positions [T]`` -> [T, Hkv, D] each."""
+        """Layer ``index``'s keys and values ``[T, Hkv, D]`` of context rows ``feats [T, H]`` at ``positions [T]``."""
         attn: Attention = self.layers[index].self_attn
         w = attn.qkv_proj.weight[attn.q_size:]
         b = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[attn.q_size:]
@@ -158,7 +158,8 @@ class DFlashDrafter(nn.Module):
         slot = torch.arange(K1, device=anchors.device)
         pos_q = (anchors[..., None] + slot).reshape(B, N * K1)
         if int(pos_q.max()) >= self.max_positions:
-            raise ValueError(f"DFlash training position {int(pos_q.max())} exceeds the RoPE table ({self.max_positions})")
+            raise ValueError(f"DFlash training position {int(pos_q.max())} exceeds the RoPE table "
+                             f"({self.max_positions})")
         is_mask = (slot > 0).expand(B, N, K1)
         x = self.block_embeddings(roots[..., None].expand(B, N, K1), is_mask).reshape(B, N * K1, H)
         # [B, 1, Q, S + Q]: context strictly before the block's root, and the block itself (both directions).

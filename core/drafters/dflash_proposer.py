@@ -191,7 +191,8 @@ class DFlashProposer(Proposer):
                ) -> list[tuple[list[int], torch.Tensor | None]]:
         """Per request: its draft tokens and their q rows (None for greedy requests)."""
         logits = self.drafter.logits(hidden[:, 1:])  # [B, K, V]: slot j predicts t[n+j]
-        tokens, q = sample_block(logits, sampling.select([lv.index for lv in live]), block_uniforms(live, logits.shape[1]))
+        rows = sampling.select([lv.index for lv in live])
+        tokens, q = sample_block(logits, rows, block_uniforms(live, logits.shape[1]))
         return [(tokens[r, :lv.k].tolist(), None if lv.req.greedy else q[r, :lv.k]) for r, lv in enumerate(live)]
 
 

@@ -63,7 +63,9 @@ def is_mtp_checkpoint(path: str | Path) -> bool:
     except CheckpointError:
         return False
     marker = data.get(HYSPEC_KEY)
-    return (isinstance(marker, dict) and marker.get("method") == "mtp") or int(data.get("num_nextn_predict_layers") or 0) > 0
+    if isinstance(marker, dict):
+        return marker.get("method") == "mtp"
+    return int(data.get("num_nextn_predict_layers") or 0) > 0
 
 
 def mtp_layout(path: Path) -> tuple[MTPConfig, int]:

@@ -82,8 +82,8 @@ def test_paged_blocks_over_the_cached_context_equal_the_dense_blocks(target):
     cfg = drafter.config.layers
     pool = KVPool(64, KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                             torch.float32, 16))
-    engine = SimpleNamespace(config=target.config, device=torch.device("cpu"), backend=SimpleNamespace(ops=reference_ops()),
-                             pool=pool, dtype=torch.float32)
+    engine = SimpleNamespace(config=target.config, device=torch.device("cpu"), pool=pool, dtype=torch.float32,
+                             backend=SimpleNamespace(ops=reference_ops()))
     proposer = DFlashProposer(engine, drafter, BLOCK)
     captured = {}
     inner = proposer.select
