@@ -294,6 +294,7 @@ def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
         "max_position_embeddings": lc.max_position_embeddings, "tie_word_embeddings": False,
         "attention_bias": lc.o_bias, "mlp_bias": lc.mlp_bias,
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
+        "bias": head.fc.bias is not None,  # SafeAILab's loader builds fc from this (default True)
     }
     d.update({k: raw[k] for k in ("rope_theta", "rope_scaling", "rope_parameters", "bos_token_id", "eos_token_id",
                                   "pad_token_id") if raw.get(k) is not None})

@@ -14,9 +14,9 @@ same forward, so earlier frontiers are re-fed each level -- a few dozen rows
 for one layer -- rather than left visible to every branch as context.)
 
 Draft entries never become context: a committed pair needs the target's real
-feature, which arrives after verification.  So before drafting, the KV is cut
-back to the committed pairs (rollback), and everything is freed on finish or
-preemption.  When the target needs pages, head caches are given up (least
+feature, which arrives after verification.  So when the step's features arrive
+(and again before drafting) the KV is cut back to the committed pairs
+(rollback); everything is freed on finish or preemption.  When the target needs pages, head caches are given up (least
 recently drafted first); such a sequence restarts its head context at the
 features still buffered, drafting with a shorter context rather than none.
 """
@@ -124,6 +124,8 @@ class EagleProposer(Proposer):
         if st is None:
             st = self._states[seq.request_id] = _HeadState(SequenceKV(self.pool, self.layout), hidden.start)
         st.add(hidden.start, feats)
+        if st.kv.num_tokens > st.fed:  # verification is over: the draft entries are dead, free their pages
+            st.kv.truncate(st.fed)
 
     def on_finish(self, seq: Sequence) -> None:
         st = self._states.pop(seq.request_id, None)

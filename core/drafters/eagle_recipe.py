@@ -27,7 +27,9 @@ from hyspec.train.base import DrafterRecipe, TargetBatch, register_recipe
 # option -> default (None: taken from the target)
 COMMON_OPTIONS: dict[str, Any] = {"layers": 1, "hidden_size": None, "intermediate_size": None, "heads": None,
                                   "kv_heads": None, "init_std": 0.02}
-EAGLE_OPTIONS = {**COMMON_OPTIONS, "fc_bias": True, "feature_noise": 0.1}
+# fc_bias off by default: SafeAILab reads config.json's "bias" either way, while vLLM's EAGLE-1
+# module has no fc bias and would silently drop one.
+EAGLE_OPTIONS = {**COMMON_OPTIONS, "fc_bias": False, "feature_noise": 0.1}
 EAGLE3_OPTIONS = {**COMMON_OPTIONS, "fc_bias": False, "ttt_steps": 7, "draft_vocab_size": None, "token_counts": None}
 # EAGLE-3's training-time test weights step j by 0.8 ** j (SafeAILab's train script).
 TTT_DECAY = 0.8
