@@ -1,0 +1,97 @@
+"""Run the whole suite on the requested backends and collect one report."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from hyspec.conformance.methods import Workspace, check_methods
+from hyspec.conformance.op_checks import check_ops
+from hyspec.conformance.report import BackendResult, CaseResult, CheckResult, ConformanceReport
+from hyspec.conformance.stats import check_statistics
+from hyspec.conformance.targets import Target, Unavailable, resolve
+
+log = logging.getLogger(__name__)
+
+#: the parts of the suite, in the order they run
+PARTS = ("ops", "methods", "statistical", "onnx_drafter")
+
+
+def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str, ...] = PARTS,
+                    progress: Callable[[str], None] | None = None) -> ConformanceReport:
+    """Check every requested backend that can run here; unavailable ones are reported with the reason."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown conformance parts {sorted(unknown)}; parts are {PARTS}")
+    say = progress or (lambda message: log.info(message))
+    results: list[BackendResult] = []
+    ws: Workspace | None = None
+    try:
+        for target in resolve(backend):
+            if isinstance(target, Unavailable):
+                results.append(BackendResult(target.name, available=False, reason=target.reason))
+                continue
+            if ws is None and "methods" in parts:
+                ws = Workspace.create()
+            results.append(check_target(target, quick, parts, ws, say))
+    finally:
+        if ws is not None:
+            ws.close()
+    return ConformanceReport(results, quick)
+
+
+def check_target(target: Target, quick: bool, parts: tuple[str, ...], ws: Workspace | None,
+                 say: Callable[[str], None]) -> BackendResult:
+    result = BackendResult(target.name, available=True, mode=target.mode, device=str(target.device),
+                           reason=target.note)
+    started = time.perf_counter()
+    if "ops" in parts:
+        say(f"{target.name}: ops")
+        result.ops = check_ops(target, quick)
+    if "methods" in parts and ws is not None:
+        say(f"{target.name}: drafting methods")
+        result.methods = check_methods(target, ws, quick)
+    if "statistical" in parts:
+        say(f"{target.name}: statistical test")
+        result.checks["statistical"] = check_statistics(target)
+    if "onnx_drafter" in parts and target.name == "cpu":
+        say(f"{target.name}: ONNX Runtime drafter")
+        result.checks["onnx_drafter"] = check_onnx_drafter(ws)
+    log.info("%s checked in %.1fs", target.name, time.perf_counter() - started)
+    return result
+
+
+def check_onnx_drafter(ws: Workspace | None) -> CheckResult:
+    """The exported draft_model drafter in ONNX Runtime against the torch drafter (hyspec.cpu_ops.onnx_check)."""
+    from hyspec.cpu_ops.onnx_runtime import OnnxUnavailableError
+
+    try:
+        from hyspec.cpu_ops.onnx_check import check_against_torch
+        from hyspec.cpu_ops.onnx_drafter import OnnxDraftModel, export_draft_model
+        from hyspec.model.loader import load_model
+
+        owned = ws is None
+        ws = ws or Workspace.create()
+        try:
+            drafter_dir = ws.drafter("draft_model")
+            onnx = OnnxDraftModel(export_draft_model(drafter_dir), num_threads=1)
+            from hyspec.conformance.tiny import prompts
+
+            check = check_against_torch(load_model(drafter_dir, dtype="float32"), onnx, prompts(3), steps=6)
+        finally:
+            if owned:
+                ws.close()
+    except OnnxUnavailableError as exc:
+        return CheckResult("onnx_drafter", "skip", detail=str(exc))
+    except Exception as exc:
+        return CheckResult("onnx_drafter", "error", detail=f"{type(exc).__name__}: {exc}")
+    case = CaseResult(label="prefill, 6 greedy steps, one roll-back; 3 ragged rows", dtype="float32",
+                      status="pass" if check.passed else "fail", max_error=check.max_abs_error,
+                      ratio=check.worst_ratio, atol=check.atol, rtol=check.rtol, origin="hyspec.cpu_ops.onnx_check")
+    result = CheckResult.from_cases("onnx_drafter", [case], source="onnxruntime")
+    result.detail = (f"logits vs the torch drafter: max error {check.max_abs_error:.2e} over {check.compared_rows} "
+                     f"rows (tolerance atol {check.atol:g}, rtol {check.rtol:g})")
+    return result
+
+
+__all__ = ["PARTS", "check_onnx_drafter", "check_target", "run_conformance"]
