@@ -186,61 +186,65 @@ class EagleProposer(Proposer):
     def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
         k = min(self.tree.topk, max(r.budget for r in requests))
         depth = min(self.tree.depth, max(r.budget for r in requests))
-        extra = k * (depth - 1)  # draft entries: every frontier but the last is fed
-        live: list[tuple[int, _HeadState]] = []
-        feeds: list[Feed] = []
-        feats: list[torch.Tensor] = []
-        for i, req in enumerate(requests):
-            prepared = self._prepare(req, extra)
-            if prepared is None:
-                continue
-            st, feed, raw = prepared
-            live.append((i, st))
-            feeds.append(feed)
-            feats.append(raw)
+        live, root_h = self._catch_up(requests, extra_entries=k * (depth - 1))  # every frontier but the last is fed
         out: list[DraftTree | None] = [None] * len(requests)
         if not live:
             return out
-        head = self.head
-        # Catch-up + root: all pending pairs of every sequence in one forward.
-        h, rows = self._run(feeds, head.fuse(torch.cat(feats).to(self.engine.dtype)))
-        root_h = h[torch.tensor([r0 + n - 1 for r0, n in rows], device=h.device)]  # [B, H]
-        for (_, st), feed in zip(live, feeds):
-            st.fed += len(feed.tokens)
-            # Keep only the root pair's feature, to re-feed it if nothing new arrives before the next draft.
-            st.feat_start, st.feats = st.feat_end - 1, st.feats[-1:]
         idx = [i for i, _ in live]
         reqs = [requests[i] for i in idx]
-        stochastic = None if all(r.greedy for r in reqs) else sampling.select(idx)
         trees = DynamicTrees([r.seq.last_token for r in reqs], [r.budget for r in reqs], self.tree.topk,
-                             self.tree.depth, device=h.device)
-        trees.grow(self._logprobs(root_h, stochastic)[:, None], head.draft_to_target)
-        b, kk = len(live), trees.k
-        level_h = [root_h[:, None].expand(b, kk, root_h.shape[-1])]  # input feature of each level's frontier
-        node_sampling = None if stochastic is None else stochastic.repeat([kk] * b)
-        while not trees.done:
-            tokens, depths, mask = trees.fed_nodes()  # [B, M], [B, M], [B, M, M]
-            inputs = []
-            for level in range(1, trees.levels + 1):
-                if level == 1:
-                    inputs.append(level_h[0])
-                else:  # a node's input feature is its parent's output
-                    slots = trees.frontier_parent_slots(level)
-                    inputs.append(level_h[level - 1].gather(1, slots[:, :, None].expand(-1, -1, level_h[0].shape[-1])))
-            hidden_in = torch.cat(inputs, dim=1)  # [B, M, H]
-            tok_h, dep_h = tokens.tolist(), (depths - 1).tolist()
-            feeds = [Feed(st.kv, tok_h[r], st.fed, depths=dep_h[r], tree_mask=mask[r], logits=NO_LOGITS)
-                     for r, (_, st) in enumerate(live)]
-            h, _ = self._run(feeds, hidden_in.reshape(-1, hidden_in.shape[-1]))
-            h = h.view(b, -1, h.shape[-1])
-            outputs = [h[:, (level - 1) * kk: level * kk] for level in range(1, trees.levels + 1)]
-            level_h = [level_h[0]] + outputs  # level_h[l] = outputs of level l's frontier
-            last = outputs[-1].reshape(b * kk, -1)
-            trees.grow(self._logprobs(last, node_sampling).view(b, kk, -1), head.draft_to_target)
+                             self.tree.depth, device=root_h.device)
+        stochastic = None if all(r.greedy for r in reqs) else sampling.select(idx)
+        self._grow(trees, [st for _, st in live], root_h, stochastic)
         vocab = self.engine.config.vocab_size
         for i, (tokens, parents) in zip(idx, trees.select()):
             out[i] = DraftTree.from_parents(tokens, parents, vocab_size=vocab)
         return out
+
+    def _catch_up(self, requests: list[DraftRequest], extra_entries: int
+                  ) -> tuple[list[tuple[int, _HeadState]], torch.Tensor]:
+        """Feed every sequence's pending pairs in one forward; the root pairs' outputs ``[B, H]``."""
+        live: list[tuple[int, _HeadState]] = []
+        feeds: list[Feed] = []
+        feats: list[torch.Tensor] = []
+        for i, req in enumerate(requests):
+            prepared = self._prepare(req, extra_entries)
+            if prepared is not None:
+                live.append((i, prepared[0]))
+                feeds.append(prepared[1])
+                feats.append(prepared[2])
+        if not live:
+            return live, torch.empty(0)
+        h, rows = self._run(feeds, self.head.fuse(torch.cat(feats).to(self.engine.dtype)))
+        for (_, st), feed in zip(live, feeds):
+            st.fed += len(feed.tokens)
+            # Keep only the root pair's feature, to re-feed it if nothing new arrives before the next draft.
+            st.feat_start, st.feats = st.feat_end - 1, st.feats[-1:]
+        return live, h[torch.tensor([r0 + n - 1 for r0, n in rows], device=h.device)]
+
+    def _grow(self, trees: DynamicTrees, states: list[_HeadState], root_h: torch.Tensor,
+              sampling: SamplingTensors | None) -> None:
+        """All levels of the trees: one tree-masked forward of the frontiers so far per level."""
+        head = self.head
+        trees.grow(self._logprobs(root_h, sampling)[:, None], head.draft_to_target)
+        b, k, width = len(states), trees.k, root_h.shape[-1]
+        # outputs[l] = the head's outputs at level l's frontier ([B, k, H]); level 0 is the root pair.
+        outputs = [root_h[:, None].expand(b, k, width)]
+        node_sampling = None if sampling is None else sampling.repeat([k] * b)
+        while not trees.done:
+            tokens, depths, mask = trees.fed_nodes()  # [B, M], [B, M], [B, M, M]
+            inputs = [outputs[0]]  # level 1 reads the root pair's output; deeper nodes their parent's
+            for level in range(2, trees.levels + 1):
+                slots = trees.frontier_parent_slots(level)[:, :, None].expand(b, k, width)
+                inputs.append(outputs[level - 1].gather(1, slots))
+            tok_h, dep_h = tokens.tolist(), (depths - 1).tolist()
+            feeds = [Feed(st.kv, tok_h[r], st.fed, depths=dep_h[r], tree_mask=mask[r], logits=NO_LOGITS)
+                     for r, st in enumerate(states)]
+            h, _ = self._run(feeds, torch.cat(inputs, dim=1).reshape(-1, width))
+            h = h.view(b, trees.levels, k, width)
+            outputs = [outputs[0]] + [h[:, level] for level in range(trees.levels)]
+            last = outputs[-1].reshape(b * k, width)
+            trees.grow(self._logprobs(last, node_sampling).view(b, k, -1), head.draft_to_target)
 
 
 class Eagle3Proposer(EagleProposer):
