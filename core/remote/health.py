@@ -46,7 +46,7 @@ class WorkerSlot:
         self.assigned = 0
         self.releases: list[str] = []
         self.threads: int | None = None
-        self.worker_seconds = 0.0  # compute time of the last call
+        self.scheduler: Any = None  # its ThreadScheduler, made once its core count is known
         self.timeout_ewma = 0.0
         self._ping: Any = None
         self._ping_age = 0

@@ -33,7 +33,7 @@ from hyspec.remote.health import DOWN, INCOMPATIBLE, JOINING, UP, HealthMonitor,
 from hyspec.remote.metrics import RemoteMetrics
 from hyspec.remote.protocol import (DraftCall, HiddenBlock, ProtocolError, SamplingSpec, SeqUpdate, decode_reply,
                                     draft_to_tree, encode_call)
-from hyspec.remote.scheduler import BusyMeter, ThreadPolicy, choose_threads
+from hyspec.remote.scheduler import BusyMeter, ThreadPolicy, ThreadScheduler
 from hyspec.remote.transport import Pending, RemoteUnavailable, WorkerGone, WorkerHandle
 from hyspec.remote.wire import WireError
 from hyspec.remote.worker import DEFAULT_WORKER_KV_BYTES, vocab_fingerprint
@@ -85,7 +85,7 @@ class RemoteProposer(Proposer):
         self.max_missed = rc.max_missed_pings
         self.options = options
         self.metrics = metrics or RemoteMetrics(spec.method)
-        self.policy = ThreadPolicy(rc.busy_threshold, rc.min_cores, self.deadline_s, options.fixed_threads)
+        self.policy = ThreadPolicy(rc.busy_threshold, rc.min_cores, options.fixed_threads)
         self.busy = BusyMeter()
         tokenizer = getattr(engine, "tokenizer", None)
         self._fingerprint = vocab_fingerprint(tokenizer) if tokenizer is not None else None
@@ -271,8 +271,10 @@ class RemoteProposer(Proposer):
         updates = [self._update(slot, requests[i].seq, requests[i].budget) for i in idx]
         if self.options.warm_up:
             updates += [self._update(slot, seq, 0) for seq in self._warm_candidates(slot)]
-        slot.threads = choose_threads(self.policy, slot.threads or slot.cores, slot.cores, self.busy.value,
-                                      len(idx), slot.worker_seconds)
+        scheduler = slot.scheduler
+        if scheduler is None or scheduler.cores != slot.cores:  # new, or restarted on another node
+            scheduler = slot.scheduler = ThreadScheduler(self.policy, slot.cores)
+        slot.threads = scheduler.choose(self.busy.value, len(idx))
         releases, slot.releases = slot.releases, []
         return DraftCall(next(self._call_ids), updates, releases, self.pipelining, slot.threads)
 
@@ -311,7 +313,9 @@ class RemoteProposer(Proposer):
         except (WireError, ProtocolError) as exc:
             self._invalid(getattr(exc, "kind", "bytes"), len(idx), slot, exc)
             return
-        slot.worker_seconds = reply.worker_seconds
+        fresh = sum(len(r.tokens) for r in raws.values() if r.status == "ok" and not r.pipelined)
+        if slot.scheduler is not None:
+            slot.scheduler.observe(call.threads, reply.worker_seconds, fresh)
         for i in idx:
             req = requests[i]
             seq = req.seq

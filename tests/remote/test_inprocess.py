@@ -95,7 +95,8 @@ def test_without_pipelining_nothing_is_pipelined(target_dir, draft_dir, plain_ou
 def test_sampled_requests_get_remote_q(fresh_metrics):
     llm, rp = fresh_metrics
     accepted = llm.engine.spec.metrics.snapshot()["totals"]["accepted_tokens"]
-    params = [SamplingParams(temperature=0.8, top_k=k, seed=i, max_tokens=24) for i, k in enumerate([0, 20] * 4)]
+    params = [SamplingParams(temperature=0.8, top_k=k, seed=i, max_tokens=24, ignore_eos=True)
+              for i, k in enumerate([0, 20] * 4)]
     outs = llm.generate(PROMPTS, params)
     assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
     snap = rp.metrics.snapshot()
@@ -132,7 +133,7 @@ def test_garbage_is_counted_and_the_step_falls_back(fresh_metrics, plain_outputs
     llm, rp = fresh_metrics
     rp.slots[0].handle.set_fault(garbage=kind).result(5)
     if kind == "nan":  # q is read for sampled requests only
-        params = [SamplingParams(temperature=0.8, seed=i, max_tokens=16) for i in range(4)]
+        params = [SamplingParams(temperature=0.8, seed=i, max_tokens=16, ignore_eos=True) for i in range(4)]
         outs = llm.generate(PROMPTS[:4], params)
         assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
         expected_kind = "probs"

@@ -1,48 +1,69 @@
-"""Adaptive thread partitioning: the policy, the busy meter, and the fixed-cap baseline."""
+"""Adaptive thread partitioning: floor rules, the measured hill climb, the fixed-cap baseline, busy meter."""
 from __future__ import annotations
 
 import pytest
 
-from hyspec.remote.scheduler import BusyMeter, ThreadPolicy, choose_threads
+from hyspec.remote.scheduler import EXPLORE_EVERY, TRIAL_CALLS, BusyMeter, ThreadPolicy, ThreadScheduler
 
-P = ThreadPolicy(busy_threshold=0.95, min_cores=4, deadline_s=0.05)
-
-
-def test_idle_worker_holds_the_floor():
-    assert choose_threads(P, current=16, cores=16, busy=0.5, queued=0, draft_seconds=0.0) == 4
+P = ThreadPolicy(busy_threshold=0.95, min_cores=4)
 
 
-def test_saturated_target_cuts_to_the_floor_not_below():
-    assert choose_threads(P, 16, 16, busy=0.97, queued=8, draft_seconds=0.04) == 4
+def run(s: ThreadScheduler, cost_per_token, calls: int, busy: float = 0.5) -> list[int]:
+    """Drive ``calls`` draft calls whose compute cost per token is ``cost_per_token(threads)``."""
+    seen = []
+    for _ in range(calls):
+        t = s.choose(busy, queued=8)
+        s.observe(t, cost_per_token(t) * 32, tokens=32)
+        seen.append(t)
+    return seen
 
 
-def test_busy_below_threshold_keeps_cores():
-    # 0.9 busy cut drafters to 2 cores in the field report; with threshold 0.95 it does not cut at all.
-    assert choose_threads(P, 16, 16, busy=0.9, queued=8, draft_seconds=0.02) == 16
-
-
-def test_queue_pressure_grows_and_shrinks_within_bounds():
-    grown = choose_threads(P, 4, 16, busy=0.5, queued=8, draft_seconds=0.04)  # 80 % of the deadline
-    assert grown == 6
-    assert choose_threads(P, 14, 16, 0.5, 8, 0.04) == 16  # never above the cores
-    assert choose_threads(P, 8, 16, 0.5, 8, 0.001) == 7  # cheap drafts give a thread back
-    assert choose_threads(P, 4, 16, 0.5, 8, 0.001) == 4  # ... never below the floor
-    assert choose_threads(P, 8, 16, 0.5, 8, 0.015) == 8  # in between: hold
+def test_idle_or_saturated_target_gets_the_floor_never_below():
+    s = ThreadScheduler(P, cores=16)
+    assert s.choose(busy=0.5, queued=0) == 4
+    assert s.choose(busy=0.97, queued=8) == 4
+    # 0.9 busy cut drafters to 2 cores in the field report; with threshold 0.95 nothing is cut
+    assert s.choose(busy=0.9, queued=8) == 16
 
 
 def test_floor_above_the_node_is_the_node():
-    assert choose_threads(P, 1, 2, busy=0.99, queued=3, draft_seconds=0.0) == 2
+    s = ThreadScheduler(P, cores=2)
+    assert s.floor == 2 and run(s, lambda t: 1.0, 50) == [2] * 50
+
+
+def test_compute_bound_drafts_keep_all_cores():
+    s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=16)
+    seen = run(s, lambda t: 1.0 / t, 200)  # perfect scaling: every trial of fewer threads is worse
+    assert seen[-1] == 16 and seen.count(16) > 0.8 * len(seen)
+
+
+def test_oversubscribed_host_sheds_threads_to_the_floor():
+    s = ThreadScheduler(ThreadPolicy(min_cores=2), cores=16)
+    run(s, lambda t: 1.0 + 0.5 * t, 400)  # every extra thread waits at barriers: cost grows with threads
+    assert s.current == 2
+
+
+def test_flat_cost_prefers_fewer_threads():
+    s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=8)
+    run(s, lambda t: 1.0 if t >= 3 else 2.0, 600)  # scales to 3 threads, flat after
+    assert s.current == 3
+
+
+def test_trials_are_short_and_spaced():
+    s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=8)
+    seen = run(s, lambda t: 1.0 / t, EXPLORE_EVERY + TRIAL_CALLS + 1)
+    assert seen[:EXPLORE_EVERY] == [8] * EXPLORE_EVERY
+    assert seen[EXPLORE_EVERY:EXPLORE_EVERY + TRIAL_CALLS] == [6] * TRIAL_CALLS  # one step down: 8 - 8 // 4
+    assert seen[-1] == 8
 
 
 def test_fixed_cap_ignores_load():
-    fixed = ThreadPolicy(min_cores=4, deadline_s=0.05, fixed=2)
-    for busy, queued, t in [(0.1, 8, 0.049), (0.99, 0, 0.0)]:
-        assert choose_threads(fixed, 16, 16, busy, queued, t) == 2
-    assert choose_threads(ThreadPolicy(fixed=8), 1, 4, 0.0, 1, 0.0) == 4
+    s = ThreadScheduler(ThreadPolicy(min_cores=4, fixed=2), cores=16)
+    assert {s.choose(b, q) for b, q in [(0.1, 8), (0.99, 0), (0.5, 3)]} == {2}
+    assert ThreadScheduler(ThreadPolicy(fixed=8), cores=4).choose(0.0, 1) == 4
 
 
-@pytest.mark.parametrize("kw", [{"busy_threshold": 0.0}, {"busy_threshold": 1.5}, {"min_cores": 0},
-                                {"deadline_s": 0}, {"fixed": 0}])
+@pytest.mark.parametrize("kw", [{"busy_threshold": 0.0}, {"busy_threshold": 1.5}, {"min_cores": 0}, {"fixed": 0}])
 def test_policy_validates(kw):
     with pytest.raises(ValueError):
         ThreadPolicy(**kw)
