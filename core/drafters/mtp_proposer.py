@@ -29,6 +29,7 @@ from hyspec.drafters.mtp_checkpoint import is_mtp_checkpoint, load_mtp
 from hyspec.drafters.mtp_model import MTPDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
+from hyspec.errors import ConfigError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors, sample
@@ -97,6 +98,9 @@ class MTPProposer(Proposer):
     def from_spec(cls, engine, spec) -> "MTPProposer":
         from hyspec.spec.methods import draft_dir
 
+        if getattr(spec.config, "speculative_token_tree", None) is not None:
+            raise ConfigError("speculative_token_tree", "hyspec's mtp drafts chains; static token trees are "
+                                                        "not implemented for it (remove the key)")
         path = spec.model
         if path is None and is_mtp_checkpoint(engine.model_path):
             path = engine.model_path  # DeepSeek layout: the modules live in the target's checkpoint

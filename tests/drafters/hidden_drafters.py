@@ -112,8 +112,12 @@ def train_drafter(method: str, target_dir: Path, out_dir: Path, sequences: list[
     return metrics
 
 
-def reclaim_before(llm: LLM, method: str, calls: tuple[int, ...]) -> dict[str, int]:
-    """Make the pool take every draft cache back before the listed ``propose`` calls (the drafter restarts)."""
+def reclaim_before(llm: LLM, method: str, calls: tuple[int, ...], idle_every: int = 0) -> dict[str, int]:
+    """Make the pool take every draft cache back before the listed ``propose`` calls (the drafter restarts).
+
+    With ``idle_every``, every such call drafts nothing without asking the drafter, as when the
+    dispatcher picks another method: the drafter must catch up on the steps it missed.
+    """
     proposer = llm.engine.spec.proposers[method]
     inner = proposer.propose
     seen = {"n": 0, "reclaimed": 0, "max_offset": 0}
@@ -123,6 +127,8 @@ def reclaim_before(llm: LLM, method: str, calls: tuple[int, ...]) -> dict[str, i
         if seen["n"] in calls:
             seen["reclaimed"] += proposer.states.reclaim(10 ** 9) > 0
         seen["max_offset"] = max([seen["max_offset"]] + [st.offset for st in proposer.states.values()])
+        if idle_every and seen["n"] % idle_every == 0:
+            return [None] * len(requests)
         return inner(requests, sampling)
 
     proposer.propose = propose

@@ -134,13 +134,27 @@ def test_trained_drafter_is_identical_to_plain_with_long_accepted_blocks(target_
     assert_clean_pool(llm)
 
 
-def test_drafter_restarts_after_the_pool_takes_its_cache_back(target_dir, trained_dir, plain):
-    """A reclaimed sequence restarts its draft state at the next committed position (KV index 0 = offset)."""
+def test_drafter_catches_up_after_idle_steps_and_restarts_after_a_reclaim(target_dir, trained_dir, plain):
+    """Idle steps (another method drafting) are caught up lazily; a reclaimed sequence restarts its draft
+    state at the next committed position (KV index 0 = offset)."""
     llm = spec_llm(target_dir, {"method": "dflash", "model": str(trained_dir), "num_speculative_tokens": 4})
-    calls = reclaim_before(llm, "dflash", (3, 6))
+    calls = reclaim_before(llm, "dflash", (3, 6), idle_every=2)
     assert generate_in_batches(llm, 8) == plain["outputs"]
     assert calls["reclaimed"] == 2 and calls["max_offset"] > 0, calls
     assert totals(llm)["accepted_tokens"] > 0
+    assert_clean_pool(llm)
+
+
+def test_sampled_requests_draft_valid_q_and_are_reproducible(target_dir, trained_dir):
+    from hyspec import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=11, max_tokens=24)
+    llm = spec_llm(target_dir, {"method": "dflash", "model": str(trained_dir), "num_speculative_tokens": BLOCK})
+    first = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
+    again = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
+    assert first == again and all(len(t) == 24 for t in first)
+    t = totals(llm)
+    assert t["draft_tokens"] > 0 and "draft_unavailable" not in t["rejections"], t  # every q row passed the checks
     assert_clean_pool(llm)
 
 

@@ -176,6 +176,19 @@ def _toy_dspark(models, peek: bool = False):
     return draft, seen_lengths
 
 
+def test_sampled_requests_draft_valid_q_and_are_reproducible(target_dir, trained_dir):
+    from hyspec import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=11, max_tokens=24)
+    llm = spec_llm(target_dir, {"method": "dspark", "model": str(trained_dir), "num_speculative_tokens": BLOCK})
+    first = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
+    again = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
+    assert first == again and all(len(t) == 24 for t in first)
+    t = totals(llm)
+    assert t["draft_tokens"] > 0 and "draft_unavailable" not in t["rejections"], t  # every q row passed the checks
+    assert_clean_pool(llm)
+
+
 def test_sampled_chains_with_markov_bias_and_cut_emit_the_target_distribution():
     """200,000 sequences through decode_block + the cut + verify, checked as in tests/test_verify_stats.py."""
     from tests.test_verify_stats import PARAMS, ToyModels, failures

@@ -137,10 +137,11 @@ def test_trained_modules_are_identical_to_plain_with_long_accepted_chains(target
     assert_clean_pool(llm)
 
 
-def test_drafter_restarts_after_the_pool_takes_its_cache_back(target_dir, trained_dir, plain):
-    """A reclaimed sequence restarts its draft state at the next committed position (KV index 0 = offset)."""
+def test_drafter_catches_up_after_idle_steps_and_restarts_after_a_reclaim(target_dir, trained_dir, plain):
+    """Idle steps (another method drafting) are caught up lazily; a reclaimed sequence restarts its draft
+    state at the next committed position (KV index 0 = offset)."""
     llm = spec_llm(target_dir, {"method": "mtp", "model": str(trained_dir), "num_speculative_tokens": 4})
-    calls = reclaim_before(llm, "mtp", (3, 6))
+    calls = reclaim_before(llm, "mtp", (3, 6), idle_every=2)
     assert generate_in_batches(llm, 8) == plain["outputs"]
     assert calls["reclaimed"] == 2 and calls["max_offset"] > 0, calls
     assert totals(llm)["accepted_tokens"] > 0
@@ -155,7 +156,8 @@ def test_sampled_requests_are_reproducible(target_dir, trained_dir):
     first = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
     again = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
     assert first == again and all(len(t) == 24 for t in first)
-    assert totals(llm)["draft_tokens"] > 0
+    t = totals(llm)
+    assert t["draft_tokens"] > 0 and "draft_unavailable" not in t["rejections"], t
     assert_clean_pool(llm)
 
 
@@ -192,3 +194,10 @@ def test_corrupt_or_incomplete_checkpoints_are_rejected(target_dir, target, tmp_
         load_mtp(target_dir, *args)  # a plain target: no num_nextn_predict_layers
     with pytest.raises(CheckpointError, match="no MTP modules"):
         spec_llm(target_dir, {"method": "mtp", "model": str(target_dir)})
+
+
+def test_a_static_token_tree_is_refused(deepseek_dir):
+    from hyspec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="speculative_token_tree"):
+        spec_llm(deepseek_dir, {"method": "mtp", "speculative_token_tree": "[(0,), (1,), (0, 0)]"})
