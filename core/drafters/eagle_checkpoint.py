@@ -126,7 +126,10 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
                            input_layernorm=prefix + "input_layernorm.weight" in names)
     eagle_cfg = body.get("eagle_config") or {}
     ids = body.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
-    ids = tuple(int(j) for j in ids) if ids else default_aux_layer_ids(target_cfg.num_hidden_layers)
+    try:
+        ids = tuple(int(j) for j in ids) if ids else default_aux_layer_ids(target_cfg.num_hidden_layers)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {ids!r}") from None
     if max(ids) > target_cfg.num_hidden_layers:
         raise CheckpointError(f"eagle_aux_hidden_state_layer_ids {list(ids)} name layers the target "
                               f"({target_cfg.num_hidden_layers} layers) does not have")
