@@ -139,7 +139,9 @@ async def run_load(base_url: str, clients: int = 64, duration: float = 10.0, max
     report = LoadReport(clients, duration, max_tokens)
     prompts = make_prompts(num_prompts or 2 * clients)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # Idle connections expire on the client before the server's 5 s keep-alive closes them; equal
+    # timeouts race, and a request sent on a connection the server is closing fails with ReadError.
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(duration + grace)) as client:
         results: list[StreamResult] = []
