@@ -178,10 +178,9 @@ class OnnxDraftModel:
                               "re-export it with hyspec.cpu_ops.onnx_drafter.export_draft_model")
         self.vocab_size = int(meta["hyspec.config.vocab_size"])
         self.weights_sha256 = meta.get(META_WEIGHTS)
-        session = self.module._session(num_threads)
-        past = [i for i in session.get_inputs() if i.name.startswith("past_key_")]
+        past = [shape for name, shape in self.module.input_shapes.items() if name.startswith("past_key_")]
         self.num_layers = len(past)
-        self.num_kv_heads, self.head_dim = int(past[0].shape[1]), int(past[0].shape[3])
+        self.num_kv_heads, self.head_dim = int(past[0][1]), int(past[0][3])
 
     @classmethod
     def from_drafter_dir(cls, model_dir: str | Path, num_threads: int | None = None, **kw) -> "OnnxDraftModel":

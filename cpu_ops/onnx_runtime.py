@@ -89,6 +89,8 @@ class OnnxModule:
         self.input_names: tuple[str, ...] = tuple(i.name for i in session.get_inputs())
         self.output_names: tuple[str, ...] = tuple(o.name for o in session.get_outputs())
         self._input_types = {i.name: i.type for i in session.get_inputs()}
+        #: declared shape of each input: ints for static axes, names (str) for dynamic ones
+        self.input_shapes: dict[str, tuple[int | str, ...]] = {i.name: tuple(i.shape) for i in session.get_inputs()}
 
     @property
     def metadata(self) -> dict[str, str]:

@@ -66,12 +66,13 @@ class Bound:
         a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
         if a.shape != e.shape:
             return float("inf"), float("inf")
-        diff = (a - e).abs().nan_to_num(nan=float("inf"))
+        inf = float("inf")
+        diff = (a - e).abs().nan_to_num(nan=inf, posinf=inf)
         if diff.numel() == 0:
             return 0.0, 0.0
         bound = self.atol + self.rtol * e.abs()
         ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / bound)
-        return float(diff.max()), float(ratio.nan_to_num(nan=float("inf")).max())
+        return float(diff.max()), float(ratio.nan_to_num(nan=inf, posinf=inf).max())
 
     def describe(self) -> str:
         return "exact" if self.exact else f"atol {self.atol:.3g}, rtol {self.rtol:.3g}"
@@ -104,16 +105,18 @@ def bound(op: str, dtype: torch.dtype, source: str) -> Bound:
     return Bound(max(cuda.atol, npu.atol), max(cuda.rtol, npu.rtol), "envelope of the cuda_ops and npu_ops tables")
 
 
-def table() -> list[dict[str, object]]:
-    """Every (source, dtype, op) bound as rows, for the report and docs/conformance.md."""
-    rows = []
-    for source in SOURCES:
+def markdown_table() -> str:
+    """The table as docs/conformance.md prints it (``atol / rtol``; one row per op and dtype)."""
+    def cell(b: Bound) -> str:
+        return "exact" if b.exact else f"{b.atol:.3g} / {b.rtol:.3g}"
+
+    lines = ["| op | dtype | triton | torch_npu | reference, cpu_ops |", "|---|---|---|---|---|"]
+    for op in TENSOR_OPS:
         for dtype in DTYPES:
-            for op in TENSOR_OPS:
-                b = bound(op, dtype, source)
-                rows.append({"source": source, "dtype": str(dtype).removeprefix("torch."), "op": op,
-                             "atol": b.atol, "rtol": b.rtol, "origin": b.origin})
-    return rows
+            cells = [cell(bound(op, dtype, source)) for source in ("triton", "torch_npu", "reference")]
+            lines.append(f"| {op} | {str(dtype).removeprefix('torch.')} | " + " | ".join(cells) + " |")
+    lines.append("| sample, rejection_sample | float32 | exact | exact | exact |")
+    return "\n".join(lines)
 
 
-__all__ = ["Bound", "DTYPES", "SOURCES", "TENSOR_OPS", "TOKEN_OPS", "bound", "table"]
+__all__ = ["Bound", "DTYPES", "SOURCES", "TENSOR_OPS", "TOKEN_OPS", "bound", "markdown_table"]
