@@ -146,16 +146,22 @@ class LLMEngine:
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self._encode(prompt)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), _int_list(prompt["prompt_token_ids"])
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+                return prompt["prompt"], self._encode(prompt["prompt"])
             raise RequestError("a prompt dict needs 'prompt' (str) or 'prompt_token_ids' (list of int)")
         if isinstance(prompt, (list, tuple)):
             return None, _int_list(prompt)
         raise RequestError(f"a prompt must be a string, a list of token ids or a dict, not {type(prompt).__name__}")
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text)
+        except (TypeError, ValueError, UnicodeError) as exc:  # e.g. unpaired UTF-16 surrogates
+            raise RequestError(f"the prompt cannot be tokenized: {exc}") from None
 
     def abort_request(self, request_id: str) -> None:
         seq = self._requests.pop(str(request_id), None)

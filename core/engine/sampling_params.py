@@ -31,6 +31,17 @@ class SamplingParams:
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        # Every value must survive the float32 / int64 tensors the samplers build each step:
+        # a value that overflows or rounds to 0 there would fail the whole batch, not one request.
+        for name in ("temperature", "top_p", "min_p"):
+            _check_float32(name, getattr(self, name))
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k > 2**31 - 1:
+            raise RequestError(f"top_k must be an integer below 2**31, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**64):
+            raise RequestError(f"seed must be a 64-bit integer, got {self.seed!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)):
+            raise RequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.n != 1:
             raise RequestError(f"n={self.n}: hyspec returns one completion per request (n must be 1)")
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature or self.temperature < 0:
@@ -61,3 +72,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _check_float32(name: str, value: object) -> None:
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a finite number, got {value!r}")
+    if abs(value) > 3.0e38:
+        raise RequestError(f"{name} is too large ({value!r})")
+    if value != 0 and abs(value) < 1.2e-38:
+        raise RequestError(f"{name} is too small to represent ({value!r}); use 0 or at least 1e-38")

@@ -98,6 +98,11 @@ def test_token_id_prompts_and_chat(tiny_llm):
     (dict(top_p=1.5), "top_p"),
     (dict(top_k=-5), "top_k"),
     (dict(min_p=2.0), "min_p"),
+    (dict(top_p=1e-320), "top_p"),
+    (dict(temperature=1e39), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=2**40), "top_k"),
+    (dict(seed=2**70), "seed"),
 ])
 def test_bad_sampling_params_are_named(kwargs, message):
     with pytest.raises(RequestError, match=message):
@@ -113,6 +118,8 @@ def test_bad_request_is_rejected_and_engine_keeps_serving(tiny_llm):
         engine.add_request({"prompt_token_ids": [5, 10**9]}, SamplingParams())
     with pytest.raises(RequestError, match="empty"):
         engine.add_request("", SamplingParams())
+    with pytest.raises(RequestError, match="cannot be tokenized"):
+        engine.add_request("\ud800", SamplingParams())
     done = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
