@@ -13,7 +13,8 @@ draft accepted: bonus tokens, KV compaction of long paths).
 
 ``plain`` compares the engine's plain decoding on the backend with a
 cache-free greedy decoding of the same weights by the reference model on the
-CPU (fp32): the cross-backend identity.  Every method is then compared with
+CPU in the engine's dtype (fp32 on CPU targets, bf16 on accelerators): the
+cross-backend identity.  Every method is then compared with
 the backend's plain decoding.  A divergence is allowed only at a measured
 near-tie (``hyspec.numerics``) and is reported; anything else fails.
 """
@@ -73,9 +74,9 @@ class Workspace:
     root: Path
     target_dir: Path = field(init=False)
     _drafters: dict[str, Path | HyspecError] = field(default_factory=dict, init=False)
-    _oracle: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict, init=False)
+    _oracle: dict[tuple[int, int, str], list[list[int]]] = field(default_factory=dict, init=False)
     _plain: dict[tuple[str, str, int, int], list[list[int]]] = field(default_factory=dict, init=False)
-    _reference_model: Any = field(default=None, init=False)
+    _reference_models: dict[str, Any] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.target_dir = make_tiny_target(self.root / "target")
@@ -87,13 +88,13 @@ class Workspace:
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    @property
-    def reference_model(self):
-        if self._reference_model is None:
+    def reference_model(self, dtype: str = "float32"):
+        """The tiny target in ``dtype`` on the CPU with the reference ops."""
+        if dtype not in self._reference_models:
             from hyspec.model.loader import load_model
 
-            self._reference_model = load_model(self.target_dir, dtype="float32")
-        return self._reference_model
+            self._reference_models[dtype] = load_model(self.target_dir, dtype=dtype)
+        return self._reference_models[dtype]
 
     def drafter(self, method: str) -> Path:
         """A random drafter for ``method`` saved in its public layout; HyspecError when the build lacks it."""
@@ -115,15 +116,15 @@ class Workspace:
         out.mkdir(exist_ok=True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            drafter = recipe.build(self.reference_model, dict(DRAFTER_OPTIONS.get(method, {})))
+            drafter = recipe.build(self.reference_model(), dict(DRAFTER_OPTIONS.get(method, {})))
             recipe.save(drafter.eval(), self.target_dir, out)
         return out
 
-    def oracle(self, settings: MethodSettings) -> list[list[int]]:
-        """Cache-free greedy continuations by the reference model (fp32, CPU)."""
-        key = (settings.num_prompts, settings.max_tokens)
+    def oracle(self, settings: MethodSettings, dtype: str) -> list[list[int]]:
+        """Cache-free greedy continuations by the reference model (CPU, in the engine's dtype)."""
+        key = (settings.num_prompts, settings.max_tokens, dtype)
         if key not in self._oracle:
-            model = self.reference_model
+            model = self.reference_model(dtype)
             outs = []
             with torch.no_grad():
                 for prompt in prompts(settings.num_prompts):
@@ -135,8 +136,8 @@ class Workspace:
             self._oracle[key] = outs
         return self._oracle[key]
 
-    def reference_logits(self, prefix: list[int]) -> torch.Tensor:  # [V] fp32, the reference's next-token logits
-        model = self.reference_model
+    def reference_logits(self, prefix: list[int], dtype: str) -> torch.Tensor:  # [V] fp32 next-token logits
+        model = self.reference_model(dtype)
         with torch.no_grad():
             return model.compute_logits(model.forward_dense(torch.tensor([prefix])).hidden[0, -1:])[0]
 
@@ -171,7 +172,8 @@ def _compare(ws: Workspace, target: Target, label: str, expected: list[list[int]
         if exp == act:
             continue
         index = next((i for i, (a, b) in enumerate(zip(exp, act)) if a != b), min(len(exp), len(act)))
-        logits = ws.reference_logits(list(prompt) + exp[:index]) if index < min(len(exp), len(act)) else None
+        logits = (ws.reference_logits(list(prompt) + exp[:index], engine_dtype(target))
+                  if index < min(len(exp), len(act)) else None)
         verdict = classify_divergence(exp, act, logits, dtype)
         if not verdict.allowed:
             return CaseResult(label=label, status="fail", detail=verdict.describe())
@@ -211,8 +213,9 @@ def check_plain(target: Target, ws: Workspace, settings: MethodSettings) -> Chec
     except Exception as exc:
         return CheckResult("plain", "error", detail=f"{type(exc).__name__}: {exc}")
     ws._plain[(target.name, target.mode, settings.num_prompts, settings.max_tokens)] = actual
-    cases = [_compare(ws, target, "plain decoding vs reference model (CPU, fp32)", ws.oracle(settings), actual,
-                      batch), _pool_case(llm)]
+    dtype = engine_dtype(target)
+    cases = [_compare(ws, target, f"plain decoding vs the reference model (CPU, {dtype}, cache-free)",
+                      ws.oracle(settings, dtype), actual, batch), _pool_case(llm)]
     result = CheckResult.from_cases("plain", cases)
     result.detail = f"{engine_dtype(target)}, {len(batch)} ragged prompts x {settings.max_tokens} tokens: " + (
         cases[0].detail if cases[0].status == "pass" else "see cases")
@@ -273,7 +276,9 @@ def check_method(target: Target, ws: Workspace, method: str, settings: MethodSet
             cases.append(CaseResult(label="switching", status="fail", detail=f"only {used} chosen"))
     result = CheckResult.from_cases(method, cases)
     rate = accepted / drafted if drafted else 0.0
-    result.detail = (f"identical: {len(batch)} ragged prompts x {settings.max_tokens} tokens, {drafted} drafted, "
+    near_ties = [f"{c.label}: {c.detail}" for c in cases if c.detail.startswith("allowed")]
+    same = "identical" + (f" up to reported near-ties ({'; '.join(near_ties)})" if near_ties else "")
+    result.detail = (f"{same}: {len(batch)} ragged prompts x {settings.max_tokens} tokens, {drafted} drafted, "
                      f"{accepted} accepted ({rate:.0%}), KV clean, {time.perf_counter() - started:.1f}s"
                      if result.status == "pass" else "; ".join(c.detail for c in cases if c.status != "pass"))
     return result
