@@ -187,6 +187,16 @@ def test_dynamo_exporter_without_onnxscript_says_so():
         export_onnx(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), ["x"], ["y"], {}, exporter="dynamo")
 
 
+@pytest.mark.slow
+def test_dynamo_exporter_matches_torch(drafter_dir):
+    pytest.importorskip("onnxscript")
+    onnx = OnnxDraftModel(export_draft_model(drafter_dir, exporter="dynamo"))
+    assert read_metadata(export_draft_model(drafter_dir))["hyspec.exporter"] == "torchscript"
+    assert onnx.module.metadata["hyspec.exporter"] == "dynamo"
+    result = check_against_torch(load_model(drafter_dir, dtype="float32"), onnx, PROMPTS, steps=4)
+    assert result.passed, result
+
+
 def test_missing_onnxruntime_names_the_cpu_extra(monkeypatch, onnx_bytes):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     with pytest.raises(OnnxUnavailableError, match=r"hyspec\[cpu\]"):
