@@ -110,7 +110,7 @@ class DraftHost:
         self._lock = threading.Lock()  # guards the counters below (read by ping from other threads)
         self._waiting_real = 0
         self._applied_threads = 0
-        self.calls = self.spec_hits = self.spec_misses = self.spec_skipped = 0
+        self.calls = self.spec_hits = self.spec_misses = self.spec_skipped = self.gaps = 0
         self._cpu_mark = (time.monotonic(), time.process_time())
 
     # -- entry points (any thread) -----------------------------------------------------------------
@@ -139,7 +139,8 @@ class DraftHost:
                     "method": self.proposer.method, "pid": os.getpid(), "threads": self.threads,
                     "cores": self.cores, "cores_used": cores_used, "cpu_util": min(1.0, cores_used / self.threads),
                     "sequences": len(self._shadows), "queued": self._waiting_real, "calls": self.calls,
-                    "spec_hits": self.spec_hits, "spec_misses": self.spec_misses, "spec_skipped": self.spec_skipped}
+                    "spec_hits": self.spec_hits, "spec_misses": self.spec_misses, "spec_skipped": self.spec_skipped,
+                    "gaps": self.gaps}
 
     def info(self) -> dict:
         """What the target needs to know at the handshake: the drafter's shape and identity."""
@@ -182,6 +183,7 @@ class DraftHost:
         for u in call.updates:
             sh = self._apply_update(u)
             if sh is None:
+                self.gaps += 1
                 known = self._shadows.get(u.rid)
                 drafts.append(SeqDraft(u.rid, "resync", len(known.token_ids) if known else 0))
                 continue

@@ -93,7 +93,7 @@ class RemoteProposer(Proposer):
         self.slots = [WorkerSlot(h) for h in handles]
         self._assign: dict[str, WorkerSlot] = {}
         self._hidden: dict[str, list[HiddenBlock]] = {}
-        self._inflight: dict[str, tuple[Pending, float]] = {}  # worker -> (late call still running there, since)
+        self._inflight: dict[str, tuple[Pending, float, DraftCall]] = {}  # worker -> (late call, since, call)
         self._call_ids = itertools.count()
         self._warned: set[str] = set()
         self.monitor = HealthMonitor(self.slots, self._lock, self.metrics, rc.ping_interval_ms / 1000,
@@ -194,7 +194,7 @@ class RemoteProposer(Proposer):
             try:
                 data = pending.result(max(0.0, deadline - time.perf_counter()))
             except TimeoutError:
-                self._inflight[slot.name] = (pending, time.perf_counter())
+                self._inflight[slot.name] = (pending, time.perf_counter(), call)
                 slot.note_call(timed_out=True)
                 self._lost_to_deadline(len(idx))
                 continue
@@ -261,11 +261,28 @@ class RemoteProposer(Proposer):
         late = self._inflight.get(slot.name)
         if late is None:
             return False
-        pending, since = late
-        if pending.done() or time.perf_counter() - since > ABANDON_LATE_CALL_DEADLINES * self.deadline_s:
+        pending, since, call = late
+        if pending.done():
             del self._inflight[slot.name]
+            self._learn_from_late(slot, call, pending)
+            return False
+        waited = time.perf_counter() - since + self.deadline_s  # since the call went out
+        if waited > (ABANDON_LATE_CALL_DEADLINES + 1) * self.deadline_s:
+            del self._inflight[slot.name]
+            if slot.scheduler is not None:  # a lower bound of its cost is still a lesson
+                slot.scheduler.observe(call.threads, waited, sum(u.budget for u in call.updates), abandoned=True)
             return False
         return True
+
+    def _learn_from_late(self, slot: WorkerSlot, call: DraftCall, pending: Pending) -> None:
+        """A late answer's drafts are stale, but its compute time still teaches the thread scheduler."""
+        try:
+            reply, raws = decode_reply(pending.result(0))
+        except Exception:  # gone, or garbage: nothing to learn
+            return
+        if slot.scheduler is not None and reply.call_id == call.call_id:
+            fresh = sum(len(r.tokens) for r in raws.values() if r.status == "ok" and not r.pipelined)
+            slot.scheduler.observe(call.threads, reply.worker_seconds, fresh)
 
     def _build_call(self, slot: WorkerSlot, idx: list[int], requests: list[DraftRequest]) -> DraftCall:
         updates = [self._update(slot, requests[i].seq, requests[i].budget) for i in idx]

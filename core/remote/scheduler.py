@@ -19,7 +19,10 @@ Per worker, before each draft call (:meth:`ThreadScheduler.choose`):
   scheduler measures instead of assuming: every ``EXPLORE_EVERY`` calls it
   tries a neighbouring count for ``TRIAL_CALLS`` calls and keeps it if it is
   cheaper -- fewer threads win ties (they free cores), more threads must
-  be clearly cheaper; each losing trial doubles the wait before the next.  It starts at all the node's cores (a dedicated CPU
+  be clearly cheaper; each losing trial doubles the wait before the next.
+  The first trial comes after only ``TRIAL_CALLS`` calls; a call given up
+  on as hopelessly late triggers one at once, and a trial that is clearly
+  worse (``CLEAR_LOSS``) ends after one call.  It starts at all the node's cores (a dedicated CPU
   node) and explores downwards first.
 
 The thread count travels in the draft call; the worker applies it with
@@ -36,6 +39,7 @@ MAX_EXPLORE_BACKOFF = 16  # ... doubled after each trial that lost, up to 16x (s
 TRIAL_CALLS = 6  # calls measured at the neighbour
 COST_ALPHA = 0.3  # EWMA weight of the newest per-token cost
 FEWER_THREADS_TOLERANCE = 0.05  # fewer threads are kept unless >5 % costlier; more must be >5 % cheaper
+CLEAR_LOSS = 3.0  # a trial this many times costlier than home ends after its first call
 IDLE_GAP_S = 1.0  # a longer pause between steps is the engine idling, not the target working
 
 
@@ -67,16 +71,22 @@ class ThreadScheduler:
         self._trial: int | None = None
         self._home = self.current
         self._direction = -1
-        self._explore_after = EXPLORE_EVERY
+        self._explore_after = TRIAL_CALLS  # probe early: a shared host can make all-cores far too slow
 
-    def observe(self, threads: int | None, seconds: float, tokens: int) -> None:
-        """A call drafted ``tokens`` tokens in ``seconds`` of worker compute with ``threads`` threads."""
+    def observe(self, threads: int | None, seconds: float, tokens: int, abandoned: bool = False) -> None:
+        """A call drafted ``tokens`` tokens in ``seconds`` of worker compute with ``threads`` threads.
+
+        ``abandoned``: the call was given up on, ``seconds`` is a lower bound; unless a trial is
+        running, the next call probes another thread count at once.
+        """
         if threads is None or tokens <= 0 or seconds <= 0:
             return
         c = seconds / tokens
         prev = self.cost.get(threads)
         self.cost[threads] = c if prev is None else prev + COST_ALPHA * (c - prev)
         self._calls += 1
+        if abandoned and self._trial is None:
+            self._calls = max(self._calls, self._explore_after)
 
     def choose(self, busy: float, queued: int) -> int:
         p = self.policy
@@ -87,7 +97,8 @@ class ThreadScheduler:
         if self.floor == self.cores:
             return self.cores
         if self._trial is not None:
-            if self._calls < TRIAL_CALLS:
+            clear_loss = self.cost.get(self._trial, 0.0) > CLEAR_LOSS * self.cost.get(self._home, math.inf)
+            if self._calls < TRIAL_CALLS and not clear_loss:
                 return self._trial
             self._conclude_trial()
         elif self._calls >= self._explore_after:
@@ -118,7 +129,7 @@ class ThreadScheduler:
         else:
             self.current = home
             self._direction = -self._direction  # the other way next time
-            self._explore_after = min(self._explore_after * 2, EXPLORE_EVERY * MAX_EXPLORE_BACKOFF)
+            self._explore_after = min(max(self._explore_after * 2, EXPLORE_EVERY), EXPLORE_EVERY * MAX_EXPLORE_BACKOFF)
         self._trial, self._calls = None, 0
 
 

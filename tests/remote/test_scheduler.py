@@ -51,10 +51,13 @@ def test_flat_cost_prefers_fewer_threads():
 
 def test_trials_are_short_and_spaced():
     s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=8)
-    seen = run(s, lambda t: 1.0 / t, EXPLORE_EVERY + TRIAL_CALLS + 1)
-    assert seen[:EXPLORE_EVERY] == [8] * EXPLORE_EVERY
-    assert seen[EXPLORE_EVERY:EXPLORE_EVERY + TRIAL_CALLS] == [6] * TRIAL_CALLS  # one step down: 8 - 8 // 4
-    assert seen[-1] == 8
+    seen = run(s, lambda t: 1.0 / t, 2 * TRIAL_CALLS + EXPLORE_EVERY + TRIAL_CALLS + 2 * EXPLORE_EVERY)
+    assert seen[:TRIAL_CALLS] == [8] * TRIAL_CALLS  # all cores, then an early probe one step down (8 - 8 // 4)
+    assert seen[TRIAL_CALLS:2 * TRIAL_CALLS] == [6] * TRIAL_CALLS
+    rest = seen[2 * TRIAL_CALLS:]  # the probe lost: back to 8 for EXPLORE_EVERY calls, probe again, then wait 2x
+    assert rest[:EXPLORE_EVERY] == [8] * EXPLORE_EVERY
+    assert rest[EXPLORE_EVERY:EXPLORE_EVERY + TRIAL_CALLS] == [6] * TRIAL_CALLS
+    assert rest[EXPLORE_EVERY + TRIAL_CALLS:] == [8] * (2 * EXPLORE_EVERY)
 
 
 def test_fixed_cap_ignores_load():
@@ -84,3 +87,18 @@ def test_busy_meter_prefers_reported_forward_time():
     m.observe_forward(0.05)
     m.on_draft(0.10, 0.11)
     assert m.value == pytest.approx(0.5)
+
+
+def test_an_abandoned_call_triggers_a_probe_at_once():
+    s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=8)
+    assert s.choose(0.5, 8) == 8
+    s.observe(8, 0.5, 16, abandoned=True)
+    assert s.choose(0.5, 8) == 6
+
+
+def test_a_clearly_worse_trial_ends_after_one_call():
+    s = ThreadScheduler(ThreadPolicy(min_cores=1), cores=8)
+    run(s, lambda t: 1.0, TRIAL_CALLS)  # home cost measured at 8 threads
+    assert s.choose(0.5, 8) == 6
+    s.observe(6, 10.0 * 32, 32)  # ten times worse
+    assert s.choose(0.5, 8) == 8
