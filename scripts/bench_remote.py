@@ -91,7 +91,7 @@ def load_prompts(n: int, humaneval: bool) -> list[str]:
 def remote_placement(transport: str, options=None):
     """Route draft_placement "remote" to build_remote_proposer (a no-op detour once the registry does it)."""
     import hyspec.spec.decoder as decoder
-    from hyspec.remote.proposer import build_remote_proposer, worker_init
+    from hyspec.remote.factory import build_remote_proposer, worker_init
 
     original = decoder.build_proposer
 

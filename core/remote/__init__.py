@@ -1,6 +1,7 @@
 """Remote drafting: drafters on CPU workers of a Ray cluster (``draft_placement: "remote"``).
 
-    proposer.py   RemoteProposer (the engine's Proposer) and build_remote_proposer
+    proposer.py   RemoteProposer (the engine's Proposer)
+    factory.py    build_remote_proposer: workers (Ray or given handles) + the local fallback
     protocol.py   messages target <-> worker, and the checks on every answer
     wire.py       their byte format (JSON header + raw arrays; no pickle)
     host.py       the worker side: any Proposer behind messages, pipelined drafting

@@ -65,7 +65,7 @@ def remote_placement(make_handles=None, options=None):
     ``make_handles(engine, spec)`` supplies the workers (None: Ray).
     """
     import hyspec.spec.decoder as decoder
-    from hyspec.remote.proposer import build_remote_proposer
+    from hyspec.remote.factory import build_remote_proposer
 
     original = decoder.build_proposer
 
@@ -86,7 +86,7 @@ def inprocess_handles(count=1, model_override=None):
     """``make_handles`` for in-process workers (optionally hosting a drafter from ``model_override``)."""
     import dataclasses
 
-    from hyspec.remote.proposer import worker_init
+    from hyspec.remote.factory import worker_init
     from hyspec.remote.transport import InProcessHandle
     from hyspec.remote.worker import build_host
 
