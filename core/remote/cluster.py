@@ -64,19 +64,19 @@ def _check_reachable(address: str) -> None:
                                 f"{target[0]}:{target[1]}: {exc.strerror or type(exc).__name__}") from None
 
 
-def worker_slots(address: str | None) -> tuple[int, bool]:
-    """(number of workers to start, whether they require the worker resource).
+def worker_nodes(address: str | None) -> list[str | None]:
+    """Where to start a method's workers: one per alive node offering ``WORKER_RESOURCE``.
 
-    One worker per unit of ``WORKER_RESOURCE`` in the cluster (each CPU node
-    that joined with ``hyspec draft-worker`` offers one).  On a local
-    instance without it, one worker placed anywhere.
+    Each CPU node that joined with ``hyspec draft-worker`` offers it.  On a
+    local instance without it (a process that called ``ray.init`` itself),
+    ``[None]``: one worker wherever Ray puts it.
     """
     import ray
 
-    offered = int(ray.cluster_resources().get(WORKER_RESOURCE, 0))
-    if offered:
-        return offered, True
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(WORKER_RESOURCE)]
+    if nodes:
+        return nodes
     if address is not None:
         raise RemoteUnavailable(f"no node of the Ray cluster at {address!r} offers the {WORKER_RESOURCE!r} "
                                 "resource; join CPU nodes with `hyspec draft-worker --address ADDR`")
-    return 1, False
+    return [None]

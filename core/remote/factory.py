@@ -67,9 +67,10 @@ def _spawn(engine: Any, spec: Any, options: RemoteOptions, metrics: RemoteMetric
     address = spec.config.ray_address
     try:
         cluster.connect(address)
-        count, use_resource = cluster.worker_slots(address)
-        return list(spawn_ray_workers(options.num_workers or count, worker_init(engine, spec, options),
-                                      use_resource))
+        nodes = cluster.worker_nodes(address)
+        if options.num_workers is not None:  # more workers than nodes: several per node
+            nodes = [nodes[i % len(nodes)] for i in range(options.num_workers)]
+        return spawn_ray_workers(worker_init(engine, spec, options), nodes)
     except ConfigError:
         raise
     except Exception as exc:  # RemoteUnavailable, or Ray failing to start

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 #: Custom Ray resource a CPU node advertises to host one draft worker (``hyspec draft-worker``).
 WORKER_RESOURCE = "hyspec_draft"
 DEFAULT_WORKER_KV_BYTES = 256 << 20
+# Each worker actor holds this much of a node's WORKER_RESOURCE (1 per node): room for every method of a hybrid.
+WORKER_RESOURCE_SHARE = 0.01
 # Threads of the actor's own pool: pings, fault settings and info answer while a draft computes.
 ACTOR_CONCURRENCY = 8
 
@@ -132,19 +134,27 @@ class DraftWorker:
         self.host.set_fault(delay_ms, garbage)
 
 
-def spawn_ray_workers(count: int, init: WorkerInit, use_resource: bool, num_cpus: float = 1.0) -> list[RayHandle]:
-    """Start ``count`` draft worker actors (one per node offering ``WORKER_RESOURCE`` when ``use_resource``).
+def spawn_ray_workers(init: WorkerInit, nodes: list[str | None]) -> list[RayHandle]:
+    """Start one draft worker actor per entry of ``nodes`` (a node id, or None for anywhere).
 
-    Actors restart without limit when their process dies; the target notices
-    the new incarnation and resends histories.
+    Actors are pinned softly to their node and hold a sliver of
+    ``WORKER_RESOURCE`` (so every method of a hybrid gets a worker on every
+    draft node, and a restarted actor lands on a draft node, never on the
+    target's).  They reserve no logical CPUs: the cores a worker uses are
+    set by the thread scheduler, not by Ray's accounting.  Actors restart
+    without limit when their process dies; the target notices the new
+    incarnation and resends histories.
     """
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor_cls = ray.remote(DraftWorker)
-    resources = {WORKER_RESOURCE: 1} if use_resource else {}
     handles = []
-    for i in range(count):
-        actor = actor_cls.options(num_cpus=num_cpus, resources=resources, max_restarts=-1, max_task_retries=0,
-                                  max_concurrency=ACTOR_CONCURRENCY).remote(init)
+    for i, node in enumerate(nodes):
+        options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": ACTOR_CONCURRENCY}
+        if node is not None:
+            options["resources"] = {WORKER_RESOURCE: WORKER_RESOURCE_SHARE}
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        actor = actor_cls.options(**options).remote(init)
         handles.append(RayHandle(actor, f"ray-{init.method}-{i}"))
     return handles

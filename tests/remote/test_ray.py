@@ -115,3 +115,19 @@ def test_restarted_worker_rejoins(ray_engine, plain_outputs):
     assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
     snap = rp.metrics.snapshot()
     assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0
+
+
+@pytest.mark.slow
+def test_hybrid_methods_each_get_a_worker_on_the_node(ray_engine, target_dir, draft_dir, plain_outputs):
+    """Every method of a hybrid drafts remotely: the node's worker resource is shared, not exhausted."""
+    cfg = spec_config(method="hybrid", remote={"draft_deadline_ms": 500},
+                      hybrid={"methods": ["ngram", {"method": "draft_model", "model": str(draft_dir)}]})
+    with remote_placement():
+        llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20, speculative_config=cfg)
+    proposers = llm.engine.spec.proposers
+    try:
+        assert set(proposers) == {"ngram", "draft_model"}
+        assert all(isinstance(p, RemoteProposer) and [s.state for s in p.slots] == [UP] for p in proposers.values())
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+    finally:
+        llm.engine.spec.close()
