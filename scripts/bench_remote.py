@@ -4,6 +4,7 @@ adaptive thread scheduler vs a fixed 2-core cap.
     python scripts/bench_remote.py                      # embedded default target + its draft_model drafter
     python scripts/bench_remote.py --model T --draft-model D --ray-address HEAD:6379
     python scripts/bench_remote.py --tiny --prompts 4 --max-tokens 32   # smoke run on the test suite's tiny models
+    python scripts/bench_remote.py --tiny --self-draft                  # acceptance 1: pipelining hits
 
 Configurations (``--configs``, comma-separated):
 
@@ -40,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="target model directory (default: the embedded default)")
     p.add_argument("--draft-model", default=None, help="drafter directory (default: the embedded draft_model drafter)")
     p.add_argument("--tiny", action="store_true", help="build the test suite's tiny target/drafter pair in a temp dir")
+    p.add_argument("--self-draft", action="store_true",
+                   help="draft with the target itself (acceptance 1: exercises pipelining hits; not a real drafter)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
     p.add_argument("--prompts", type=int, default=16, help="number of prompts (HumanEval when installed)")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -240,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
 
             model = Path(args.model) if args.model else default_model()
             draft = Path(args.draft_model) if args.draft_model else default_drafter("draft_model")
+        if args.self_draft:
+            draft = model
         prompts = load_prompts(args.prompts, humaneval=not args.tiny)  # tiny models: 256 positions
         report = {"machine": machine(), "load_before": os.getloadavg(), "args": vars(args), "rows": []}
         for name in names:
