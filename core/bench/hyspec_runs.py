@@ -1,0 +1,90 @@
+"""hyspec's side of the benchmark: one engine per method, timed over the workload's waves."""
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from hyspec.bench.machine import PeakMemory
+from hyspec.bench.measure import Measurement, Workload, acceptance_from_totals
+from hyspec.bench.settings import DRAFTER_METHODS, NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
+from hyspec.bench.stats import Spread
+
+WARMUP_TOKENS = 4  # an untimed wave first: lazy initialisation and first-call allocations are not timed
+
+
+def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[str, Path]) -> dict[str, Any] | None:
+    """``method``'s speculative_config (None for plain decoding), with --speculative-config-extra laid over it.
+
+    Prompt lookup matches 1..3-token n-grams, as transformers' prompt lookup
+    does with ``max_matching_ngram_size=3``; every method drafts up to
+    ``num_speculative_tokens`` tokens per step.  ``drafters`` holds the
+    methods whose weights were found; hybrid chooses among ngram and those.
+    """
+    if method == PLAIN:
+        return None
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
+    if method == "ngram":
+        config.update(prompt_lookup_min=NGRAM_MIN, prompt_lookup_max=NGRAM_MAX)
+    elif method in DRAFTER_METHODS:
+        config["model"] = str(drafters[method])
+    elif method == "hybrid":
+        choices: list[dict[str, Any]] = [{"method": "ngram", "prompt_lookup_min": NGRAM_MIN,
+                                          "prompt_lookup_max": NGRAM_MAX}]
+        choices += [{"method": m, "model": str(drafters[m])} for m in DRAFTER_METHODS if m in drafters]
+        config["hybrid"] = {"methods": choices}
+    return deep_merge(config, settings.speculative_config_extra)
+
+
+def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None):
+    from hyspec import LLM
+
+    extra = {} if settings.kv_cache_bytes is None else {"kv_cache_bytes": settings.kv_cache_bytes}
+    return LLM(str(model), speculative_config=spec, backend=settings.backend, dtype=settings.dtype, **extra)
+
+
+def close_llm(llm: Any) -> None:
+    """Release an engine before the next one loads, so each configuration's memory is its own."""
+    if llm is not None and llm.engine.spec is not None:
+        llm.engine.spec.close()
+    del llm
+    gc.collect()
+
+
+def _params(workload: Workload, index: int, max_tokens: int):
+    from hyspec import SamplingParams
+
+    return SamplingParams(temperature=workload.temperature, max_tokens=max_tokens, ignore_eos=True,
+                          seed=workload.request_seed(index))
+
+
+def _generate_wave(llm: Any, workload: Workload, wave: range, max_tokens: int) -> list[Any]:
+    prompts = [list(workload.prompts[i]) for i in wave]
+    return llm.generate(prompts, [_params(workload, i, max_tokens) for i in wave])
+
+
+def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -> Measurement:
+    """Warm up on one wave, then time ``repeats`` passes over every wave."""
+    _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
+    spec = llm.engine.spec
+    before = spec.metrics.snapshot()["totals"] if spec is not None else None
+    peak.reset()
+    rates, ttfts, outputs, generated = [], [], [], 0
+    for _ in range(repeats):
+        repeat_outputs, generated = [], 0
+        start = time.perf_counter()
+        for wave in workload.waves:
+            for out in _generate_wave(llm, workload, wave, workload.max_tokens):
+                ids = list(out.outputs[0].token_ids)
+                repeat_outputs.append(ids)
+                generated += len(ids)
+                if out.metrics is not None and out.metrics.ttft is not None:
+                    ttfts.append(out.metrics.ttft)
+        rates.append(generated / (time.perf_counter() - start))
+        outputs.append(repeat_outputs)
+    memory = peak.read()
+    acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
+    return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,
+                       ttft_s=Spread.of(ttfts) if ttfts else None, outputs=outputs, peak=memory,
+                       acceptance=acceptance)

@@ -1,0 +1,86 @@
+"""Were a configuration's greedy outputs token-identical to plain decoding?
+
+Each sequence is compared with plain decoding's output for the same prompt
+(same batch size, temperature 0).  A divergence is allowed only at a measured
+near-tie of the target's top logits (``hyspec.numerics.classify_divergence``:
+the one tolerance table of the project); anything else is a mismatch, which
+the benchmark reports loudly and turns into a non-zero exit status.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+IDENTICAL, NEAR_TIE, MISMATCH, NOT_APPLICABLE = "identical", "near_tie", "mismatch", "not_applicable"
+MAX_DETAILS = 5
+
+
+@dataclass
+class IdentityVerdict:
+    """``status``: identical | near_tie (allowed, reported) | mismatch | not_applicable (sampling)."""
+
+    status: str
+    sequences: int = 0
+    near_ties: int = 0
+    mismatches: int = 0
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status != MISMATCH
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "token_identical": self.status == IDENTICAL if self.status != NOT_APPLICABLE
+                else None, "sequences": self.sequences, "near_ties": self.near_ties, "mismatches": self.mismatches,
+                "details": list(self.details)}
+
+
+class ReferenceLogits:
+    """The target's next-token logits after a prefix; the model loads on first use (only at divergences)."""
+
+    def __init__(self, model_path: Path, dtype: torch.dtype):
+        self.model_path, self.dtype = model_path, dtype
+        self._model = None
+
+    def __call__(self, prefix: Sequence[int]) -> torch.Tensor:  # -> [V]
+        if self._model is None:
+            from hyspec.model.loader import load_model
+
+            self._model = load_model(self.model_path, dtype=self.dtype)
+        model = self._model
+        with torch.inference_mode():
+            hidden = model.forward_dense(torch.tensor([list(prefix)])).hidden[0, -1:]
+            return model.compute_logits(hidden)[0].float()
+
+
+def check_identity(
+    prompts: Sequence[Sequence[int]],
+    expected: Sequence[Sequence[int]],
+    actual: Sequence[Sequence[int]],
+    reference_logits: Callable[[Sequence[int]], torch.Tensor],
+    dtype: torch.dtype,
+) -> IdentityVerdict:
+    """Compare every sequence of ``actual`` with ``expected`` (plain decoding) for the same prompts."""
+    from hyspec.numerics import classify_divergence, first_divergence
+
+    if not len(prompts) == len(expected) == len(actual):
+        raise ValueError(f"check_identity: {len(prompts)} prompts, {len(expected)} expected and "
+                         f"{len(actual)} actual outputs")
+    verdict = IdentityVerdict(IDENTICAL, sequences=len(actual))
+    for number, (prompt, exp, act) in enumerate(zip(prompts, expected, actual)):
+        index = first_divergence(exp, act)
+        if index is None:
+            continue
+        logits = reference_logits(list(prompt) + list(exp[:index])) if index < min(len(exp), len(act)) else None
+        result = classify_divergence(exp, act, logits, dtype)
+        if result.kind == MISMATCH:
+            verdict.mismatches += 1
+        else:
+            verdict.near_ties += 1
+        if len(verdict.details) < MAX_DETAILS:
+            verdict.details.append(f"sequence {number}: {result.describe()}")
+    verdict.status = MISMATCH if verdict.mismatches else NEAR_TIE if verdict.near_ties else IDENTICAL
+    return verdict

@@ -1,0 +1,89 @@
+"""The README's benchmark section, rendered from a saved result (``hyspec bench --readme-table RESULT.json``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hyspec.bench.result import OK, SCHEMA_VERSION
+from hyspec.errors import HyspecError
+
+IDENTITY = {"identical": "yes", "near_tie": "yes (near-tie)", "mismatch": "**NO: mismatch**",
+            "not_applicable": "n/a (sampled)"}
+
+
+def load_result(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HyspecError(f"--readme-table {path}: cannot read a bench result: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "hyspec-bench":
+        raise HyspecError(f"--readme-table {path}: not a hyspec bench result (no \"kind\": \"hyspec-bench\")")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise HyspecError(f"--readme-table {path}: schema version {doc.get('schema_version')!r}; this hyspec "
+                          f"reads version {SCHEMA_VERSION}")
+    return doc
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _identity(row: dict[str, Any]) -> str:
+    if row["engine"] == "transformers":
+        return "–"
+    if row["method"] == "none":
+        return "reference"
+    ident = row.get("identity")
+    return "–" if ident is None else IDENTITY[ident["status"]]
+
+
+def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") -> str:
+    """Markdown: how it was measured, on which machine, the table, the goals and the bandwidth limit."""
+    s, model, data = doc["settings"], doc["model"], doc["dataset"]
+    command = " ".join(doc["command"]) if doc.get("command") else "hyspec bench"
+    out = [heading, "",
+           f"Measured with `{command}` on **{doc['machine_label']}** ({doc['created_utc'][:10]}, hyspec "
+           f"{doc['hyspec_version']}). Target: `{model['name']}` ({model['parameters'] / 1e6:.1f}M parameters, "
+           f"{model['dtype']}); {data['num_prompts']} {data['name']} prompts, {s['max_tokens']} generated tokens "
+           f"per request (EOS ignored on every side), tokens/s is the median of {s['repeats']} runs "
+           f"(min–max). The transformers peers ran in the same process on the same weights and prompts.", "",
+           "| configuration | batch | T | tokens/s | × hyspec plain | × transformers generate "
+           "| mean acceptance length | TTFT (ms) | peak RSS (MiB) | token-identical |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    notes: list[str] = []
+    for r in doc["results"]:
+        if r["status"] != OK:
+            if r["reason"] not in notes:
+                notes.append(r["reason"])
+            out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {r['status']} "
+                       f"[^{notes.index(r['reason']) + 1}] | | | | | | |")
+            continue
+        t = r["tokens_per_s"]
+        acc = (r.get("acceptance") or {}).get("mean_acceptance_length")
+        ttft = None if r["ttft_s"] is None else r["ttft_s"]["median"] * 1e3
+        out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {t['median']:.1f} "
+                   f"({t['min']:.1f}–{t['max']:.1f}) | {_x(r['speedup_vs_plain'])} "
+                   f"| {_x(r['speedup_vs_peers'].get('hf_generate'))} | {'–' if acc is None else f'{acc:.2f}'} "
+                   f"| {'–' if ttft is None else f'{ttft:.1f}'} | {r['peak_rss_bytes'] / 2**20:.0f} "
+                   f"| {_identity(r)} |")
+    bw = doc["bandwidth"]
+    out += ["", f"Memory-bandwidth limit of plain decoding: {bw['copy']['bytes_per_s'] / 1e9:.2f} GB/s copy "
+                f"bandwidth ÷ {bw['decode_weight_bytes'] / 2**20:.1f} MiB of weights per step = "
+                f"{bw['plain_limit_tokens_per_s_bs1']:.1f} tokens/s at batch size 1.", "",
+            "| goal | measured | target | met |", "|---|---:|---:|---|"]
+    for g in doc["goals"]:
+        met = {True: "yes", False: "**no**"}.get(g["met"], "incomplete" if g["measured"] is not None
+                                                  else "not measured")
+        measured = "–" if g["measured"] is None else f"{g['measured']:.2f}"
+        out.append(f"| {g['goal']} ({g['detail']}) | {measured} | {g['target']} | {met} |")
+    ident = doc["identity"]
+    out += ["", f"Token identity at temperature 0: {ident['checked']} configurations checked, "
+                + ("**mismatches found**." if ident["mismatches"] else
+                   "none ran." if not ident["checked"] else
+                   "all identical to plain decoding." if ident["all_identical"] else
+                   "identical up to allowed near-ties.")]
+    if notes:
+        out.append("")
+        out += [f"[^{i}]: {note}" for i, note in enumerate(notes, 1)]
+    return "\n".join(out) + "\n"

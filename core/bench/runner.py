@@ -1,0 +1,247 @@
+"""One benchmark run: prompts, hyspec's methods and the transformers peers on the same weights, in one process.
+
+Order: the copy bandwidth, hyspec plain decoding (the reference for speed-ups
+and token identity), each speculative method (one engine per method, released
+before the next loads), then the peers.  A method that cannot run here (no
+drafter, not in this build, rejected by the backend) is a skipped row with the
+reason; an error while a hyspec configuration runs is a failed row (and the
+run does not pass); a peer that is missing or fails says so in its row.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from hyspec.bench.identity import NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, check_identity
+from hyspec.bench.machine import PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth
+from hyspec.bench.measure import Workload
+from hyspec.bench.prompts import HUMANEVAL, build_prompt_set, humaneval_prompts, read_prompt_file
+from hyspec.bench.result import FAILED, HYSPEC, OK, SKIPPED, TRANSFORMERS, Document, Row
+from hyspec.bench.settings import DRAFTER_METHODS, METHODS, PLAIN, BenchSettings
+from hyspec.errors import HyspecError
+
+Progress = Callable[[str], None]
+
+
+def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[dict[str, Path], dict[str, str]]:
+    """(method -> drafter dir, method -> why there is none) for every method with drafter weights.
+
+    --drafter METHOD=DIR wins; otherwise the embedded default target uses its
+    embedded drafters, and any other target has none (drafters are trained
+    for one target).
+    """
+    from hyspec.assets import default_drafter
+
+    found, missing = {}, {}
+    for method in DRAFTER_METHODS:
+        if method in settings.drafters:
+            path = settings.drafters[method]
+            if (path / "config.json").is_file():
+                found[method] = path
+            else:
+                missing[method] = f"--drafter {method}={path}: no config.json there"
+        elif model_is_default:
+            try:
+                found[method] = default_drafter(method)
+            except HyspecError as exc:
+                missing[method] = f"drafter missing: {exc}"
+        else:
+            missing[method] = f"no {method} drafter for this model: pass --drafter {method}=DIR"
+    return found, missing
+
+
+def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
+    from hyspec.model.config import ModelConfig
+    from hyspec.model.tokenizer import Tokenizer
+
+    texts = humaneval_prompts() if settings.prompts_file is None else read_prompt_file(settings.prompts_file)
+    name = HUMANEVAL if settings.prompts_file is None else str(settings.prompts_file)
+    cfg = ModelConfig.from_pretrained(model)
+    tokenizer = Tokenizer(model)
+    return build_prompt_set(texts, name, tokenizer.encode, settings.num_prompts,
+                            cfg.max_position_embeddings - max_tokens), cfg
+
+
+class BenchRunner:
+    def __init__(self, settings: BenchSettings, command: list[str] | None = None, progress: bool = True):
+        self.settings = settings
+        self.command = list(command) if command is not None else ["hyspec", "bench"]
+        self.show_progress = progress
+
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        from hyspec.assets import default_model
+        from hyspec.backends.registry import get_backend
+
+        s = self.settings
+        model = Path(s.model) if s.model is not None else default_model()
+        try:
+            is_default = s.model is None or model.resolve() == default_model().resolve()
+        except HyspecError:
+            is_default = False
+        prompts, cfg = _load_prompts(s, model, s.max_tokens)
+        drafters, missing = resolve_drafters(s, is_default)
+        backend = get_backend(None if s.backend in (None, "auto") else s.backend)
+        self.peak = PeakMemory(backend.device)
+        methods = s.methods or METHODS
+        workloads = [Workload.build(prompts.token_ids, bs, t, s.max_tokens, s.seed)
+                     for bs in s.batch_sizes for t in s.temperatures]
+        self.bar = tqdm(total=(len(methods) + len(s.peers)) * len(workloads), desc="hyspec bench", unit="config",
+                        disable=not self.show_progress, file=sys.stderr)
+        try:
+            self.bar.set_postfix_str("copy bandwidth")
+            bandwidth = measure_copy_bandwidth(s.bandwidth_bytes, backend.device)
+            rows, reference, model_info = self._plain(model, workloads)
+            dtype = model_info.pop("_dtype")
+            logits = ReferenceLogits(model, dtype)
+            loaded = dict(drafters)
+            for method in methods:
+                if method == PLAIN:
+                    continue
+                if method in DRAFTER_METHODS and method not in drafters:
+                    rows += self._skip(HYSPEC, method, workloads, missing[method])
+                    continue
+                rows += self._method(model, method, workloads, loaded, reference, logits, dtype)
+            rows += self._peers(model, workloads, drafters.get("draft_model"), reference, logits, dtype,
+                                backend.device)
+        finally:
+            self.bar.close()
+        model_info.update(path=str(model), name=model.name, embedded_default=is_default,
+                          max_model_len=cfg.max_position_embeddings)
+        bandwidth_doc = {"copy": bandwidth, "decode_weight_bytes": model_info["decode_weight_bytes"],
+                         "plain_limit_tokens_per_s_bs1": bandwidth["bytes_per_s"] / model_info["decode_weight_bytes"]}
+        doc = Document(
+            command=self.command, machine=machine_info(backend), model=model_info, dataset=prompts.summary(),
+            settings=s.to_dict(), bandwidth=bandwidth_doc,
+            drafters={m: {"path": str(drafters[m]) if m in drafters else None, "reason": missing.get(m)}
+                      for m in DRAFTER_METHODS},
+            memory_method=self.peak.read().method, rows=rows)
+        return doc.to_dict()
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _tick(self, label: str) -> None:
+        self.bar.set_postfix_str(label, refresh=False)
+
+    def _skip(self, engine: str, method: str, workloads: list[Workload], reason: str) -> list[Row]:
+        rows = [Row(engine, method, w.batch_size, w.temperature, SKIPPED, reason) for w in workloads]
+        self.bar.update(len(workloads))
+        return rows
+
+    def _plain(self, model: Path, workloads: list[Workload]):
+        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload
+
+        self._tick("hyspec plain: loading")
+        llm = build_llm(model, self.settings, None)  # no reference without it: errors propagate
+        engine = llm.engine
+        info = {"dtype": str(engine.dtype).replace("torch.", ""), "_dtype": engine.dtype,
+                "parameters": sum(p.numel() for p in engine.model.parameters()),
+                "decode_weight_bytes": decode_weight_bytes(engine.model)}
+        rows, reference = [], {}
+        for w in workloads:
+            self._tick(f"hyspec plain bs {w.batch_size} T {w.temperature:g}")
+            m = run_workload(llm, w, self.settings.repeats, self.peak)
+            reference[w.key()] = m.outputs[0]
+            identity = IdentityVerdict(NOT_APPLICABLE) if w.temperature else None
+            rows.append(Row(HYSPEC, PLAIN, w.batch_size, w.temperature, OK, measurement=m, identity=identity))
+            self.bar.update(1)
+        close_llm(llm)
+        del llm, engine
+        gc.collect()
+        return rows, reference, info
+
+    def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
+                reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
+        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload, speculative_config
+
+        self._tick(f"hyspec {method}: loading")
+        try:
+            llm = build_llm(model, self.settings, speculative_config(method, self.settings, loaded))
+        except HyspecError as exc:  # not in this build, rejected by the backend, unreadable drafter, bad extra
+            loaded.pop(method, None)  # the hybrid leaves it out
+            return self._skip(HYSPEC, method, workloads, f"not available here: {exc}")
+        except Exception as exc:  # a bug: reported, and the run does not pass
+            loaded.pop(method, None)
+            self.bar.update(len(workloads))
+            reason = f"engine start failed: {type(exc).__name__}: {exc}"
+            return [Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, reason) for w in workloads]
+        rows = []
+        for w in workloads:
+            self._tick(f"hyspec {method} bs {w.batch_size} T {w.temperature:g}")
+            try:
+                m = run_workload(llm, w, self.settings.repeats, self.peak)
+            except Exception as exc:
+                rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
+            else:
+                rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, OK, measurement=m,
+                                identity=self._identity(w, m.outputs, reference, logits, dtype)))
+            self.bar.update(1)
+        close_llm(llm)
+        del llm
+        gc.collect()
+        return rows
+
+    @staticmethod
+    def _identity(w: Workload, outputs: list[list[list[int]]], reference: dict, logits, dtype) -> IdentityVerdict:
+        """Every repeat's outputs against plain decoding's (temperature 0 only)."""
+        if w.temperature:
+            return IdentityVerdict(NOT_APPLICABLE)
+        verdicts = [check_identity(w.prompts, reference[w.key()], out, logits, dtype) for out in outputs]
+        worst = max(verdicts, key=lambda v: (v.mismatches, v.near_ties))
+        return worst
+
+    def _peers(self, model: Path, workloads: list[Workload], assistant: Path | None, reference: dict,
+               logits: ReferenceLogits, dtype, device) -> list[Row]:
+        peers = self.settings.peers
+        if not peers:
+            return []
+        from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing
+
+        reason = transformers_missing()
+        if reason is None:
+            self._tick("transformers: loading")
+            _quiet_transformers()
+            try:
+                hf = HFModels(model, dtype, device, assistant, self.settings.num_speculative_tokens)
+            except PeerUnavailable as exc:
+                reason = str(exc)
+        if reason is not None:
+            return [row for peer in peers for row in self._skip(TRANSFORMERS, peer, workloads, reason)]
+        rows = []
+        for peer in peers:
+            for w in workloads:
+                self._tick(f"{peer} bs {w.batch_size} T {w.temperature:g}")
+                try:
+                    m = hf.run(peer, w, self.settings.repeats, self.peak)
+                except PeerUnavailable as exc:
+                    rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, SKIPPED, str(exc)))
+                except Exception as exc:  # the peer's own failure: its column says so
+                    rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, FAILED,
+                                    f"transformers failed: {type(exc).__name__}: {exc}"))
+                else:
+                    agreement = (None if w.temperature else
+                                 check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype))
+                    rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, OK, measurement=m,
+                                    agreement=agreement))
+                self.bar.update(1)
+        hf.close()
+        return rows
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading bars or deprecation chatter in the middle of the benchmark's own progress bar."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # an older or stripped transformers: its chatter is harmless
+        pass
+
+
+def run_bench(settings: BenchSettings, command: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run the benchmark and return the JSON document (see docs/bench.md)."""
+    return BenchRunner(settings, command, progress).run()

