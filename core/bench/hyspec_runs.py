@@ -1,7 +1,6 @@
 """hyspec's side of the benchmark: one engine per method, timed over the workload's waves."""
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -45,11 +44,9 @@ def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None)
 
 
 def close_llm(llm: Any) -> None:
-    """Release an engine before the next one loads, so each configuration's memory is its own."""
-    if llm is not None and llm.engine.spec is not None:
+    """Close an engine's drafters; the caller then drops its reference, so the next engine loads into free memory."""
+    if llm.engine.spec is not None:
         llm.engine.spec.close()
-    del llm
-    gc.collect()
 
 
 def _params(workload: Workload, index: int, max_tokens: int):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def _identity(row: dict[str, Any]) -> str:
 def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") -> str:
     """Markdown: how it was measured, on which machine, the table, the goals and the bandwidth limit."""
     s, model, data = doc["settings"], doc["model"], doc["dataset"]
-    command = " ".join(doc["command"]) if doc.get("command") else "hyspec bench"
+    command = shlex.join(doc["command"]) if doc.get("command") else "hyspec bench"
     out = [heading, "",
            f"Measured with `{command}` on **{doc['machine_label']}** ({doc['created_utc'][:10]}, hyspec "
            f"{doc['hyspec_version']}). Target: `{model['name']}` ({model['parameters'] / 1e6:.1f}M parameters, "
@@ -75,7 +76,7 @@ def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") ->
     for g in doc["goals"]:
         met = {True: "yes", False: "**no**"}.get(g["met"], "incomplete" if g["measured"] is not None
                                                   else "not measured")
-        measured = "–" if g["measured"] is None else f"{g['measured']:.2f}"
+        measured = "–" if g["measured"] is None else f"{g['measured']:.3g}"
         out.append(f"| {g['goal']} ({g['detail']}) | {measured} | {g['target']} | {met} |")
     ident = doc["identity"]
     out += ["", f"Token identity at temperature 0: {ident['checked']} configurations checked, "

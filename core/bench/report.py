@@ -121,7 +121,7 @@ def _goal_lines(doc: dict[str, Any]) -> list[str]:
     for g in doc["goals"]:
         verdict = {True: "met", False: "MISSED"}.get(g["met"], "incomplete" if g["measured"] is not None
                                                       else "not measured")
-        measured = "-" if g["measured"] is None else f"{g['measured']:.2f}"
+        measured = "-" if g["measured"] is None else f"{g['measured']:.3g}"
         out.append(f"  {verdict:>12}  {g['goal']}: {measured} (target {g['target']}; {g['detail']})")
     return out
 

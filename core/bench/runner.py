@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hyspec.bench.identity import NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, check_identity
 from hyspec.bench.machine import PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth
@@ -21,8 +21,6 @@ from hyspec.bench.prompts import HUMANEVAL, build_prompt_set, humaneval_prompts,
 from hyspec.bench.result import FAILED, HYSPEC, OK, SKIPPED, TRANSFORMERS, Document, Row
 from hyspec.bench.settings import DRAFTER_METHODS, METHODS, PLAIN, BenchSettings
 from hyspec.errors import HyspecError
-
-Progress = Callable[[str], None]
 
 
 def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[dict[str, Path], dict[str, str]]:

@@ -89,7 +89,8 @@ class BenchSettings:
             raise ConfigError("--peers", f"unknown peer {unknown[0]!r}; one of {', '.join(PEERS)} or 'none'")
         for method in self.drafters:
             if method not in DRAFTER_METHODS:
-                raise ConfigError("--drafter", f"{method!r} has no drafter weights; one of {', '.join(DRAFTER_METHODS)}")
+                raise ConfigError("--drafter", f"{method!r} has no drafter weights; "
+                                               f"one of {', '.join(DRAFTER_METHODS)}")
         if not isinstance(self.speculative_config_extra, Mapping):
             raise ConfigError("--speculative-config-extra", "expected a JSON object")
         if "method" in self.speculative_config_extra:
@@ -159,7 +160,7 @@ def parse_json_object(text: str | None, option: str) -> dict[str, Any]:
     if text is None:
         return {}
     source = text
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[")):
         try:
             source = Path(text).read_text(encoding="utf-8")
         except OSError as exc:
