@@ -17,6 +17,7 @@ lost to the deadline, and everything else in :class:`RemoteMetrics`.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -90,8 +91,10 @@ class RemoteProposer(Proposer):
         self._inflight: dict[str, tuple[Pending, float, DraftCall]] = {}  # worker -> (late call, since, call)
         self._call_ids = itertools.count()
         self._warned: set[str] = set()
+        # a partial, not a bound method: the monitor's thread must not keep this proposer alive
+        compatible = functools.partial(incompatibility, self.method, self.vocab_size, self._fingerprint)
         self.monitor = HealthMonitor(self.slots, self._lock, self.metrics, rc.ping_interval_ms / 1000,
-                                     rc.max_missed_pings, self._incompatibility, options.rejoin_after)
+                                     rc.max_missed_pings, compatible, options.rejoin_after)
         remote = self._handshake(options.startup_timeout_s)
         self._remote_needs_hidden = any(i.get("needs_hidden") for i in remote)
         self.needs_hidden = self._remote_needs_hidden or bool(fallback and fallback.needs_hidden)
@@ -122,17 +125,6 @@ class RemoteProposer(Proposer):
             if slot.state == UP:
                 infos.append(info)
         return infos
-
-    def _incompatibility(self, stats: dict) -> str | None:
-        if stats.get("method") != self.method:
-            return f"it hosts {stats.get('method')!r}, this proposer is {self.method!r}"
-        if stats.get("vocab_size") != self.vocab_size:
-            return f"it drafts over {stats.get('vocab_size')} tokens, the target has {self.vocab_size}"
-        theirs = stats.get("fingerprint")
-        if theirs is not None and self._fingerprint is not None and theirs != self._fingerprint:
-            return (f"its drafter's tokenizer differs from the target's (vocabulary fingerprint {theirs} "
-                    f"!= {self._fingerprint}): a drafter for another target")
-        return None
 
     # -- Proposer ----------------------------------------------------------------------------------
 
@@ -398,3 +390,16 @@ def _shutdown(monitor: HealthMonitor, handles: list[WorkerHandle], fallback: Pro
         close()
     if fallback is not None:
         fallback.close()
+
+
+def incompatibility(method: str, vocab_size: int, fingerprint: str | None, stats: dict) -> str | None:
+    """Why a worker (as its ping/info ``stats`` describe it) cannot draft for this target, or None."""
+    if stats.get("method") != method:
+        return f"it hosts {stats.get('method')!r}, this proposer is {method!r}"
+    if stats.get("vocab_size") != vocab_size:
+        return f"it drafts over {stats.get('vocab_size')} tokens, the target has {vocab_size}"
+    theirs = stats.get("fingerprint")
+    if theirs is not None and fingerprint is not None and theirs != fingerprint:
+        return (f"its drafter's tokenizer differs from the target's (vocabulary fingerprint {theirs} "
+                f"!= {fingerprint}): a drafter for another target")
+    return None

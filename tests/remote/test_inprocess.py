@@ -242,7 +242,7 @@ def test_lost_message_is_resynced(target_dir, draft_dir, plain_outputs):
         assert [outs["0"], outs["1"]] == plain_outputs[:2]
         assert handle.host.gaps >= 1  # the worker saw the gap the lost call left and asked for the history
         snap = rp.metrics.snapshot()
-        assert snap["draft_timeouts"] >= 2
+        assert snap["draft_timeouts"] >= 1
         # on a loaded box the "resync" answer itself may come late; when it arrives, drafting resumes
         assert snap["resyncs"] == 0 or snap["drafts"]["remote"] > 0
     finally:
@@ -262,3 +262,16 @@ def test_prometheus_families(fresh_metrics):
                  "hyspec_remote_draft_timeouts_total", "hyspec_remote_failovers_total",
                  "hyspec_remote_worker_cpu_utilisation", "hyspec_remote_health"):
         assert name in text, name
+
+
+def test_dropping_the_engine_stops_the_health_thread(target_dir, draft_dir):
+    import gc
+    import threading
+
+    llm, rp = remote_llm(target_dir, spec_config(model=draft_dir))
+    finalizer, host, thread = rp._finalizer, rp.slots[0].handle, rp.monitor._thread
+    assert thread in threading.enumerate()
+    del llm, rp
+    gc.collect()
+    assert not finalizer.alive and not host.alive  # workers closed, no engine left holding them
+    assert wait_for(lambda: not thread.is_alive())
