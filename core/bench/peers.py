@@ -89,7 +89,9 @@ class HFModels:
 
     def _load(self, auto: Any, path: Path, dtype: torch.dtype, what: str) -> Any:
         try:
-            model = auto.from_pretrained(str(path), dtype=dtype).to(self.device).eval()
+            model = auto.from_pretrained(str(path), dtype=dtype)
+            # older transformers name the argument torch_dtype and ignore `dtype`: cast to be sure
+            model = model.to(device=self.device, dtype=dtype).eval()
         except Exception as exc:  # a checkpoint transformers cannot read: the column says why
             raise PeerUnavailable(f"transformers cannot load {what} ({path}): {type(exc).__name__}: {exc}") from None
         # Generate exactly max_new_tokens on both sides: no stop (and no suppression) at EOS.

@@ -213,7 +213,8 @@ def test_speedups_bandwidth_and_goals():
     assert g[1.3]["measured"] == pytest.approx(2.0) and g[1.3]["met"] is True
     assert g[2.5]["measured"] == pytest.approx(3.0) and g[2.5]["met"] is True and "ngram" in g[2.5]["detail"]
     assert g[2.0]["measured"] == pytest.approx(2.5) and g[2.0]["met"] is True
-    assert g[2.0]["detail"] == "best: hyspec ngram 300.0 tok/s vs best assisted: transformers hf_prompt_lookup 120.0 tok/s"
+    assert g[2.0]["detail"] == ("best: hyspec ngram 300.0 tok/s vs best assisted: transformers hf_prompt_lookup "
+                                "120.0 tok/s")
     # hybrid: 0.98x at bs 1, 0.90x at bs 4 -> the minimum; 16 and 32 not measured -> not met, incomplete
     assert g[0.95]["measured"] == pytest.approx(0.9) and g[0.95]["met"] is None
     assert "not measured at batch size 16, 32" in g[0.95]["detail"]
