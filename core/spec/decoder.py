@@ -212,8 +212,7 @@ class SpecDecoder:
         unavailable = 0
         for req, tree in zip(requests, drafts if len(drafts) == len(requests) else []):
             if tree is None or tree.num_nodes < 2:
-                unavailable += 1
-                continue
+                continue  # nothing worth proposing (a fault is recorded by the proposer itself)
             problem = _check_tree(tree, req, vocab)
             if problem:
                 log.warning("%s drafter returned an unusable draft for %s: %s", plan.method, req.seq.request_id, problem)
@@ -313,6 +312,10 @@ class SpecDecoder:
                 for p in self.proposers.values():
                     if p.needs_hidden:
                         p.on_commit(seq, hidden)
+        for p in self.proposers.values():
+            observe = getattr(p, "observe_forward", None)  # remote drafters size their threads from it
+            if observe is not None:
+                observe(forward_seconds)
         decode_only = all(kind in ("decode", "tree") for kind, _ in kinds)
         if decode_only and kinds:
             tokens_per_seq = max(len(f.tokens) for f in feeds)

@@ -40,6 +40,11 @@ def register_method(name: str) -> Callable[[Factory], Factory]:
 
 
 def build_proposer(engine: Any, spec: MethodSpec) -> Proposer:
+    if getattr(spec.config, "draft_placement", "local") == "remote":
+        # Drafts come from Ray CPU workers; the local proposer is built only as the failover path.
+        from hyspec.remote.factory import build_remote_proposer
+
+        return build_remote_proposer(engine, spec)
     if spec.method not in _FACTORIES:
         try:
             importlib.import_module("hyspec.drafters")

@@ -64,6 +64,11 @@ class Proposer(ABC):
     def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
         """One draft (or None: nothing worth proposing) per request, in order.
 
+        None is not counted as a failure (ngram finding no match is normal); a
+        proposer that returns None because of a fault records the cause itself
+        (e.g. ``draft_timeout``).  Raising makes the whole step plain and is
+        counted as ``draft_unavailable``.
+
         ``sampling`` has one row per request.  The tree's root is the
         sequence's last token (``seq.last_token``); it must have at most
         ``budget + 1`` nodes.
