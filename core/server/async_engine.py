@@ -80,6 +80,7 @@ class RequestStream:
         self.num_prompt_tokens = 0
         self.num_output_tokens = 0
         self.finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "rejected"
+        self.arm: str | None = None  # canary arm the engine gave it ("spec" / "control"); None until accepted
         self.error: BaseException | None = None
         self.done = False  # no more items will be pushed
         self._exhausted = False  # the consumer has seen the last item
@@ -256,8 +257,9 @@ class AsyncEngine:
     def _deliver(self, batch: list[tuple[RequestStream, str, Any]]) -> None:
         for stream, kind, value in batch:
             if kind == "accepted":
+                num_prompt_tokens, stream.arm = value
                 if not stream.accepted.done():
-                    stream.accepted.set_result(value)
+                    stream.accepted.set_result(num_prompt_tokens)
             elif kind == "output":
                 stream._push_output(value)
             else:
@@ -347,7 +349,8 @@ class AsyncEngine:
             self._outbox.append((stream, "error", exc))
             return
         self._live[stream.request_id] = stream
-        self._outbox.append((stream, "accepted", seq.num_prompt_tokens))
+        # The arm travels with the acceptance so that stream fields are only ever written on the loop thread.
+        self._outbox.append((stream, "accepted", (seq.num_prompt_tokens, getattr(seq, "arm", None))))
 
     def _abort_in_engine(self, request_id: str, error: BaseException | None = None) -> None:
         stream = self._live.pop(request_id, None)
