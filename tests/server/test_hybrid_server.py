@@ -157,7 +157,7 @@ def test_load_fallback_with_hysteresis(make_server, plain, tmp_path):
             # A full batch whose requests end one after another: occupancy walks from 16/16 down to 1/16.
             # Each request has its own max_tokens, so one HTTP request per prompt, all sent at once.
             prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(MAX_BATCH)]
-            lengths = [4 + 2 * i for i in range(MAX_BATCH)]
+            lengths = [10 + 2 * i for i in range(MAX_BATCH)]  # long enough that all 16 arrive before one ends
             with concurrent.futures.ThreadPoolExecutor(MAX_BATCH) as pool:
                 futures = [pool.submit(complete, client, [p], n) for p, n in zip(prompts, lengths)]
                 outputs = [f.result()[0] for f in futures]

@@ -1,0 +1,510 @@
+#!/usr/bin/env python
+"""Server throughput with and without speculation, at 1, 4, 16 and 32 concurrent streaming clients.
+
+For each configuration (``plain``, ``hybrid``, and fixed methods such as
+``ngram``) the script starts ``hyspec serve`` in a subprocess on 127.0.0.1,
+warms it up, then for each client count runs that many closed-loop streaming
+clients (each sends the next greedy request as soon as its last one ended) for
+``--duration`` seconds, and stops the server.  It reports per cell:
+
+  * tokens/s: streamed tokens / wall time (until the last started request ended),
+  * TTFT p50/p99 (request sent -> first token) and TPOT p50/p99 (per request:
+    time from first to last token / (tokens - 1)), as the clients saw them,
+  * speed-up over plain at the same client count (goal: hybrid >= 0.95x everywhere),
+  * for speculative servers, from /metrics: dispatcher decisions by method and
+    the dispatcher's decision latency p50/p99 (its snapshot of the last 4096
+    decisions), drafted and accepted tokens,
+  * the client process's CPU use: near 100 % of a core means the client, not
+    the server, limited the figure (run fewer clients per process then).
+
+Every request is greedy (temperature 0, ignore_eos, fixed max_tokens), so the
+first output of each prompt under speculation is compared with plain's: a
+difference is reported (on bf16/fp16 targets it can be a near-tie, see
+DESIGN.md §4; ``hyspec bench`` classifies those).
+
+    python scripts/bench_server.py --tiny --duration 3 --clients 1,4      # development, random tiny models
+    python scripts/bench_server.py --duration 30 --json server.json      # the embedded default model
+    python scripts/bench_server.py --model DIR --speculative-config hybrid.json --configs plain,hybrid,eagle
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+PLAIN, HYBRID = "plain", "hybrid"
+DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
+GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
+CODE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "import os\nimport sys\n\n\ndef main(",
+                "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
+                "for i in range(10):\n    for j in range(i):\n        print(i, j)\n", "def fib(n):\n    if n < 2:\n",
+                "with open(path) as f:\n    for line in f:\n", "try:\n    import json\nexcept ImportError:\n",
+                "@property\ndef name(self):\n    return self._name\n\n@property\ndef"]
+
+
+# -- one streaming request ---------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    prompt_index: int
+    token_ids: list[int]
+    ttft: float | None = None
+    tpot: float | None = None
+    error: str | None = None
+
+
+async def stream_request(client: httpx.AsyncClient, index: int, prompt: list[int], max_tokens: int) -> Sample:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}
+    sample, sent = Sample(index, []), time.perf_counter()
+    first = last = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                sample.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return sample
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    sample.error = f"error event: {chunk['error']}"
+                    continue
+                ids = [t for c in chunk["choices"] for t in c.get("token_ids") or []]
+                if ids:
+                    last = time.perf_counter()
+                    first = first or last
+                    sample.token_ids += ids
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        sample.error = f"{type(exc).__name__}: {exc}"
+    if first is not None:
+        sample.ttft = first - sent
+        if len(sample.token_ids) > 1:
+            sample.tpot = (last - first) / (len(sample.token_ids) - 1)
+    return sample
+
+
+async def run_clients(url: str, prompts: list[list[int]], clients: int, duration: float,
+                      max_tokens: int) -> tuple[list[Sample], float, float]:
+    """``clients`` closed-loop streams for ``duration`` s -> (samples, wall seconds, client CPU seconds)."""
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2, keepalive_expiry=2.0)
+    samples: list[Sample] = []
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(duration + 600)) as client:
+        deadline = time.perf_counter() + duration
+
+        async def loop(c: int) -> None:
+            k = 0
+            while time.perf_counter() < deadline:
+                index = (c + k * clients) % len(prompts)
+                samples.append(await stream_request(client, index, prompts[index], max_tokens))
+                k += 1
+
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(loop(c) for c in range(clients)))
+        return samples, time.perf_counter() - t0, time.process_time() - cpu0
+
+
+async def warm_up(url: str, prompts: list[list[int]], max_tokens: int, count: int = 4) -> list[Sample]:
+    """A few untimed requests at once: first-call allocations and lazy initialisation are not measured."""
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600)) as client:
+        return list(await asyncio.gather(*(stream_request(client, i, prompts[i], max_tokens)
+                                           for i in range(min(count, len(prompts))))))
+
+
+# -- the server under test ---------------------------------------------------------------------------------
+
+class ServerProcess:
+    """``hyspec serve`` in a subprocess on a free loopback port; its log goes to ``log_path``."""
+
+    def __init__(self, args: argparse.Namespace, model: str, spec_config: dict[str, Any] | None, log_path: Path):
+        with socket.socket() as s:  # a free port (the tiny race with other processes is acceptable here)
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "hyspec.cli.main", "serve", "--model", model, "--port", str(self.port),
+               "--backend", args.backend, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+               "--max-queue", str(args.max_num_seqs), "--log-level", "warning"]
+        for flag, value in (("--max-model-len", args.max_model_len), ("--kv-cache-bytes", args.kv_cache_bytes)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        if spec_config is not None:
+            cmd += ["--speculative-config", json.dumps(spec_config)]
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.proc.returncode} during start-up:\n"
+                                   f"{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"the server was not ready within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # graceful: drains, then exits
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def log_tail(self, lines: int = 30) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """Dispatcher and speculation figures from /metrics (absent ones are left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {"decisions": {}, "draft_tokens": 0.0, "accepted_tokens": 0.0}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            if s.name == "hyspec_dispatch_decisions_total":
+                out["decisions"][s.labels["method"]] = s.value
+            elif s.name == "hyspec_dispatch_decision_latency_seconds":
+                out[f"decision_p{round(float(s.labels['quantile']) * 100)}_us"] = s.value * 1e6
+            elif s.name == "hyspec_dispatch_load_fallback_steps_total":
+                out["load_fallback_steps"] = s.value
+            elif s.name in ("hyspec_spec_draft_tokens_total", "hyspec_spec_accepted_tokens_total"):
+                key = s.name[len("hyspec_spec_"):-len("_total")]
+                out[key] += s.value
+    return out
+
+
+# -- one configuration -------------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def cell(config: str, clients: int, samples: list[Sample], wall: float, cpu: float, before: dict[str, Any],
+         after: dict[str, Any]) -> dict[str, Any]:
+    ok = [s for s in samples if s.error is None]
+    ttfts = [s.ttft for s in ok if s.ttft is not None]
+    tpots = [s.tpot for s in ok if s.tpot is not None]
+    tokens = sum(len(s.token_ids) for s in ok)
+    row = {"config": config, "clients": clients, "requests": len(ok), "errors": len(samples) - len(ok),
+           "first_error": next((s.error for s in samples if s.error), None), "tokens": tokens, "wall_s": wall,
+           "tokens_per_s": tokens / wall if wall else 0.0,
+           "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+           "tpot_p50_s": percentile(tpots, 50), "tpot_p99_s": percentile(tpots, 99),
+           "client_cpu_share": cpu / wall if wall else None}
+    if after.get("decisions") or after.get("draft_tokens"):
+        drafted = after["draft_tokens"] - before.get("draft_tokens", 0.0)
+        accepted = after["accepted_tokens"] - before.get("accepted_tokens", 0.0)
+        row["decisions"] = {m: n - before.get("decisions", {}).get(m, 0.0) for m, n in after["decisions"].items()}
+        row["draft_tokens"], row["accepted_tokens"] = drafted, accepted
+        row["acceptance_rate"] = accepted / drafted if drafted else None
+        row["decision_p50_us"], row["decision_p99_us"] = after.get("decision_p50_us"), after.get("decision_p99_us")
+    return row
+
+
+def run_config(name: str, spec_config: dict[str, Any] | None, args: argparse.Namespace, model: str,
+               prompts: list[list[int]], log_dir: Path) -> tuple[list[dict[str, Any]], dict[int, list[int]]]:
+    """All client counts against one server; returns the rows and each prompt's first output."""
+    server = ServerProcess(args, model, spec_config, log_dir / f"server-{name}.log")
+    rows, first_output = [], {}
+    try:
+        server.wait_ready(args.startup_timeout)
+        warm = asyncio.run(warm_up(server.url, prompts, args.max_tokens))
+        if any(s.error for s in warm):
+            raise RuntimeError(f"{name}: warm-up request failed: {next(s.error for s in warm if s.error)}")
+        for clients in args.clients:
+            before = scrape(server.url)
+            samples, wall, cpu = asyncio.run(run_clients(server.url, prompts, clients, args.duration,
+                                                         args.max_tokens))
+            rows.append(cell(name, clients, samples, wall, cpu, before, scrape(server.url)))
+            for s in samples:
+                if s.error is None:
+                    first_output.setdefault(s.prompt_index, s.token_ids)
+            print(f"  {name:>12} x{clients:<3} {rows[-1]['tokens_per_s']:9.1f} tok/s  "
+                  f"({rows[-1]['requests']} requests, {rows[-1]['errors']} errors)", file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+    return rows, first_output
+
+
+# -- configurations ----------------------------------------------------------------------------------------
+
+def load_json_arg(text: str, option: str) -> dict[str, Any]:
+    """A JSON object given inline or as a path to a file holding one."""
+    source = Path(text).read_text() if not text.lstrip().startswith("{") and Path(text).is_file() else text
+    try:
+        value = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"bench_server: {option}: not a JSON object nor a readable file: {exc}")
+    if not isinstance(value, dict):
+        raise SystemExit(f"bench_server: {option}: expected a JSON object")
+    return value
+
+
+def method_config(method: str, k: int, drafters: dict[str, str]) -> dict[str, Any]:
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        config.update(prompt_lookup_min=1, prompt_lookup_max=3)
+    elif method in DRAFTER_METHODS:
+        if method not in drafters:
+            raise SystemExit(f"bench_server: no drafter weights for {method!r} (found: {', '.join(drafters) or 'none'})"
+                             f"; pass --config {method}=JSON with a model")
+        config["model"] = drafters[method]
+    return config
+
+
+def default_configs(args: argparse.Namespace, drafters: dict[str, str],
+                    rules_path: str | None) -> dict[str, dict[str, Any] | None]:
+    configs: dict[str, dict[str, Any] | None] = {}
+    for name in args.configs:
+        if name == PLAIN:
+            configs[name] = None
+        elif name == HYBRID:
+            if args.speculative_config:
+                configs[name] = load_json_arg(args.speculative_config, "--speculative-config")
+                continue
+            methods = [method_config("ngram", args.num_speculative_tokens, drafters)]
+            methods += [{"method": m, "model": p} for m, p in drafters.items()]
+            for m in methods:
+                m.pop("num_speculative_tokens", None)
+            configs[name] = {"method": HYBRID, "num_speculative_tokens": args.num_speculative_tokens,
+                             "hybrid": {"methods": methods, "rules_path": rules_path}}
+        else:
+            configs[name] = method_config(name, args.num_speculative_tokens, drafters)
+    for item in args.config:
+        name, _, text = item.partition("=")
+        configs[name] = load_json_arg(text, f"--config {name}")
+    return configs
+
+
+def embedded_drafters() -> dict[str, str]:
+    from hyspec.assets import default_drafter
+    from hyspec.errors import CheckpointError
+
+    found = {}
+    for method in DRAFTER_METHODS:
+        try:
+            found[method] = str(default_drafter(method))
+        except CheckpointError:
+            pass
+    return found
+
+
+def tiny_models(workdir: Path) -> tuple[str, dict[str, str], str]:
+    """The tests' tiny random target, a smaller draft model with its tokenizer, and rules that use both."""
+    sys.path.insert(0, str(REPO))  # the repository root, for tests.model
+    from tests.model.tiny_checkpoint import make_checkpoint
+
+    target, draft = workdir / "tiny-target", workdir / "tiny-draft"
+    make_checkpoint(target, "llama_gqa", layers=2, seed=0)
+    make_checkpoint(draft, "llama_gqa", layers=1, seed=7)
+    rules = workdir / "tiny-rules.json"
+    rules.write_text(json.dumps([{"when": "batch_size <= 4", "method": "draft_model"}, {"method": "ngram"}]))
+    return str(target), {"draft_model": str(draft)}, str(rules)
+
+
+def build_prompts(args: argparse.Namespace, model: str) -> tuple[list[list[int]], dict[str, Any]]:
+    from hyspec.bench.prompts import build_prompt_set, humaneval_prompts, read_prompt_file
+    from hyspec.model.tokenizer import Tokenizer
+
+    if args.prompts:
+        texts, name = read_prompt_file(Path(args.prompts)), args.prompts
+    elif args.tiny:
+        texts, name = CODE_PROMPTS, "code snippets"
+    else:
+        texts, name = humaneval_prompts(), "humaneval"
+    context = args.max_model_len or json.loads((Path(model) / "config.json").read_text())["max_position_embeddings"]
+    room = min(args.max_prompt_tokens, context - args.max_tokens)
+    tokenizer = Tokenizer(model)
+    prompt_set = build_prompt_set(texts, name, tokenizer.encode, args.num_prompts, room)
+    return [list(ids) for ids in prompt_set.token_ids], prompt_set.summary()
+
+
+# -- report ------------------------------------------------------------------------------------------------
+
+def speedups(rows: list[dict[str, Any]]) -> None:
+    plain = {r["clients"]: r["tokens_per_s"] for r in rows if r["config"] == PLAIN}
+    for r in rows:
+        base = plain.get(r["clients"])
+        r["speedup_vs_plain"] = r["tokens_per_s"] / base if base else None
+
+
+def goal(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    ratios = {r["clients"]: r["speedup_vs_plain"] for r in rows if r["config"] == HYBRID}
+    if not ratios or any(v is None for v in ratios.values()):
+        return None
+    return {"goal": f"hybrid >= {GOAL_RATIO}x plain tokens/s at every client count", "ratios": ratios,
+            "met": all(v >= GOAL_RATIO for v in ratios.values())}
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.1f}"
+
+    def us(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    head = ["config", "clients", "tok/s", "x plain", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "reqs", "err",
+            "accept", "decide p50", "decide p99", "client cpu"]
+    lines = [head]
+    for r in rows:
+        acc = r.get("acceptance_rate")
+        lines.append([r["config"], str(r["clients"]), f"{r['tokens_per_s']:.1f}",
+                      "-" if r.get("speedup_vs_plain") is None else f"{r['speedup_vs_plain']:.2f}",
+                      ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["tpot_p50_s"]), ms(r["tpot_p99_s"]),
+                      str(r["requests"]), str(r["errors"]), "-" if acc is None else f"{acc:.2f}",
+                      us(r.get("decision_p50_us")), us(r.get("decision_p99_us")),
+                      "-" if r["client_cpu_share"] is None else f"{r['client_cpu_share']:.0%}"])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out) + "\n(times in ms, decision latency in µs; x plain: tokens/s over plain's at that count)"
+
+
+def machine(backend: str) -> dict[str, Any]:
+    """Read after the runs, so the client process touches no accelerator while servers run."""
+    try:
+        from hyspec.backends.registry import get_backend
+        from hyspec.bench.machine import machine_info, machine_label
+
+        info = machine_info(get_backend(None if backend == "auto" else backend))
+        return {**info, "label": machine_label(info)}
+    except Exception as exc:  # the figures stand without it
+        return {"label": f"{platform.node()} ({platform.processor() or platform.machine()})", "error": str(exc)}
+
+
+# -- main --------------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--model", help="target model directory (default: the embedded default model)")
+    where.add_argument("--tiny", action="store_true", help="tiny random target + draft model (development only)")
+    p.add_argument("--configs", default="plain,hybrid,ngram",
+                   help="comma list: plain, hybrid, or a method run alone (default plain,hybrid,ngram)")
+    p.add_argument("--speculative-config", metavar="JSON|PATH", help="the hybrid configuration (default: hybrid over "
+                   "ngram and every drafter found, with the built-in rules; --tiny: its own rules)")
+    p.add_argument("--config", action="append", default=[], metavar="NAME=JSON|PATH",
+                   help="speculative_config of configuration NAME (overrides the default; repeatable)")
+    p.add_argument("--clients", default="1,4,16,32", help="comma list of concurrent clients (default 1,4,16,32)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per client count (default 20)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    p.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cycled by the clients (default 64)")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="left-truncate longer prompts (default 1024)")
+    p.add_argument("--prompts", metavar="FILE", help="JSONL or text prompts (default: HumanEval; --tiny: snippets)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="server batch limit (default 64; >= max clients)")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--kv-cache-bytes", help="server KV cache size, e.g. 2GiB (default: the server's)")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for a server (default 900)")
+    p.add_argument("--json", metavar="PATH", help="write the results here (default: bench_server.json in the log dir)")
+    p.add_argument("--log-dir", metavar="DIR", help="server logs (default: a new temporary directory)")
+    args = p.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    try:
+        args.clients = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        p.error(f"--clients: expected a comma list of integers, got {args.clients!r}")
+    if not args.clients or min(args.clients) < 1:
+        p.error("--clients: every count must be >= 1")
+    if max(args.clients) > args.max_num_seqs:
+        p.error(f"--max-num-seqs {args.max_num_seqs} is below {max(args.clients)} clients: requests would queue")
+    if args.duration <= 0 or args.max_tokens < 1 or args.num_prompts < 1:
+        p.error("--duration, --max-tokens and --num-prompts must be positive")
+    if args.tiny:
+        args.dtype = "float32" if args.dtype == "auto" else args.dtype
+        args.kv_cache_bytes = args.kv_cache_bytes or "64MiB"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="hyspec-bench-server-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rules_path = None
+    if args.tiny:
+        model, drafters, rules_path = tiny_models(log_dir)
+    else:
+        from hyspec.assets import default_model
+
+        model = args.model or str(default_model())
+        drafters = embedded_drafters() if args.model is None else {}
+    configs = default_configs(args, drafters, rules_path)
+    prompts, prompt_summary = build_prompts(args, model)
+    print(f"bench_server: {model}; configs {', '.join(configs)}; clients {args.clients}; {args.duration:g} s each; "
+          f"logs in {log_dir}", file=sys.stderr)
+
+    rows: list[dict[str, Any]] = []
+    outputs: dict[str, dict[int, list[int]]] = {}
+    failures: dict[str, str] = {}
+    for name, spec_config in configs.items():
+        try:
+            config_rows, outputs[name] = run_config(name, spec_config, args, model, prompts, log_dir)
+            rows += config_rows
+        except (RuntimeError, TimeoutError) as exc:
+            failures[name] = str(exc)
+            print(f"bench_server: {name} failed: {exc}", file=sys.stderr)
+    speedups(rows)
+    identity = {}
+    if PLAIN in outputs:
+        for name, outs in outputs.items():
+            if name != PLAIN:
+                common = [i for i in outs if i in outputs[PLAIN]]
+                identity[name] = {"compared": len(common),
+                                  "differing": sorted(i for i in common if outs[i] != outputs[PLAIN][i])}
+    doc = {"schema": 1, "machine": machine(args.backend), "model": model, "prompts": prompt_summary,
+           "settings": {k: v for k, v in vars(args).items() if k not in ("json", "log_dir")},
+           "configs": configs, "rows": rows, "goal": goal(rows), "identity_vs_plain": identity,
+           "failures": failures}
+    print(f"\nmachine: {doc['machine']['label']}\n{format_table(rows)}")
+    if doc["goal"]:
+        g = doc["goal"]
+        ratios = ", ".join(f"{c}: {v:.2f}x" for c, v in g["ratios"].items())
+        print(f"goal {g['goal']}: {'met' if g['met'] else 'NOT met'} ({ratios})")
+    for name in {r["config"] for r in rows if r.get("decisions")}:
+        chosen = {m for r in rows if r["config"] == name for m, n in r["decisions"].items() if n and m != "none"}
+        if not chosen:
+            print(f"WARNING: {name}: the dispatcher chose 'none' on every step (no rule names a loaded method, or "
+                  "the load fallback held): this row is plain decoding through the hybrid path")
+    for name, result in identity.items():
+        if result["differing"]:
+            print(f"WARNING: {name}: {len(result['differing'])} of {result['compared']} prompts differ from plain "
+                  f"(prompt indices {result['differing'][:10]}): a near-tie on reduced precision, or a bug")
+    out = Path(args.json) if args.json else log_dir / "bench_server.json"
+    out.write_text(json.dumps(doc, indent=2, default=str))
+    print(f"results: {out}", file=sys.stderr)
+    return 1 if failures or any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
