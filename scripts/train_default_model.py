@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn", type=int, default=1408)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--ckpt-every", type=int, default=50)
