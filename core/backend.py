@@ -37,6 +37,14 @@ class Backend(ABC):
     def memory_stats(self) -> MemoryStats:
         """Memory of the device as the backend sees it (host RAM on CPU)."""
 
+    def optimize_model(self, model: "torch.nn.Module") -> "torch.nn.Module":
+        """Prepare a loaded model for serving on this backend (e.g. pack weights); same interface after.
+
+        Called by the engine on the target and on every drafter module.  The
+        default changes nothing.
+        """
+        return model
+
     def synchronize(self) -> None:
         """Wait for queued device work (no-op where work is synchronous)."""
 

@@ -71,6 +71,7 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.model = load_model(path, dtype=dtype, device=self.device, ops=self.backend.ops,
                                 max_positions=max_model_len + 64)  # + room for draft positions past the end
+        self.model = self.backend.optimize_model(self.model)
         self.config = self.model.config
         self.dtype = self.model.embed_tokens.weight.dtype
         if self.tokenizer.vocab_size > self.config.vocab_size:

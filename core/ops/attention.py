@@ -121,10 +121,10 @@ def gather_kv(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Contiguous ``[B, max_seq_len, Hkv, D]`` copy of each sequence's paged entries."""
     block_size = cache.shape[1]
     num_blocks = -(-meta.max_seq_len // block_size)
-    table = meta.derived(f"table/{num_blocks}", lambda: meta.block_tables[:, :num_blocks].long())  # [B, nb]
-    gathered = cache[table]  # [B, nb, block_size, Hkv, D]
-    B = table.shape[0]
-    return gathered.reshape(B, num_blocks * block_size, *cache.shape[2:])[:, : meta.max_seq_len]
+    table = meta.derived(f"table/{num_blocks}", lambda: meta.block_tables[:, :num_blocks].reshape(-1).long())  # [B*nb]
+    B = meta.num_seqs
+    gathered = cache.index_select(0, table)  # [B*nb, block_size, Hkv, D] (index_select: ~2x faster than [] here)
+    return gathered.view(B, num_blocks * block_size, *cache.shape[2:])[:, : meta.max_seq_len]
 
 
 def paged_attention(

@@ -83,6 +83,8 @@ class SpecDecoder:
             cfg = SpeculativeConfig.from_dict(speculative_config)
         specs = _method_specs(cfg)
         proposers = {s.method: build_proposer(engine, s) for s in specs}
+        for proposer in proposers.values():
+            _optimize_modules(engine.backend, proposer)
         controller = GoodputController(cfg)
         if cfg.controller.enabled and cfg.controller.profile_at_startup:
             from hyspec.spec.profiling import profile_cost_model
@@ -331,6 +333,15 @@ class SpecDecoder:
             p.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
+
+
+def _optimize_modules(backend: Any, proposer: Proposer) -> None:
+    """Let the backend prepare the drafter's torch modules (e.g. packed CPU weights)."""
+    from torch import nn
+
+    for value in vars(proposer).values():
+        if isinstance(value, nn.Module):
+            backend.optimize_model(value)
 
 
 def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:

@@ -1,0 +1,93 @@
+"""Linear layers with weights packed once for the CPU's GEMM library.
+
+``F.linear`` on the CPU re-lays-out the weight on every call and, for fp32,
+switches between a GEMV kernel (one row) and a GEMM kernel (several rows),
+which round differently.  Packing once fixes both:
+
+* bf16 weights go to oneDNN's blocked layout (``mkldnn._reorder_linear_weight``
+  / ``mkldnn._linear_pointwise``): AMX / AVX512-BF16 kernels without a reorder
+  per call;
+* fp32 weights go to MKL's packed format (``mkl._mkl_reorder_linear_weight`` /
+  ``mkl._mkl_linear``).
+
+With packed weights each output row is computed the same way whatever the
+number of rows, so verifying n tokens in one forward gives bit-identical logits
+to n one-token steps (checked by tests/test_cpu_ops_packed.py): no near-tie can
+flip between plain and speculative decoding.  Other dtypes, and torch builds
+without these ops, keep ``F.linear``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+_PACK_BATCH_HINT = 4  # the row count the packing is tuned for (decode and small verifications)
+
+
+def packing_available(dtype: torch.dtype) -> bool:
+    """Whether this torch build can pack weights of ``dtype`` for the CPU."""
+    if dtype == torch.bfloat16:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if dtype == torch.float32:
+        return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+    return False
+
+
+class PackedLinear(nn.Module):
+    """Drop-in for ``nn.Linear`` at inference: same ``weight``/``bias``, packed copy for the matmul."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self._matmul = _packed_matmul(self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.weight.dtype or torch.is_grad_enabled() and x.requires_grad:
+            return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        return self._matmul(rows).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}, packed"
+
+
+def _packed_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    if weight.dtype == torch.bfloat16:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if weight.dtype == torch.float32:
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, _PACK_BATCH_HINT)
+        return lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, bias, x.shape[0])
+    raise TypeError(f"no packed CPU linear for {weight.dtype}")
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every ``nn.Linear`` under ``module`` (weights on the CPU, packable dtype); return how many."""
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.device.type == "cpu" and packing_available(child.weight.dtype):
+                setattr(parent, name, PackedLinear(child.weight, child.bias))
+                count += 1
+    return count
+
+
+class PackedLogits(nn.Module):
+    """``hidden -> logits`` against a (possibly tied) lm_head weight, packed like the other linears."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.inner = PackedLinear(weight, None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.inner(hidden).float()

@@ -1,0 +1,62 @@
+"""Packed CPU linears: same results as F.linear, and each row independent of how many rows share the call."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyspec.cpu_ops.optimize import optimize_for_cpu
+from hyspec.cpu_ops.packed_linear import PackedLinear, pack_linears, packing_available
+
+DTYPES = [d for d in (torch.float32, torch.bfloat16) if packing_available(d)]
+# fp32: MKL's packed GEMM vs F.linear's kernels differ only in summation order over K=512.
+# bf16: both accumulate in fp32 and round once; the rounding of the fp32 sum can differ by 1 ulp.
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=1e-2)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matches_linear(dtype, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(512, 384, bias=bias).to(dtype)
+    packed = PackedLinear(lin.weight, lin.bias)
+    x = torch.randn(5, 7, 512).to(dtype)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), lin(x), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_results_do_not_depend_on_row_count(dtype):
+    """What makes n-token verification bit-identical to n one-token steps."""
+    torch.manual_seed(1)
+    packed = PackedLinear(torch.randn(1024, 512).to(dtype) * 0.05, None)
+    x = torch.randn(40, 512).to(dtype)
+    with torch.inference_mode():
+        alone = torch.cat([packed(x[i:i + 1]) for i in range(40)])
+        for n in (2, 3, 8, 17, 40):
+            assert torch.equal(packed(x[:n]), alone[:n]), n
+
+
+def test_pack_linears_keeps_interface_and_falls_back_for_training():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(torch.bfloat16)
+    ref = [m.weight.clone() for m in model if isinstance(m, nn.Linear)]
+    assert pack_linears(model) == (2 if packing_available(torch.bfloat16) else 0)
+    assert torch.equal(model[0].weight, ref[0])
+    x = torch.randn(3, 16, dtype=torch.bfloat16, requires_grad=True)
+    model(x).float().sum().backward()  # the autograd path uses F.linear
+    assert x.grad is not None
+
+
+def test_optimize_for_cpu_packs_causal_lm_logits(tmp_path):
+    from hyspec.model.loader import load_model
+    from tests.model.hf_fixtures import make_hf_model
+
+    make_hf_model("qwen2", tmp_path)  # tied embeddings
+    model = load_model(tmp_path, dtype="float32")
+    hidden = torch.randn(3, model.config.hidden_size)
+    before = F.linear(hidden, model.lm_head_weight).float()
+    optimize_for_cpu(model)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.compute_logits(hidden), before, **TOL[torch.float32])
+    assert optimize_for_cpu(model) is model  # idempotent
