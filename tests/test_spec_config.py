@@ -134,7 +134,6 @@ def _err(data) -> ConfigError:
     ({"method": "eagle", "hybrid": {"load_signal": "cpu"}}, "speculative_config.hybrid.load_signal", "one of"),
     ({"method": "eagle", "hybrid": {"speculative_fraction": 1.5}}, "speculative_config.hybrid.speculative_fraction", "<= 1"),
     ({"method": "eagle", "hybrid": {"methods": ["ngram"]}}, "speculative_config.hybrid.methods", 'only used with method "hybrid"'),
-    ({"method": "hybrid"}, "speculative_config.hybrid.methods", "at least one"),
     ({"method": "hybrid", "model": "/m"}, "speculative_config.model", "per method"),
     ({"method": "hybrid", "hybrid": {"methods": "ngram"}}, "speculative_config.hybrid.methods", "expected a list"),
     ({"method": "hybrid", "hybrid": {"methods": ["ngram", "eagel"]}}, "speculative_config.hybrid.methods[1].method",

@@ -44,10 +44,17 @@ class AttentionMetadata:
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def derived(self, key: str, build: Callable[[], Any]) -> Any:
-        """``build()`` once per step; later layers reuse the result."""
-        value = self._derived.get(key)
+        """``build()`` once per step; later layers reuse the result.
+
+        Keyed on the host lengths too: a captured graph's metadata is updated in
+        place for the next step, and must not see the previous step's mask.
+        """
+        full_key = (key, tuple(self.query_lens), tuple(self.seq_lens_host), id(self.block_tables), id(self.tree_mask))
+        value = self._derived.get(full_key)
         if value is None:
-            value = self._derived[key] = build()
+            if len(self._derived) > 16:
+                self._derived.clear()
+            value = self._derived[full_key] = build()
         return value
 
     def __post_init__(self) -> None:
@@ -122,7 +129,7 @@ def gather_kv(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     block_size = cache.shape[1]
     num_blocks = -(-meta.max_seq_len // block_size)
     table = meta.derived(f"table/{num_blocks}", lambda: meta.block_tables[:, :num_blocks].reshape(-1).long())  # [B*nb]
-    B = meta.num_seqs
+    B = meta.block_tables.shape[0]
     gathered = cache.index_select(0, table)  # [B*nb, block_size, Hkv, D] (index_select: ~2x faster than [] here)
     return gathered.view(B, num_blocks * block_size, *cache.shape[2:])[:, : meta.max_seq_len]
 

@@ -221,7 +221,7 @@ class HybridConfig:
     _SECTION: ClassVar[str] = f"{ROOT}.hybrid"
     rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules.")
     methods: tuple[MethodConfig, ...] = key((), "Methods to load (list of method configs or names); "
-                                                "required when method is \"hybrid\".")
+                                                "empty = ngram plus every embedded default drafter present.")
     load_threshold: float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].")
     load_resume_threshold: float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.")
     load_signal: str = key("max", "batch_occupancy | kv_usage | queue_depth | max (the largest of them: "
@@ -371,8 +371,7 @@ class SpeculativeConfig:
     def _check_hybrid(self) -> None:
         h = self.hybrid
         if self.method == "hybrid":
-            if not h.methods:
-                raise ConfigError(f"{ROOT}.hybrid.methods", 'method "hybrid" needs at least one method to choose from')
+            # No methods listed: the engine loads ngram and every embedded default drafter it finds.
             for i, m in enumerate(h.methods):
                 k, where = m.num_speculative_tokens, f"{ROOT}.hybrid.methods[{i}].num_speculative_tokens"
                 # the top-level value sizes the controller and the verification buffers

@@ -126,6 +126,8 @@ class SpecDecoder:
         decoding = [s for s in running if not s.in_prefill and s.arm == "spec"]
         batch = max(1, len(running))
         if self.dispatcher is not None:
+            if not decoding:  # only prefills or control-arm requests: nothing to decide
+                return self._remember(StepPlan(NONE, 0, 0, batch))
             method = self.dispatcher.choose(self._signals(scheduler))
             if method == NONE:
                 return self._remember(StepPlan(NONE, 0, 0, batch, "dispatcher"))
@@ -349,10 +351,28 @@ def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
     if cfg.method != "hybrid":
         return [MethodSpec(cfg.method, cfg.model, top_k, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg)]
     specs = []
+    if not cfg.hybrid.methods:
+        return _default_hybrid_specs(cfg)
     for m in cfg.hybrid.methods:
         lookup_min = m.prompt_lookup_min or m.prompt_lookup_max or 5  # vLLM's rule: one given -> both
         lookup_max = m.prompt_lookup_max or m.prompt_lookup_min or 5
         specs.append(MethodSpec(m.method, m.model, m.num_speculative_tokens or top_k, lookup_min, lookup_max, cfg))
+    return specs
+
+
+#: Methods a bare {"method": "hybrid"} loads, when their embedded drafter exists (ngram needs none).
+DEFAULT_HYBRID_METHODS = ("dflash", "mtp", "eagle", "eagle3", "dspark", "draft_model")
+
+
+def _default_hybrid_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
+    from hyspec.assets import DRAFTER_DIRS, assets_dir
+
+    k = cfg.num_speculative_tokens
+    specs = [MethodSpec("ngram", None, k, 1, 3, cfg)]
+    for method in DEFAULT_HYBRID_METHODS:
+        if (assets_dir() / DRAFTER_DIRS[method] / "config.json").is_file():
+            specs.append(MethodSpec(method, None, k, 1, 3, cfg))
+    log.info("hybrid with no methods listed: loading %s", [s.method for s in specs])
     return specs
 
 
