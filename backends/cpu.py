@@ -27,6 +27,13 @@ class CPUBackend(Backend):
         resolved = resolve_ops("hyspec.cpu_ops", "cpu_op_overrides", source="cpu_ops")
         super().__init__(torch.device("cpu"), capabilities, resolved.table)
         self.ops_note = resolved.note
+        from hyspec.cpu_ops.packed_linear import packing_available
+
+        packed = [name for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if packing_available(dt)]
+        if packed:
+            # Not an op-table op: the backend rewrites the model's linear layers (optimize_model).
+            linear = f"linear layers: weights packed once ({'/'.join(packed)}: oneDNN / MKL)"
+            self.ops_note = linear if self.ops_note is None else f"{linear}; {self.ops_note}"
 
     def optimize_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Pack linear weights for oneDNN (bf16) / MKL (fp32): faster, and row results independent of batch."""
