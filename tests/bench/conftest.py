@@ -15,13 +15,6 @@ PROMPTS = ["import os\nimport os\nimport", "for i in range(10):\n    for i in ra
            "def add(a, b):\n    return a + b\n\ndef add(a, b):", "x = [1, 2, 3]\ny = [1, 2,"]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def single_thread():
-    """One intra-op thread: tiny models gain nothing from two, and on a busy box lose a lot."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -24,13 +24,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """One intra-op thread: these tiny models gain nothing from two, and on a busy box lose a lot."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from hyspec.ops import reference_ops
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import CommittedHidden, DraftRequest
 from tests.drafters.hidden_drafters import (  # noqa: F401  (fixtures)
-    assert_clean_pool, decode_chains, generate_in_batches, plain, reclaim_before, single_thread, spec_llm, target_dir,
+    assert_clean_pool, decode_chains, generate_in_batches, plain, reclaim_before, spec_llm, target_dir,
     totals, train_drafter)
 
 BLOCK = 4

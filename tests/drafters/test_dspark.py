@@ -16,7 +16,7 @@ from hyspec.errors import CheckpointError
 from hyspec.model.loader import load_model
 from hyspec.ops.sampling import SamplingTensors, process_logits
 from tests.drafters.hidden_drafters import (  # noqa: F401  (fixtures)
-    assert_clean_pool, decode_chains, generate_in_batches, plain, single_thread, spec_llm, target_dir, totals,
+    assert_clean_pool, decode_chains, generate_in_batches, plain, spec_llm, target_dir, totals,
     train_drafter)
 
 BLOCK = 4

@@ -30,13 +30,6 @@ TREE = {"num_speculative_tokens": 5, "tree": {"budget": 16, "topk": 4}}
 RECIPES = {"eagle": EagleRecipe(), "eagle3": Eagle3Recipe()}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: two threads only contend on a busy two-core box (10x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from hyspec.errors import CheckpointError
 from hyspec.model.loader import load_model
 from hyspec.ops.norm import rms_norm
 from tests.drafters.hidden_drafters import (  # noqa: F401  (fixtures)
-    GREEDY, assert_clean_pool, generate_in_batches, plain, reclaim_before, single_thread, spec_llm, target_dir, totals,
+    GREEDY, assert_clean_pool, generate_in_batches, plain, reclaim_before, spec_llm, target_dir, totals,
     train_drafter)
 
 MODULES = 2

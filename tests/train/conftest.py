@@ -5,17 +5,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.model.tiny_checkpoint import make_checkpoint
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Training steps here are tiny: a second thread only adds synchronisation (and two share the box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
