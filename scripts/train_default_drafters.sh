@@ -16,7 +16,7 @@
 # from its checkpoint in assets/default-<method>.partial/ (every 50 steps), and the generated data is
 # completed rather than regenerated.  Each output appears only when complete.
 #
-# Step counts: each method is sized for ~15-18 minutes on the 2-core dev box (hence 10-25 minutes
+# Step counts: each method is sized for ~12-17 minutes on the 2-core dev box (hence 10-25 minutes
 # whether or not the second core is free).  Estimated from CPU seconds per step (time.process_time,
 # 1 torch thread, so other jobs on the box do not inflate it) measured with train-draft's trainer and
 # each recipe (as of this commit) on a randomly initialised model of the default target's exact shape
@@ -24,11 +24,11 @@
 # batch 8 x 256 tokens, bf16 autocast:
 #     target forward (no grad)         0.60 s   (saved by --cache-hidden from the 2nd epoch on)
 #     draft_model (2 layers x 256)     1.08 s   -> 1500 steps: 256 x 1.08 + 1244 x 0.5  ~ 15 min
-#     eagle (1 layer)                  1.18 s   -> 1400 steps: 256 x 1.18 + 1144 x 0.6  ~ 16.5 min
-#     eagle3 (TTT 7 steps), batch 4    2.49 s   ->  400 steps, all in the 1st epoch     ~ 17 min
+#     eagle (1 layer)                  1.18 s   -> 1000 steps: 256 x 1.18 +  744 x 0.6  ~ 12.5 min
+#     eagle3 (TTT 7 steps), batch 4    2.49 s   ->  300 steps, all in the 1st epoch     ~ 12.5 min
 #     mtp (1 module)                   1.44 s   -> 1000 steps: 256 x 1.44 + 744 x 0.85  ~ 17 min
-#     dflash (2 layers, block 8)       3.15 s   ->  330 steps: 256 x 3.15 + 74 x 2.6    ~ 17 min
-#     dspark                           4.89 s   ->  220 steps, all in the 1st epoch     ~ 18 min
+#     dflash (2 layers, block 8)       3.15 s   ->  250 steps, all in the 1st epoch     ~ 13 min
+#     dspark                           4.89 s   ->  160 steps, all in the 1st epoch     ~ 13 min
 #     self-generation, once            ~400 generated tokens per CPU second at batch 64
 #                                      -> 2048 x ~192 tokens                           ~ 16 min
 # Two free cores make each run roughly 1.5x faster.  If a recipe's cost changes, re-measure with
@@ -63,11 +63,11 @@ declare -A DIRS=([draft_model]=default-draft-model [eagle]=default-eagle [eagle3
 # method -> its own arguments (steps and batch size as estimated above; method options)
 declare -A ARGS=(
   [draft_model]="--steps 1500 --batch-size 8 --cache-hidden --layers 2 --hidden-size 256"
-  [eagle]="--steps 1400 --batch-size 8 --cache-hidden"
-  [eagle3]="--steps 400 --batch-size 4"
+  [eagle]="--steps 1000 --batch-size 8 --cache-hidden"
+  [eagle3]="--steps 300 --batch-size 4"
   [mtp]="--steps 1000 --batch-size 8 --cache-hidden"
-  [dflash]="--steps 330 --batch-size 8 --cache-hidden"
-  [dspark]="--steps 220 --batch-size 8"
+  [dflash]="--steps 250 --batch-size 8 --cache-hidden"
+  [dspark]="--steps 160 --batch-size 8"
 )
 
 for method in $METHODS; do
