@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's two set-up commands, plus the slow-test and conformance targets.
 #
-#   bash scripts/dev.sh demo        # create .venv, install hyspec, run the main job
+#   bash scripts/dev.sh demo        # create .venv, install hyspec, run the main job (probe, generate, quick bench)
 #   bash scripts/dev.sh test        # create/update .venv with dev extras, run the test suite
 #   bash scripts/dev.sh test-slow   # the tests marked slow (minutes each)
 #
@@ -26,9 +26,11 @@ setup() {  # $1: extras to install
 
 case "${1:-}" in
     demo)
-        setup cpu
+        setup cpu,bench
         .venv/bin/hyspec probe
         .venv/bin/hyspec generate --max-tokens 48 --prompt 'def fibonacci(n):'
+        # Every embedded method against plain decoding and transformers on HumanEval prompts (a few minutes).
+        .venv/bin/hyspec bench --quick --no-progress
         ;;
     test)
         setup dev
