@@ -13,7 +13,12 @@ write_kv       ``hyspec.cuda_ops.kv``                      ``hyspec.ops.kv.write
 compact_kv     ``hyspec.cuda_ops.kv``                      ``hyspec.ops.kv.compact_kv``
 rms_norm       ``hyspec.cuda_ops.norm``                    ``hyspec.ops.norm.rms_norm``
 rotary         ``hyspec.cuda_ops.rotary``                  ``hyspec.ops.rotary.rotary``
+rejection_     ``hyspec.cuda_ops.verify``                  ``hyspec.spec.verify_stochastic``
+sample                                                     ``.rejection_sample``
 =============  ==========================================  =====================================
+
+``sample`` (one inverse-CDF draw per row) stays torch: it is a cumsum and a
+searchsorted, nothing a kernel would save a pass on.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ def cuda_op_overrides() -> dict[str, Callable]:
     from hyspec.cuda_ops.kv import triton_compact_kv, triton_write_kv
     from hyspec.cuda_ops.norm import triton_rms_norm
     from hyspec.cuda_ops.rotary import triton_rotary
+    from hyspec.cuda_ops.verify import triton_rejection_sample
 
     return {
         "attention": triton_paged_attention,
@@ -37,6 +43,7 @@ def cuda_op_overrides() -> dict[str, Callable]:
         "compact_kv": triton_compact_kv,
         "rms_norm": triton_rms_norm,
         "rotary": triton_rotary,
+        "rejection_sample": triton_rejection_sample,
     }
 
 

@@ -95,6 +95,7 @@ def plan(dry_run: bool) -> dict[str, Any]:
                 ("prefill_bs1_n20", [0], [20], False, 16, "float32"),
             ],
             chain=(70, 4), tokens=(8, 33), moves=5, hidden=64,
+            verify=[("trees_bs3_n5_v40_q", 3, 5, 40, True), ("chains_bs2_n4_v1500", 2, 4, 1500, False)],
             sweep_cases=["decode_bs2"], sweep=[dict(block_m=32, block_n=32, partition_size=64)],
             config=dict(block_m=32, block_n=32, partition_size=64),
         )
@@ -120,6 +121,11 @@ def plan(dry_run: bool) -> dict[str, Any]:
             ("tree_bs4_n16_ctx1k_fp32", ragged(1024, 4), [16] * 4, True, 16, "float32"),
         ],
         chain=(3000, 8), tokens=(64, 4096), moves=512, hidden=4096,
+        verify=[  # (name, sequences, nodes per tree, vocab, drafts sampled from stored q rows)
+            ("trees_bs64_n64_v128k_onehot", 64, 64, 128256, False),
+            ("trees_bs16_n16_v128k_q", 16, 16, 128256, True),
+            ("chains_bs64_n8_v32k_q", 64, 8, 32000, True),
+        ],
         sweep_cases=["decode_bs8_ctx4k_page32", "tree_bs16_n16_ctx2k"],
         sweep=[dict(block_m=16), dict(block_m=64, num_warps=8), dict(block_n=64),
                dict(block_m=64, block_n=64, num_warps=8), dict(partition_size=256), dict(partition_size=1024)],
@@ -161,9 +167,9 @@ class Checker:
                 self.torch.cuda.empty_cache()
 
     def compare(self, op: str, case: str, actual: Any, expected: Any, dtype: Any) -> None:
-        from hyspec.cuda_ops.tolerances import tolerance
+        from hyspec.cuda_ops.tolerances import EXACT, tolerance
 
-        tol = tolerance(op, dtype)
+        tol = EXACT if op == "rejection_sample" else tolerance(op, dtype)  # token ids: exact
         pairs = list(zip(actual, expected)) if isinstance(actual, tuple) else [(actual, expected)]
         excess = max(tol.excess(a, e) for a, e in pairs)
         max_abs = max(float((a.double() - e.double()).abs().max()) if a.numel() else 0.0 for a, e in pairs)
@@ -352,6 +358,36 @@ def check_small_ops(chk: Checker, spec: dict, torch: Any) -> None:
     chk.guarded("compact_kv", f"M{spec['moves']}", compact)
 
 
+def check_verifier(chk: Checker, spec: dict, torch: Any) -> None:
+    """Fused rejection sampler vs the reference (host loop over levels and ranks): same node, same token."""
+    from hyspec.cuda_ops.verify import triton_rejection_sample
+    from hyspec.spec.tree import TreeBatch
+    from hyspec.spec.verify_stochastic import rejection_sample
+
+    dev = chk.device
+    for name, batch, nodes, vocab, sampled in spec["verify"]:
+        def one(batch=batch, nodes=nodes, vocab=vocab, sampled=sampled, name=name) -> None:
+            g = torch.Generator(device=dev).manual_seed(nodes)
+            parents = torch.full((batch, nodes), -1, dtype=torch.int64)
+            for i in range(1, nodes):  # chains for "chains_*", else random shapes (shared by the batch)
+                parents[:, i] = i - 1 if name.startswith("chains") else int(torch.randint(0, i, (1,)))
+            rows = batch * nodes
+            # Peaked target rows so that drafts taken from them are mostly accepted (deep walks).
+            target = torch.softmax(torch.randn(rows, vocab, generator=g, device=dev) * 4, dim=-1)
+            q = torch.softmax(torch.randn(batch, nodes, vocab, generator=g, device=dev) * 4, dim=-1) if sampled else None
+            # Each draft drawn from the target's p at its parent (packed row b * nodes + parent).
+            parent_rows = (torch.arange(batch)[:, None] * nodes + parents.clamp(min=0)).flatten().to(dev)
+            tokens = torch.multinomial(target[parent_rows], 1, generator=g).view(batch, nodes)
+            trees = TreeBatch(tokens, parents.to(dev), torch.full((batch,), nodes, device=dev), q, vocab)
+            uniforms = torch.rand(batch, nodes, generator=g, device=dev, dtype=torch.float64)
+            chk.compare("rejection_sample", name, triton_rejection_sample(target, trees, uniforms),
+                        rejection_sample(target, trees, uniforms), torch.float32)
+            nbytes = target.numel() * 4 + (q.numel() * 4 if q is not None else 0)  # upper bound: all rows
+            chk.time("rejection_sample", name, lambda: triton_rejection_sample(target, trees, uniforms),
+                     lambda: rejection_sample(target, trees, uniforms), nbytes)
+        chk.guarded("rejection_sample", name, one)
+
+
 def print_table(report: dict) -> None:
     print(f"\n{report['device']}  peak {report['peak_gbps']} GB/s  torch {report['torch']}  "
           f"triton {report['triton']}  {report['elapsed_s']:.0f}s")
@@ -397,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     chk.guarded("consistency", "chain_vs_decode", lambda: consistency.update(check_chain_consistency(chk, spec,
                                                                                                        torch)))
     check_small_ops(chk, spec, torch)
+    check_verifier(chk, spec, torch)
     check_attention(chk, spec, torch)
     report = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (TRITON_INTERPRET=1)",

@@ -36,7 +36,7 @@ def test_dry_run_checks_every_op_and_writes_json_to_out(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["dry_run"] and not report["errors"]
     assert {r["op"] for r in report["correctness"]} == {"attention", "write_kv", "compact_kv", "rms_norm",
-                                                         "rotary"}
+                                                         "rotary", "rejection_sample"}
     assert all(r["passed"] for r in report["correctness"])
     assert report["consistency"]["bitwise_equal"]
     timed = [r for r in report["timing"] if "skipped" not in r]

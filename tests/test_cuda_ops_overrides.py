@@ -25,7 +25,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_overrides_cover_the_kernel_ops_and_install_in_the_table() -> None:
     ops = cuda_op_overrides()
-    assert set(ops) == {"attention", "write_kv", "compact_kv", "rms_norm", "rotary"} <= set(OP_NAMES)
+    assert set(ops) == {"attention", "write_kv", "compact_kv", "rms_norm", "rotary", "rejection_sample"} <= set(OP_NAMES)
     table = reference_ops().with_overrides("triton", **ops)
     assert table.sources == {name: "triton" if name in ops else "reference" for name in OP_NAMES}
     assert table.attention is ops["attention"] and table.rms_norm is ops["rms_norm"]
