@@ -374,7 +374,9 @@ def check_verifier(chk: Checker, spec: dict, torch: Any) -> None:
             rows = batch * nodes
             # Peaked target rows so that drafts taken from them are mostly accepted (deep walks).
             target = torch.softmax(torch.randn(rows, vocab, generator=g, device=dev) * 4, dim=-1)
-            q = torch.softmax(torch.randn(batch, nodes, vocab, generator=g, device=dev) * 4, dim=-1) if sampled else None
+            q = None
+            if sampled:
+                q = torch.softmax(torch.randn(batch, nodes, vocab, generator=g, device=dev) * 4, dim=-1)
             # Each draft drawn from the target's p at its parent (packed row b * nodes + parent).
             parent_rows = (torch.arange(batch)[:, None] * nodes + parents.clamp(min=0)).flatten().to(dev)
             tokens = torch.multinomial(target[parent_rows], 1, generator=g).view(batch, nodes)
