@@ -122,19 +122,38 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     An input embedding only reads one row per token; when it is tied to the
     lm_head the shared matrix is read in full by the lm_head and counted once.
     """
-    seen: set[int] = set()
-    total = 0
     embed = getattr(model, "embed_tokens", None)
     embed_weight = getattr(embed, "weight", None)
-    lm_head = getattr(model, "lm_head", None)
-    tied = embed_weight is not None and getattr(lm_head, "weight", None) is embed_weight
+    # Tied: an lm_head module holding the same Parameter, hyspec's CausalLM's ``lm_head_weight`` (no
+    # lm_head module), or another parameter on the same storage (the CPU backend's packed logits head).
+    heads = (getattr(getattr(model, "lm_head", None), "weight", None), getattr(model, "lm_head_weight", None))
+    tied = embed_weight is not None and (any(h is embed_weight for h in heads) or any(
+        p is not embed_weight and _storage(p) == _storage(embed_weight) for p in model.parameters()))
+    seen: set[tuple[int, int]] = set()
+    total = 0
     for p in model.parameters():
-        if id(p) in seen:
+        if _storage(p) in seen:
             continue
-        seen.add(id(p))
+        seen.add(_storage(p))
         if p is embed_weight and not tied:
             continue
         total += p.numel() * p.element_size()
+    return total
+
+
+def _storage(p: torch.Tensor) -> tuple[int, int]:
+    """Identity of a parameter's memory: parameters that share it are one tensor read once."""
+    return p.data_ptr(), p.numel()
+
+
+def unique_parameter_count(model: torch.nn.Module) -> int:
+    """Parameters counted once per storage (a tied or packed-and-shared weight is one tensor)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for p in model.parameters():
+        if _storage(p) not in seen:
+            seen.add(_storage(p))
+            total += p.numel()
     return total
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hyspec.bench.identity import NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, check_identity
-from hyspec.bench.machine import PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth
+from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
+                                  unique_parameter_count)
 from hyspec.bench.measure import Workload
 from hyspec.bench.prompts import HUMANEVAL, build_prompt_set, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, OK, SKIPPED, TRANSFORMERS, Document, Row
@@ -136,7 +137,7 @@ class BenchRunner:
         llm = build_llm(model, self.settings, None)  # no reference without it: errors propagate
         engine = llm.engine
         info = {"dtype": str(engine.dtype).replace("torch.", ""), "_dtype": engine.dtype,
-                "parameters": sum(p.numel() for p in engine.model.parameters()),
+                "parameters": unique_parameter_count(engine.model),
                 "decode_weight_bytes": decode_weight_bytes(engine.model)}
         rows, reference = [], {}
         for w in workloads:

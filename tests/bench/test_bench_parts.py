@@ -157,6 +157,26 @@ def test_decode_weight_bytes_skips_an_untied_input_embedding():
     assert decode_weight_bytes(Tiny(tied=True)) == (16 + 40) * 4  # the shared matrix once, read by the lm_head
 
 
+def test_a_cpu_packed_tied_model_counts_its_shared_head_once():
+    """hyspec's CausalLM ties without an lm_head module; the CPU backend adds a packed logits head
+    holding the same storage: parameters and decode bytes must count that matrix once."""
+    from hyspec.backends.registry import get_backend
+    from hyspec.bench.machine import unique_parameter_count
+    from hyspec.model.config import ModelConfig
+    from hyspec.model.llama import CausalLM
+
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+                                 "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                 "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True,
+                                 "max_position_embeddings": 32})
+    model = CausalLM(cfg).to(torch.bfloat16)
+    unique = sum(p.numel() for p in model.parameters())
+    before = decode_weight_bytes(model)
+    packed = get_backend("cpu").optimize_model(model)
+    assert unique_parameter_count(packed) == unique
+    assert decode_weight_bytes(packed) == before == unique * 2
+
+
 def test_copy_bandwidth_and_peak_memory():
     bw = measure_copy_bandwidth(1 << 20, torch.device("cpu"), repeats=2)
     assert bw["bytes_per_s"] > 0 and bw["bytes"] == 1 << 20
