@@ -179,7 +179,7 @@ def _toy_dspark(models, peek: bool = False):
 def test_sampled_requests_draft_valid_q_and_are_reproducible(target_dir, trained_dir):
     from hyspec import SamplingParams
 
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=11, max_tokens=24)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True)
     llm = spec_llm(target_dir, {"method": "dspark", "model": str(trained_dir), "num_speculative_tokens": BLOCK})
     first = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]
     again = [o.outputs[0].token_ids for o in llm.generate(["def add(a, b):", "x = ["], params)]

@@ -181,12 +181,13 @@ def test_load_fallback_with_hysteresis(make_server, plain, tmp_path):
             assert held, "the batch shrank past the hysteresis band in one step; nothing shows the band held"
             assert tap.trace[released][0] < 0.6 and tap.trace[released][1] == "ngram"
 
-            # low load afterwards: speculation is on again and drafts
-            steps_before = spec_steps(m, "ngram")
+            # low load afterwards: the dispatcher picks ngram again (whether a step then drafts is the
+            # goodput controller's call, which on a busy box may be k = 0)
+            chosen_before = decisions(m).get("ngram", 0.0)
             complete_checked(client, plain, PROMPTS[:2])
             m = scrape(client)
             assert m.value("hyspec_dispatch_load_fallback_active") == 0
-            assert spec_steps(m, "ngram") > steps_before
+            assert decisions(m).get("ngram", 0.0) > chosen_before
         wait_until(lambda: engine_of(srv).pool.num_free == engine_of(srv).pool.num_pages, what="the KV pool to empty")
     finally:
         srv.stop()
