@@ -93,6 +93,13 @@ class DFlashDrafter(nn.Module):
     def block_size(self) -> int:
         return self.config.block_size
 
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """``h @ lm_head.T`` in the activation dtype; through the backend's packed copy when it made one."""
+        packed = self.__dict__.get("packed_lm_head")  # set by the CPU backend's optimize_model
+        if packed is not None:
+            return packed(h)
+        return F.linear(h, self._shared("lm_head", h))
+
     def _shared(self, name: str, like: torch.Tensor) -> torch.Tensor:
         w = self.shared[name]
         return w if w.dtype == like.dtype and w.device == like.device else w.to(like.device, like.dtype)
@@ -130,7 +137,7 @@ class DFlashDrafter(nn.Module):
         return h  # after the final norm: what lm_head sees
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] fp32
-        return F.linear(hidden, self._shared("lm_head", hidden)).float()
+        return self._lm_head(hidden).float()
 
     # -- serving: the paged pool -----------------------------------------------------------------
 

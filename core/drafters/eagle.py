@@ -185,7 +185,8 @@ class EagleHead(EagleHeadBase):
         return (x if norm is None else self.ops.rms_norm(x, norm.weight, norm.eps)), x
 
     def logits(self, h):
-        return F.linear(h, self.target.lm_head_weight).float()
+        # The target's compute_logits: its packed lm_head on the CPU backend, F.linear elsewhere.
+        return self.target.compute_logits(h)
 
 
 class Eagle3Head(EagleHeadBase):

@@ -81,6 +81,13 @@ class MTPDrafter(nn.Module):
     def num_modules(self) -> int:
         return self.config.num_modules
 
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """``h @ lm_head.T`` in the activation dtype; through the backend's packed copy when it made one."""
+        packed = self.__dict__.get("packed_lm_head")  # set by the CPU backend's optimize_model
+        if packed is not None:
+            return packed(h)
+        return F.linear(h, self._shared("lm_head", h))
+
     def _shared(self, name: str, like: torch.Tensor) -> torch.Tensor:
         w = self.shared[name]
         return w if w.dtype == like.dtype and w.device == like.device else w.to(like.device, like.dtype)
@@ -129,4 +136,4 @@ class MTPDrafter(nn.Module):
     def logits(self, m: int, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] fp32
         norm = self.layers[m].head_norm
         h = self.ops.rms_norm(out, norm.weight, norm.eps)
-        return F.linear(h, self._shared("lm_head", h)).float()
+        return self._lm_head(h).float()
