@@ -1,16 +1,13 @@
 """hyspec's side of the benchmark: one engine per method, timed over the workload's waves."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from hyspec.bench.machine import PeakMemory
-from hyspec.bench.measure import Measurement, Workload, acceptance_from_totals
+from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, acceptance_from_totals, timed_passes
 from hyspec.bench.settings import DRAFTER_METHODS, NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
 from hyspec.bench.stats import Spread
-
-WARMUP_TOKENS = 4  # an untimed wave first: lazy initialisation and first-call allocations are not timed
 
 
 def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[str, Path]) -> dict[str, Any] | None:
@@ -67,19 +64,13 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -
     spec = llm.engine.spec
     before = spec.metrics.snapshot()["totals"] if spec is not None else None
     peak.reset()
-    rates, ttfts, outputs, generated = [], [], [], 0
-    for _ in range(repeats):
-        repeat_outputs, generated = [], 0
-        start = time.perf_counter()
-        for wave in workload.waves:
-            for out in _generate_wave(llm, workload, wave, workload.max_tokens):
-                ids = list(out.outputs[0].token_ids)
-                repeat_outputs.append(ids)
-                generated += len(ids)
-                if out.metrics is not None and out.metrics.ttft is not None:
-                    ttfts.append(out.metrics.ttft)
-        rates.append(generated / (time.perf_counter() - start))
-        outputs.append(repeat_outputs)
+
+    def run_wave(wave: range) -> tuple[list[list[int]], list[float]]:
+        outs = _generate_wave(llm, workload, wave, workload.max_tokens)
+        ttfts = [o.metrics.ttft for o in outs if o.metrics is not None and o.metrics.ttft is not None]
+        return [list(o.outputs[0].token_ids) for o in outs], ttfts
+
+    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
     return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,

@@ -8,11 +8,14 @@ work.  TTFT is per request, from submitting its wave to its first token.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hyspec.bench.machine import MemoryPeak
 from hyspec.bench.stats import Spread
+
+WARMUP_TOKENS = 4  # an untimed wave first: lazy initialisation and first-call allocations are not timed
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,33 @@ class Measurement:
     peak: MemoryPeak
     acceptance: dict[str, Any] | None = None  # spec-metric deltas over the timed repeats (hyspec methods)
     notes: list[str] = field(default_factory=list)
+
+
+def timed_passes(workload: "Workload", repeats: int,
+                 run_wave: Callable[[range], tuple[list[list[int]], list[float]]]
+                 ) -> tuple[list[float], list[float], list[list[list[int]]], int]:
+    """``repeats`` timed passes over every wave of ``workload``, the same way for hyspec and its peers.
+
+    ``run_wave(wave)`` generates one wave and returns its token ids per request and the TTFTs it
+    measured.  Returns tokens/s per pass, every TTFT, the outputs of each pass and the tokens
+    generated in one pass.
+    """
+    rates: list[float] = []
+    ttfts: list[float] = []
+    outputs: list[list[list[int]]] = []
+    generated = 0
+    for _ in range(repeats):
+        repeat_outputs: list[list[int]] = []
+        generated = 0
+        start = time.perf_counter()
+        for wave in workload.waves:
+            tokens, wave_ttfts = run_wave(wave)
+            repeat_outputs += tokens
+            generated += sum(len(t) for t in tokens)
+            ttfts += wave_ttfts
+        rates.append(generated / (time.perf_counter() - start))
+        outputs.append(repeat_outputs)
+    return rates, ttfts, outputs, generated
 
 
 def acceptance_from_totals(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -25,12 +25,11 @@ from typing import Any
 import torch
 
 from hyspec.bench.machine import PeakMemory, synchronize
-from hyspec.bench.measure import Measurement, Workload
+from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, timed_passes
 from hyspec.bench.stats import Spread
 
 ASSISTED = ("hf_prompt_lookup", "hf_assisted")
 PROMPT_LOOKUP_NGRAM = 3
-WARMUP_TOKENS = 4
 
 
 class PeerUnavailable(Exception):
@@ -144,19 +143,14 @@ class HFModels:
         with torch.inference_mode():
             self._generate_wave(peer, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens), None)
             peak.reset()
-            rates, ttfts, outputs, generated = [], [], [], 0
-            for _ in range(repeats):
-                repeat_outputs, generated = [], 0
-                start = time.perf_counter()
-                for wave in workload.waves:
-                    clock = _FirstTokenClock()
-                    wave_start = time.perf_counter()
-                    tokens = self._generate_wave(peer, workload, wave, workload.max_tokens, clock)
-                    if clock.first_token_time is not None:
-                        ttfts += [clock.first_token_time - wave_start] * len(wave)
-                    repeat_outputs += tokens
-                    generated += sum(len(t) for t in tokens)
-                rates.append(generated / (time.perf_counter() - start))
-                outputs.append(repeat_outputs)
+
+            def run_wave(wave: range) -> tuple[list[list[int]], list[float]]:
+                clock = _FirstTokenClock()
+                wave_start = time.perf_counter()
+                tokens = self._generate_wave(peer, workload, wave, workload.max_tokens, clock)
+                first = clock.first_token_time
+                return tokens, [] if first is None else [first - wave_start] * len(wave)
+
+            rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave)
         return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,
                            ttft_s=Spread.of(ttfts) if ttfts else None, outputs=outputs, peak=peak.read())
