@@ -213,7 +213,8 @@ def main(argv=None) -> int:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    # Shards under 40 MB: no single file in the repository is over 50 MB.
+    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True, max_shard_size="40MB")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_dir / name, tmp / name)
     final = log[-1]
