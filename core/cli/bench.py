@@ -28,7 +28,8 @@ from hyspec.bench.settings import METHODS, PEERS, QUICK
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     w = parser.add_argument_group("what to run")
-    w.add_argument("--model", type=Path, default=None, help="target model directory (default: the embedded model)")
+    w.add_argument("--model", type=Path, default=None, metavar="DIR|FILE.gguf",
+                   help="target model: a Hugging Face directory or a GGUF file (default: SmolLM2-135M-Instruct)")
     w.add_argument("--drafter", action="append", default=[], metavar="METHOD=DIR",
                    help="drafter weights for a method (repeatable); default: the embedded drafters of the "
                         "embedded model")

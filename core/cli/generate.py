@@ -1,6 +1,6 @@
 """Generate text from prompts with the target model, with or without speculation.
 
-Without --model the embedded default code model is used.  Speculation is set
+Without --model the default model (SmolLM2-135M-Instruct, from its GGUF) is used.  Speculation is set
 with --speculative-config (vLLM's JSON shape plus hyspec's keys), e.g.::
 
     hyspec generate --prompt 'def fibonacci(n):' --max-tokens 64 \\
@@ -13,11 +13,13 @@ import json
 import sys
 import time
 
+from hyspec.cli.model_args import add_model_arguments, model_kwargs
+
 # no torch import at module level: `hyspec probe` must stay importable when torch itself is broken
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="Hugging Face model directory (default: the embedded model)")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     parser.add_argument("--prompts-file", default=None, help="a text file with one prompt per line, or JSONL with 'prompt'")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -67,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
     spec = args.speculative_config
     llm = LLM(args.model, speculative_config=spec, backend=args.backend, dtype=args.dtype,
-              max_model_len=args.max_model_len,
-              **({"kv_cache_bytes": args.kv_cache_bytes} if args.kv_cache_bytes else {}))
+              max_model_len=args.max_model_len, **model_kwargs(args))
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""``hyspec`` command line: probe | generate | bench | serve | train-draft | conformance."""
+"""``hyspec`` command line: probe | generate | chat | bench | serve | train-draft | conformance."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ from hyspec.errors import HyspecError
 COMMANDS = {
     "probe": ("probe", "report what this node can run (backends, ops, drafting methods)"),
     "generate": ("generate", "generate text from prompts, with or without speculation"),
+    "chat": ("chat", "chat with the model over its chat template, streaming the answer"),
     "bench": ("bench", "benchmark methods side by side with the tools users would pick instead"),
     "serve": ("serve", "run the OpenAI-compatible server with Prometheus metrics"),
     "train-draft": ("train_draft", "train a drafter (eagle, eagle3, mtp, dflash, dspark, draft_model) for a target"),

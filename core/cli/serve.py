@@ -14,6 +14,8 @@ import os
 import re
 import sys
 
+from hyspec.cli.model_args import add_model_arguments
+
 # No torch (nor fastapi) at import: `hyspec --help` and the probe's TORCH_DEVICE_BACKEND_AUTOLOAD fix
 # must run before anything imports torch.  Everything heavy is imported inside run().
 
@@ -64,7 +66,7 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", help="model directory (default: the embedded default model)")
+    add_model_arguments(parser)
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the name clients pass as `model` (default: the model directory's name)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -104,7 +106,8 @@ def engine_args(args: argparse.Namespace) -> dict:
     return {"model": model, "backend": args.backend, "dtype": args.dtype, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_bytes": args.kv_cache_bytes, "memory_fraction": args.memory_fraction,
-            "speculative_config": args.speculative_config}
+            "speculative_config": args.speculative_config,
+            **({"tokenizer": args.tokenizer} if args.tokenizer else {})}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ class LLMEngine:
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 1024,
         speculative_config: dict | str | None = None,
+        tokenizer: str | Path | None = None,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -60,7 +61,8 @@ class LLMEngine:
         from hyspec.model.config import ModelConfig
 
         cfg = ModelConfig.from_pretrained(path)  # first: it names a missing directory plainly
-        self.tokenizer = Tokenizer(path)
+        # tokenizer: a directory with tokenizer.json, for a GGUF file that carries no vocabulary (vLLM's argument)
+        self.tokenizer = Tokenizer(path if tokenizer is None else tokenizer)
         if max_model_len is None:
             max_model_len = cfg.max_position_embeddings
         if not 1 < max_model_len:

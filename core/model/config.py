@@ -142,7 +142,12 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        """From a Hugging Face directory's ``config.json``, or from a GGUF file's metadata."""
         path = Path(path)
+        from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
+
+        if is_gguf(path):
+            return cls.from_dict(GGUFCheckpoint(path).hf_config())
         cfg_file = path / "config.json"
         if not path.is_dir():
             raise CheckpointError(f"model directory {str(path)!r} does not exist")

@@ -8,6 +8,7 @@ import torch
 
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig, parse_dtype
+from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape
 from hyspec.ops import OpTable
@@ -29,11 +30,12 @@ def load_model(
     ops: OpTable | None = None,
     max_positions: int | None = None,
 ) -> CausalLM:
-    """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``."""
+    """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``,
+    or build and fill it from one GGUF file (``path`` ending in ``.gguf``)."""
     path = Path(path)
     cfg = ModelConfig.from_pretrained(path)
     torch_dtype = resolve_dtype(cfg, dtype)
-    ckpt = SafetensorsCheckpoint(path)
+    ckpt = open_checkpoint(path)
     with torch.device("meta"):
         model = CausalLM(cfg, ops=ops, max_positions=max_positions)
     state = hf_state_dict(cfg, ckpt, torch_dtype)
@@ -47,7 +49,12 @@ def load_model(
     return model.to(device).eval().requires_grad_(False)
 
 
-def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint, dtype: torch.dtype,
+def open_checkpoint(path: Path) -> SafetensorsCheckpoint | GGUFCheckpoint:
+    """The tensors of a Hugging Face directory or a GGUF file, under Hugging Face names."""
+    return GGUFCheckpoint(path) if is_gguf(path) else SafetensorsCheckpoint(path)
+
+
+def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint, dtype: torch.dtype,
                   prefix: str = "model.", layer_offset: int = 0, num_layers: int | None = None) -> dict[str, torch.Tensor]:
     """Map HF tensor names onto hyspec's module names, fusing q/k/v and gate/up, checking shapes.
 

@@ -14,10 +14,31 @@ from hyspec.errors import CheckpointError, HyspecError
 
 
 class Tokenizer:
+    """A Hugging Face directory's tokenizer, or the one a GGUF file describes in its metadata."""
+
     def __init__(self, path: str | Path):
+        path = Path(path)
+        from hyspec.model.gguf_checkpoint import is_gguf
+
+        if is_gguf(path):
+            self._from_gguf(path)
+        else:
+            self._from_directory(path)
+        self.chat_template: str | None = self.config.get("chat_template")
+        if isinstance(self.chat_template, list):  # HF allows [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in self.chat_template}
+            self.chat_template = named.get("default") or next(iter(named.values()), None)
+        tmpl_file = path / "chat_template.jinja"
+        if self.chat_template is None and not is_gguf(path) and tmpl_file.is_file():
+            self.chat_template = tmpl_file.read_text()
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+
+    def _from_directory(self, path: Path) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
-        path = Path(path)
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
             raise CheckpointError(
@@ -34,17 +55,12 @@ class Tokenizer:
                 self.config = json.loads(cfg_file.read_text())
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
-        self.chat_template: str | None = self.config.get("chat_template")
-        if isinstance(self.chat_template, list):  # HF allows [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
-            self.chat_template = named.get("default") or next(iter(named.values()), None)
-        tmpl_file = path / "chat_template.jinja"
-        if self.chat_template is None and tmpl_file.is_file():
-            self.chat_template = tmpl_file.read_text()
-        self.bos_token = _token_text(self.config.get("bos_token"))
-        self.eos_token = _token_text(self.config.get("eos_token"))
-        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
-        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+
+    def _from_gguf(self, path: Path) -> None:
+        from hyspec.model.gguf_checkpoint import gguf_metadata
+        from hyspec.model.gguf_tokenizer import build_gguf_tokenizer
+
+        self._tok, self.config = build_gguf_tokenizer(gguf_metadata(path), path.name)
 
     @property
     def vocab_size(self) -> int:

@@ -68,7 +68,8 @@ def create_app(
         args = dict(engine)
         engine = LLMEngine(args.pop("model"), **args)
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)
-    name = served_model_name or Path(async_engine.engine.model_path).name
+    model_path = Path(async_engine.engine.model_path)
+    name = served_model_name or (model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name)
     created = int(time.time())
     metrics = ServerMetrics(async_engine, name)
     serving = OpenAIServing(async_engine, name)

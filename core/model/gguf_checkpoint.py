@@ -1,0 +1,279 @@
+"""Reading llama.cpp's GGUF files: config, tensors under Hugging Face names, quantized blocks.
+
+Parsing and dequantization are the ``gguf`` package's (llama.cpp's own Python
+library); this module only maps its contents onto what the rest of hyspec
+reads from a Hugging Face directory:
+
+* the metadata (``llama.block_count``, ...) becomes a ``config.json``-shaped
+  dict for :class:`hyspec.model.config.ModelConfig`;
+* tensors get their Hugging Face names (``blk.3.attn_q.weight`` ->
+  ``model.layers.3.self_attn.q_proj.weight``), so the safetensors loader's
+  name mapping, fusing and shape checks serve both formats;
+* llama.cpp's converter reorders the rows of Llama's q/k projections for its
+  interleaved RoPE; :func:`unpermute_rope_rows` undoes it, so the model code
+  keeps the Hugging Face (rotate-half) layout.  Qwen2/Qwen3 use NeoX RoPE and
+  are stored unpermuted.
+
+Quantized tensors stay available as their raw GGUF blocks
+(:meth:`GGUFCheckpoint.quantized`) for a backend that computes with them;
+:meth:`GGUFCheckpoint.get` dequantizes to fp32.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hyspec.errors import CheckpointError
+
+#: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes.
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+#: GGUF tensor name (per layer: after ``blk.N.``) -> Hugging Face name (after ``model.layers.N.``).
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias)$")
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A path names a GGUF file (by its suffix; the magic number is checked on opening)."""
+    return str(path).lower().endswith(".gguf")
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """One tensor as the file stores it: raw blocks of ``qtype`` for a ``shape`` (rows, cols) matrix."""
+
+    name: str
+    qtype: str  # GGML type name: Q4_0, Q4_1, Q8_0, F16, ...
+    shape: tuple[int, ...]  # Hugging Face order (rows first), not GGUF's ne order
+    data: np.ndarray  # uint8 blocks [rows, bytes per row] for quantized types, else the values
+
+
+class GGUFCheckpoint:
+    """A GGUF file behind the same interface as :class:`~hyspec.model.weights.SafetensorsCheckpoint`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.reader, self.metadata = _open(self.path)
+        arch = self.metadata.get("general.architecture")
+        if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+            raise CheckpointError(
+                f"{self.path.name}: GGUF architecture {arch!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
+        self.architecture: str = arch
+        self._tensors: dict[str, Any] = {}
+        for t in self.reader.tensors:
+            hf = hf_tensor_name(t.name)
+            if hf is not None:
+                self._tensors[hf] = t
+        cfg = self.hf_config()
+        self._heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
+
+    # -- config ------------------------------------------------------------------------------------
+
+    def hf_config(self) -> dict[str, Any]:
+        """The model's ``config.json`` as Hugging Face would write it, from the GGUF metadata."""
+        md, arch = self.metadata, self.architecture
+
+        def key(name: str, default: Any = None, required: bool = True) -> Any:
+            value = md.get(f"{arch}.{name}", default)
+            if value is None and required:
+                raise CheckpointError(f"{self.path.name}: GGUF metadata lacks {arch}.{name}")
+            return value
+
+        heads = int(key("attention.head_count"))
+        hidden = int(key("embedding_length"))
+        vocab = md.get(f"{arch}.vocab_size")
+        if vocab is None:  # older files: the vocabulary's length, or the embedding's rows
+            tokens = md.get("tokenizer.ggml.tokens")
+            vocab = len(tokens) if tokens is not None else int(self._tensor("token_embd.weight").shape[1])
+        cfg: dict[str, Any] = {
+            "model_type": SUPPORTED_GGUF_ARCHITECTURES[arch],
+            "architectures": [f"GGUF:{arch}"],
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(key("feed_forward_length")),
+            "num_hidden_layers": int(key("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+            "head_dim": int(key("attention.key_length", None, required=False) or hidden // heads),
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+            "max_position_embeddings": int(key("context_length")),
+            "rope_theta": float(key("rope.freq_base", 10000.0)),
+            # A file without output.weight reuses the embedding (llama.cpp's rule for tied models).
+            "tie_word_embeddings": not any(t.name == "output.weight" for t in self.reader.tensors),
+            "hidden_act": "silu",
+            "torch_dtype": self._natural_dtype(),
+            "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
+        }
+        scaling = md.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none"):
+            factor = md.get(f"{arch}.rope.scaling.factor")
+            if scaling not in ("linear", "yarn") or factor is None:
+                raise CheckpointError(f"{self.path.name}: GGUF RoPE scaling {scaling!r} is not supported "
+                                      "(supported: linear and yarn with a factor)")
+            cfg["rope_scaling"] = {"rope_type": scaling, "factor": float(factor),
+                                   "original_max_position_embeddings":
+                                       md.get(f"{arch}.rope.scaling.original_context_length")}
+        return cfg
+
+    def _natural_dtype(self) -> str:
+        """bf16 unless every matrix is fp32: quantized or 16-bit weights lose nothing that matters in bf16
+        compute, and it halves the bytes a CPU decode step reads.  Ask for float32 to get the file's values."""
+        types = {t.tensor_type.name for t in self.reader.tensors if len(t.shape) > 1}
+        return "float32" if types <= {"F32"} else "bfloat16"
+
+    # -- tensors -----------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return sorted(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in reversed(self._get(name).shape))
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor in fp32 under its Hugging Face name and layout (q/k rows in rotate-half order)."""
+        t = self._get(name)
+        from gguf import quants
+
+        try:
+            values = quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise CheckpointError(f"{self.path.name}: tensor {t.name} is stored as {t.tensor_type.name}, which "
+                                  "the installed gguf package cannot dequantize") from None
+        except (ValueError, IndexError) as exc:
+            raise CheckpointError(f"{self.path.name}: tensor {t.name} is corrupt: {exc}") from None
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.shape(name))
+        if not values.flags.writeable:  # F32 tensors come straight from the read-only memory map
+            values = values.copy()
+        tensor = torch.from_numpy(values)
+        proj = name.split(".")[-2]
+        if self.architecture == "llama" and proj in self._heads:
+            tensor = unpermute_rope_rows(tensor, self._heads[proj])
+        return tensor
+
+    def quantized(self, name: str) -> QuantizedTensor:
+        """The raw stored blocks of a tensor (rows in the file's order, q/k still interleaved for RoPE)."""
+        t = self._get(name)
+        return QuantizedTensor(name, t.tensor_type.name, self.shape(name), t.data)
+
+    def tensor_types(self) -> dict[str, int]:
+        """How many tensors the file stores in each GGML type."""
+        counts: dict[str, int] = {}
+        for t in self.reader.tensors:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        return counts
+
+    def _get(self, name: str):
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise CheckpointError(f"tensor {name!r} is missing from {self.path.name}") from None
+
+    def _tensor(self, gguf_name: str):
+        for t in self.reader.tensors:
+            if t.name == gguf_name:
+                return t
+        raise CheckpointError(f"{self.path.name}: GGUF tensor {gguf_name!r} is missing")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for tensors hyspec
+    does not use (``rope_freqs``, ...)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order: per head it interleaves the two rotate-half halves
+    (rows 0, D/2, 1, D/2+1, ...); Hugging Face keeps them as two blocks.  Works for weights and biases."""
+    rows = w.shape[0]
+    if rows % (2 * num_heads):
+        raise CheckpointError(f"q/k projection with {rows} rows cannot be split into {num_heads} RoPE heads")
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def permute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's converter order (the inverse of :func:`unpermute_rope_rows`); used to write test files."""
+    rows = w.shape[0]
+    return w.reshape(num_heads, 2, rows // num_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+@lru_cache(maxsize=4)
+def _cached_open(path: str, size: int, mtime_ns: int):
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    return reader, _metadata(reader, Path(path))
+
+
+def _open(path: Path):
+    """One parsed reader per file (config, tokenizer and weights read it in turn: parsing takes seconds)."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise CheckpointError("reading GGUF files needs the gguf package: pip install gguf") from None
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file {str(path)!r} does not exist")
+    st = path.stat()
+    try:
+        return _cached_open(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # numpy and struct errors from a truncated or foreign file
+        raise CheckpointError(f"{path.name} is not a readable GGUF file (truncated or corrupt?): "
+                              f"{type(exc).__name__}: {exc}") from None
+
+
+def _metadata(reader, path: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        try:
+            out[name] = field.contents()
+        except Exception as exc:
+            raise CheckpointError(f"{path.name}: GGUF metadata field {name!r} cannot be read: {exc}") from None
+    return out
+
+
+def gguf_metadata(path: str | Path) -> dict[str, Any]:
+    """Every metadata field of a GGUF file, decoded."""
+    return _open(Path(path))[1]
+
+
+def cache_clear() -> None:
+    """Forget parsed files (tests that rewrite a file in place within one mtime tick)."""
+    _cached_open.cache_clear()
+
+
+__all__ = ["GGUFCheckpoint", "QuantizedTensor", "SUPPORTED_GGUF_ARCHITECTURES", "gguf_metadata", "hf_tensor_name",
+           "is_gguf", "permute_rope_rows", "unpermute_rope_rows", "cache_clear"]
