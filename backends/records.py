@@ -19,7 +19,7 @@ BACKEND_NAMES = ("cpu", "cuda", "npu")
 #: "Ascend first": the order ``auto`` tries backends in.
 SELECTION_ORDER = ("npu", "cuda", "cpu")
 
-#: Every drafting method hyspec knows (DESIGN.md §5).
+#: Every drafting method hyspec knows (docs/architecture.md §5).
 DRAFTING_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "hybrid")
 
 X86_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")

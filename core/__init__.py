@@ -4,7 +4,7 @@ The public API is imported lazily so that ``import hyspec`` is cheap and works
 on a bare CPU box with only the core dependencies installed::
 
     from hyspec import LLM, SamplingParams
-    llm = LLM()                                   # the embedded default model
+    llm = LLM()                                   # SmolLM2-135M-Instruct (the default)
     out = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=32))
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Near-tie tolerances: the one place that says when an argmax flip is rounding, not a bug.
 
-DESIGN.md §4: verifying several tokens in one batched forward can round
+docs/architecture.md §4: verifying several tokens in one batched forward can round
 differently from one-token steps (other reduction orders and tilings in the
 matmuls and attention), so greedy speculative output may legitimately differ
 from plain decoding where, and only where, the target's top two logits tie

@@ -20,7 +20,7 @@ How the work is cut:
   and a second kernel merges the partial softmaxes; otherwise (prefill) one
   program walks the whole range.
 
-Numerics for 1 vs n query tokens (DESIGN.md §4): tile and partition
+Numerics for 1 vs n query tokens (docs/architecture.md §4): tile and partition
 boundaries are absolute key indices, fixed by the config alone, and the
 block sizes do not depend on the number of queries.  A chain token verified
 among n others therefore sees exactly the key tiles it would see when decoded

@@ -20,7 +20,7 @@ clients (each sends the next greedy request as soon as its last one ended) for
 Every request is greedy (temperature 0, ignore_eos, fixed max_tokens), so the
 first output of each prompt under speculation is compared with plain's: a
 difference is reported (on bf16/fp16 targets it can be a near-tie, see
-DESIGN.md §4; ``hyspec bench`` classifies those).
+docs/architecture.md §4; ``hyspec bench`` classifies those).
 
     python scripts/bench_server.py --tiny --duration 3 --clients 1,4      # development, random tiny models
     python scripts/bench_server.py --duration 30 --json server.json      # the embedded default model

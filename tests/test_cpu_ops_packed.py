@@ -26,16 +26,47 @@ def test_packed_matches_linear(dtype, bias):
         torch.testing.assert_close(packed(x), lin(x), **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_row_results_do_not_depend_on_row_count(dtype):
-    """What makes n-token verification bit-identical to n one-token steps."""
+def _native_bf16() -> bool:
+    """avx512_bf16 or AMX-BF16: oneDNN then computes bf16 products natively, the same way for any row count."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _rows(dtype):
     torch.manual_seed(1)
     packed = PackedLinear(torch.randn(1024, 512).to(dtype) * 0.05, None)
     x = torch.randn(40, 512).to(dtype)
     with torch.inference_mode():
         alone = torch.cat([packed(x[i:i + 1]) for i in range(40)])
-        for n in (2, 3, 8, 17, 40):
-            assert torch.equal(packed(x[:n]), alone[:n]), n
+        return [(n, packed(x[:n]), alone[:n]) for n in (2, 3, 8, 17, 40)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_results_agree_within_one_rounding(dtype):
+    """On every CPU: a row computed among n rows differs from the same row alone by at most the dtype's rounding."""
+    for n, together, alone in _rows(dtype):
+        diff = (together.float() - alone.float()).abs()
+        ulp = alone.float().abs() * (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -20) + 1e-6
+        assert bool((diff <= ulp).all()), (n, diff.max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_results_do_not_depend_on_row_count(dtype):
+    """What makes n-token verification bit-identical to n one-token steps, where the kernels provide it.
+
+    Measured: holds for fp32 and bf16 on Sapphire Rapids (AMX); on Ice Lake (AVX-512 without BF16) the bf16
+    path rounds row 0..2 of a 3-row call differently, so there bf16 verification can differ from one-token
+    steps by one rounding (the near-tie rule of core/numerics.py covers it).  fp32 on AMD Zen 4 is reported
+    to differ too: the per-vendor claim is open work.
+    """
+    if dtype == torch.bfloat16 and not _native_bf16():
+        pytest.skip("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bf16 rows depend on the row count")
+    for n, together, alone in _rows(dtype):
+        assert torch.equal(together, alone), n
 
 
 def test_pack_linears_keeps_interface_and_falls_back_for_training():

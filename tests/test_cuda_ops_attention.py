@@ -77,7 +77,7 @@ def test_odd_group_and_head_dim() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_chain_verification_equals_decode_bitwise(dtype: torch.dtype) -> None:
-    """DESIGN.md §4: token i of an n-token causal step == the same token decoded alone."""
+    """docs/architecture.md §4: token i of an n-token causal step == the same token decoded alone."""
     ctx, n = 60, 6  # the chain crosses the first KV partition (64 keys)
     case = paged_attention_case([ctx], [n], 8, 2, 32, 16, dtype, seed=11)
     batched = triton_paged_attention(*case.args(), config=SPLIT)

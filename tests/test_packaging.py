@@ -1,4 +1,4 @@
-"""The package layout of DESIGN.md §1: every folder reachable as hyspec.*, import stays light."""
+"""The package layout of docs/architecture.md §1: every folder reachable as hyspec.*, import stays light."""
 from __future__ import annotations
 
 import subprocess

@@ -88,7 +88,13 @@ class HFModels:
 
     def _load(self, auto: Any, path: Path, dtype: torch.dtype, what: str) -> Any:
         try:
-            model = auto.from_pretrained(str(path), dtype=dtype)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # its per-tensor bars would interleave with the bench's own output
+            if str(path).lower().endswith(".gguf"):  # transformers dequantizes a GGUF itself (gguf_file=)
+                model = auto.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name, dtype=dtype)
+            else:
+                model = auto.from_pretrained(str(path), dtype=dtype)
             # older transformers name the argument torch_dtype and ignore `dtype`: cast to be sure
             model = model.to(device=self.device, dtype=dtype).eval()
         except Exception as exc:  # a checkpoint transformers cannot read: the column says why

@@ -27,8 +27,8 @@ from hyspec.errors import HyspecError
 def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[dict[str, Path], dict[str, str]]:
     """(method -> drafter dir, method -> why there is none) for every method with drafter weights.
 
-    --drafter METHOD=DIR wins; otherwise the embedded default target uses its
-    embedded drafters, and any other target has none (drafters are trained
+    --drafter METHOD=DIR wins; otherwise the default model uses the drafters
+    in assets/, and any other target has none (drafters are trained
     for one target).
     """
     from hyspec.assets import default_drafter

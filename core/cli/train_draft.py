@@ -1,6 +1,6 @@
 """Train a drafter for a target model by distillation from the target itself.
 
-    hyspec train-draft --method eagle --target assets/default-target --data stdlib --out my-eagle
+    hyspec train-draft --method eagle --data stdlib --out my-eagle    # for the default model
 
 Data: text files, folders (*.py, *.txt, *.md, *.jsonl with a "text" or
 "prompt" field), 'stdlib' (this Python's standard-library sources) or
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--method", required=True, choices=METHODS, help="drafting method to train")
     parser.add_argument("--target", type=Path, default=None,
-                        help="target model directory (default: the embedded default target)")
+                        help="target model: HF directory or GGUF file (default: the default model, SmolLM2-135M-Instruct)")
     parser.add_argument("--data", nargs="+", required=True, metavar="PATH",
                         help="files, folders, 'stdlib' or 'humaneval'")
     parser.add_argument("--out", type=Path, required=True, help="output directory for the trained drafter")

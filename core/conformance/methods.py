@@ -285,7 +285,7 @@ def check_method(target: Target, ws: Workspace, method: str, settings: MethodSet
 
 
 def methods_to_check() -> list[str]:
-    """Every method DESIGN.md §5 lists, plus the self-drafting run; discovery happens when each is built."""
+    """Every method docs/architecture.md §5 lists, plus the self-drafting run; discovery happens when each is built."""
     methods = list(DRAFTING_METHODS)
     methods.insert(methods.index("draft_model") + 1, SELF_DRAFT)
     return methods

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hyspec.errors import HyspecError
 
-#: Drafting methods a rule may name (DESIGN.md §5, the same names as
+#: Drafting methods a rule may name (docs/architecture.md §5, the same names as
 #: speculative_config's ``method`` less "hybrid"); "none" means plain decoding.
 METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
 NONE = "none"

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 class LLM:
     """Generate with a target model, optionally speculating.
 
-    >>> llm = LLM()  # the embedded default code model, plain decoding
+    >>> llm = LLM()  # the default model (SmolLM2-135M-Instruct from its GGUF), plain decoding
     >>> llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-    >>> out = llm.generate(["def add(a, b):"], SamplingParams(temperature=0, max_tokens=32))
+    >>> out = llm.chat([{"role": "user", "content": "Write a haiku about CPUs."}])
     >>> out[0].outputs[0].text
     """
 

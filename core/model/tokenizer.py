@@ -62,6 +62,17 @@ class Tokenizer:
 
         self._tok, self.config = build_gguf_tokenizer(gguf_metadata(path), path.name)
 
+    def save(self, directory: str | Path) -> None:
+        """Write ``tokenizer.json`` + ``tokenizer_config.json`` (a GGUF's tokenizer becomes a plain directory's)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / "tokenizer.json"))
+        keys = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token")
+        config = {k: self.config[k] for k in keys if self.config.get(k) is not None}
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -18,7 +18,7 @@ from hyspec.ops.sampling import sample
 
 REFERENCE = "reference"
 
-#: The op names every table has (DESIGN.md §3).  Sampling ops are added by
+#: The op names every table has (docs/architecture.md §3).  Sampling ops are added by
 #: ``hyspec.ops.sampling`` / ``hyspec.spec.verify`` through the same table.
 OP_NAMES = ("attention", "write_kv", "compact_kv", "rms_norm", "rotary", "sample", "rejection_sample")
 

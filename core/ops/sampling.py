@@ -1,6 +1,6 @@
 """The distributions actually sampled from, and sampling from them.
 
-Losslessness (DESIGN.md §4) is stated about *processed* distributions: the
+Losslessness (docs/architecture.md §4) is stated about *processed* distributions: the
 target's ``p`` and the drafter's ``q`` are both what ``process_logits`` makes
 of the raw logits with the request's temperature, top-k, top-p and min-p.  A
 drafter that samples from one distribution and reports another (the classic

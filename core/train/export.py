@@ -94,7 +94,15 @@ def write_config(config: dict[str, Any], out_dir: Path) -> None:
 
 
 def copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
-    """Copy the target's tokenizer files (a drafter that emits token ids must share the vocabulary)."""
+    """Copy the target's tokenizer files (a drafter that emits token ids must share the vocabulary);
+    for a GGUF target, write the tokenizer its metadata describes as tokenizer.json."""
+    from hyspec.model.gguf_checkpoint import is_gguf
+
+    if is_gguf(target_dir):
+        from hyspec.model.tokenizer import Tokenizer
+
+        Tokenizer(target_dir).save(out_dir)
+        return
     for name in TOKENIZER_FILES:
         src = Path(target_dir) / name
         if src.is_file():

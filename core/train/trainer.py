@@ -145,9 +145,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def target_key(target_dir: Path) -> str:
-    """Identifies the target's weights cheaply: config.json, shard sizes, and each shard's first and last 64 KiB."""
-    h = hashlib.sha1((target_dir / "config.json").read_bytes())
-    for shard in sorted(target_dir.glob("*.safetensors")):
+    """Identifies the target's weights cheaply: config.json, shard sizes, and each shard's first and last 64 KiB
+    (for a GGUF target, the file's size and its first and last 64 KiB)."""
+    from hyspec.model.gguf_checkpoint import is_gguf
+
+    target_dir = Path(target_dir)
+    gguf_file = is_gguf(target_dir)
+    h = hashlib.sha1(b"gguf" if gguf_file else (target_dir / "config.json").read_bytes())
+    for shard in [target_dir] if gguf_file else sorted(target_dir.glob("*.safetensors")):
         size = shard.stat().st_size
         h.update(f"{shard.name}:{size}".encode())
         with open(shard, "rb") as f:

