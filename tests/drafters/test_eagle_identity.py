@@ -183,9 +183,11 @@ def test_tight_kv_pool_preempts_and_reclaims_without_leaks(target_dir, plain, he
 
     monkeypatch.setattr(EagleProposer, "_reclaim", counting_reclaim)
     monkeypatch.setattr(EagleProposer, "on_preempt", counting_preempt)
-    # 20 pages of 16 target tokens: eight ~70-token sequences plus head caches do not fit at once.
+    # 14 pages of 16 target tokens: eight ~70-token sequences plus head caches do not fit at once.  With 20
+    # pages whether anything was preempted depended on the machine (measured on an Ice Lake VM: 0 preemptions
+    # at 20 pages, 3 at 18, 14 at 14), so the pool is sized well inside the preempting range.
     llm = spec_llm(target_dir, {"method": "eagle", "model": str(heads["eagle"]["trained"])},
-                   kv_cache_bytes=20 * 8192, max_model_len=128)
+                   kv_cache_bytes=14 * 8192, max_model_len=128)
     assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain[0]
     assert calls["reclaim"] > 0 and calls["preempt"] > 0, calls
     assert_clean(llm, "eagle")
