@@ -29,7 +29,8 @@ _LAYER = {  # HF suffix -> GGUF suffix
 
 
 def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0) -> dict:
-    """A tiny llama (GQA, untied) or qwen2 (qkv bias, tied) checkpoint whose rows are multiples of 32."""
+    """A tiny llama (GQA, untied), qwen2 (qkv bias, tied) or qwen3 (q/k norms, head_dim 32 != hidden/heads)
+    checkpoint whose rows are multiples of 32."""
     import transformers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -39,9 +40,12 @@ def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0) -> di
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False)
         model_cls = transformers.LlamaForCausalLM
-    else:
+    elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, tie_word_embeddings=True)
         model_cls = transformers.Qwen2ForCausalLM
+    else:
+        cfg = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
+        model_cls = transformers.Qwen3ForCausalLM
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     with torch.no_grad():
@@ -72,6 +76,9 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("head_dim") and cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
     if tokenizer:
         _add_tokenizer(w, src)
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}

@@ -14,6 +14,7 @@ from tests.model.gguf_fixtures import QTYPES, make_source_checkpoint, write_gguf
 
 pytest.importorskip("gguf")
 
+ARCHS = ("llama", "qwen2", "qwen3")
 IDS = torch.arange(3, 318, 5)[None]  # 64 positions over most of the tiny vocabulary
 TEXTS = ["def f(x):\n    return x + 12345  # digits\n", "  leading spaces\tand tabs</s>",
          "<s>special tokens stay whole</s> ünïcödé ✓"]
@@ -28,7 +29,7 @@ def converted(tmp_path_factory):
     """(source dir, gguf path) for every (arch, qtype), written once for the module."""
     root = tmp_path_factory.mktemp("gguf")
     out = {}
-    for arch in ("llama", "qwen2"):
+    for arch in ARCHS:
         for qtype in QTYPES:
             src = root / f"{arch}-{qtype}"
             make_source_checkpoint(src, arch)
@@ -36,14 +37,14 @@ def converted(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_round_trip_gives_the_source_checkpoints_logits(converted, arch, qtype):
     src, gguf_file = converted[arch, qtype]
     cfg_dir, cfg_gguf = ModelConfig.from_pretrained(src), ModelConfig.from_pretrained(gguf_file)
     for field in ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings", "qkv_bias",
-                  "max_position_embeddings", "rope"):
+                  "max_position_embeddings", "rope", "qk_norm"):
         assert getattr(cfg_gguf, field) == getattr(cfg_dir, field), field
     assert cfg_gguf.rms_norm_eps == pytest.approx(cfg_dir.rms_norm_eps)
     ref = _logits(load_model(src, dtype="float32"))
