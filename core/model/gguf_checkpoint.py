@@ -88,8 +88,9 @@ class GGUFCheckpoint:
             hf = hf_tensor_name(t.name)
             if hf is not None:
                 self._tensors[hf] = t
-        cfg = self.hf_config()
-        self._heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
+        # Heads per projection, for undoing llama.cpp's q/k row order (read once, not per tensor).
+        heads = self.metadata.get(f"{arch}.attention.head_count")
+        self._heads = {"q_proj": heads, "k_proj": self.metadata.get(f"{arch}.attention.head_count_kv", heads)}
 
     # -- config ------------------------------------------------------------------------------------
 
@@ -175,6 +176,8 @@ class GGUFCheckpoint:
         tensor = torch.from_numpy(values)
         proj = name.split(".")[-2]
         if self.architecture == "llama" and proj in self._heads:
+            if self._heads[proj] is None:
+                raise CheckpointError(f"{self.path.name}: GGUF metadata lacks llama.attention.head_count")
             tensor = unpermute_rope_rows(tensor, self._heads[proj])
         return tensor
 
@@ -270,10 +273,5 @@ def gguf_metadata(path: str | Path) -> dict[str, Any]:
     return _open(Path(path))[1]
 
 
-def cache_clear() -> None:
-    """Forget parsed files (tests that rewrite a file in place within one mtime tick)."""
-    _cached_open.cache_clear()
-
-
 __all__ = ["GGUFCheckpoint", "QuantizedTensor", "SUPPORTED_GGUF_ARCHITECTURES", "gguf_metadata", "hf_tensor_name",
-           "is_gguf", "permute_rope_rows", "unpermute_rope_rows", "cache_clear"]
+           "is_gguf", "permute_rope_rows", "unpermute_rope_rows"]
