@@ -18,6 +18,7 @@ without these ops, keep ``F.linear``.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
@@ -31,12 +32,31 @@ _PACK_BATCH_HINT = 4  # the row count the packing is tuned for (decode and small
 
 
 def packing_available(dtype: torch.dtype) -> bool:
-    """Whether this torch build can pack weights of ``dtype`` for the CPU."""
+    """Whether this torch build, on this CPU, can pack weights of ``dtype``."""
     if dtype == torch.bfloat16:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        return _bf16_packing_runs()
     if dtype == torch.float32:
         return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
     return False
+
+
+@functools.cache
+def _bf16_packing_runs() -> bool:
+    """oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT (AVX2-only CPUs such as Zen 3 lack both).
+
+    Which instructions it needs is oneDNN's business and changes between releases, so the answer
+    is one tiny pack-and-multiply rather than a flag list of our own.
+    """
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    try:
+        weight = torch.ones(8, 8, dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
+        torch.ops.mkldnn._linear_pointwise(torch.ones(2, 8, dtype=torch.bfloat16), packed, None, "none", [], "")
+    except RuntimeError as exc:
+        log.info("bf16 weight packing unavailable on this CPU: %s", str(exc).splitlines()[0])
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):

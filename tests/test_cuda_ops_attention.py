@@ -89,7 +89,27 @@ def test_chain_verification_equals_decode_bitwise(dtype: torch.dtype) -> None:
             block_tables=m.block_tables, slot_mapping=m.slot_mapping[i:i + 1], positions=m.positions[i:i + 1],
             tree_mask=None, query_lens=[1], seq_lens_host=[ctx + i + 1])
         single = triton_paged_attention(case.q[i:i + 1], case.k_cache, case.v_cache, alone, case.scale, config=SPLIT)
-        assert torch.equal(single[0], batched[i]), f"token {i} differs between decode and verification"
+        if _interpreter_matmul_is_row_invariant():
+            assert torch.equal(single[0], batched[i]), f"token {i} differs between decode and verification"
+        else:  # the interpreter's tl.dot is numpy's BLAS, whose rounding here depends on the row count
+            torch.testing.assert_close(single[0], batched[i], atol=1e-6, rtol=1e-5)
+
+
+def _interpreter_matmul_is_row_invariant() -> bool:
+    """Under TRITON_INTERPRET tl.dot runs as numpy matmul: bitwise row independence is then numpy's BLAS's.
+
+    Measured: OpenBLAS's AVX-512 kernels (Intel Ice Lake, Sapphire Rapids) compute a row the same way
+    whatever the row count; its Haswell kernels on an AMD Zen 3 (AVX2 only) do not.  On a GPU the kernel's
+    own property is checked bitwise by scripts/gpu_check.py.
+    """
+    if torch.cuda.is_available():
+        return True
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 32), dtype=np.float32), rng.standard_normal((32, 16), dtype=np.float32)
+    full = a @ b
+    return all(np.array_equal((a[:m] @ b), full[:m]) for m in (1, 2, 3, 8))
 
 
 def test_rejects_inputs_it_cannot_serve() -> None:
