@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs; under the Triton interpreter the methods shrink to plain decoding)")
     parser.add_argument("--only", metavar="PART", nargs="+", choices=PARTS, default=None,
                         help=f"run only these parts ({', '.join(PARTS)})")
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="run the drafting methods on this target (checkpoint directory, .gguf file, or "
+                             "'default' for the default model) instead of the tiny target written for the run; "
+                             "drafters are random, built for it")
     parser.add_argument("--cases", action="store_true", help="list every case in the table, not only failures")
 
 
@@ -39,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from hyspec.conformance import run_conformance
 
     progress = None if args.json else (lambda message: print(f"... {message}", file=sys.stderr, flush=True))
-    report = run_conformance(args.backend, quick=args.quick, parts=tuple(args.only or PARTS), progress=progress)
+    report = run_conformance(args.backend, quick=args.quick, parts=tuple(args.only or PARTS), progress=progress,
+                             model=args.model)
     print(report.to_json() if args.json else report.format(verbose=args.cases))
     missing = [b for b in report.backends if not b.available]
     if args.backend != "all" and missing:

@@ -58,6 +58,7 @@ class CheckResult:
     source: str | None = None  # ops: the op table's source for this op
     note: str | None = None  # ops: why the op runs where it runs (e.g. which op falls back to the reference)
     cases: list[CaseResult] = field(default_factory=list)
+    identity: dict[str, Any] | None = None  # methods: the teacher-forced comparison (hyspec.numerics.IdentityReport)
 
     @classmethod
     def from_cases(cls, name: str, cases: list[CaseResult], **kw: Any) -> "CheckResult":
@@ -81,7 +82,8 @@ class CheckResult:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "detail": self.detail, "source": self.source, "note": self.note,
                 "max_error": _finite(self.max_error), "tolerance": self.tolerances(),
-                "cases": [c.to_dict() for c in self.cases]}
+                "cases": [c.to_dict() for c in self.cases],
+                **({"identity": _finite_tree(self.identity)} if self.identity is not None else {})}
 
 
 @dataclass
@@ -183,6 +185,14 @@ def _finite(v: Any) -> Any:
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return str(v)
     return v
+
+
+def _finite_tree(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _finite_tree(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite_tree(x) for x in v]
+    return _finite(v)
 
 
 __all__ = ["BackendResult", "CaseResult", "CheckResult", "ConformanceReport", "SCHEMA_VERSION"]

@@ -18,8 +18,12 @@ PARTS = ("ops", "methods", "statistical", "onnx_drafter")
 
 
 def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str, ...] = PARTS,
-                    progress: Callable[[str], None] | None = None) -> ConformanceReport:
-    """Check every requested backend that can run here; unavailable ones are reported with the reason."""
+                    progress: Callable[[str], None] | None = None, model: str | None = None) -> ConformanceReport:
+    """Check every requested backend that can run here; unavailable ones are reported with the reason.
+
+    ``model``: the target the drafting methods run on (a checkpoint directory or .gguf file, or
+    ``"default"`` for hyspec's default model); None: the tiny target written for the run.
+    """
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown conformance parts {sorted(unknown)}; parts are {PARTS}")
@@ -32,12 +36,20 @@ def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str,
                 results.append(BackendResult(target.name, available=False, reason=target.reason))
                 continue
             if ws is None and "methods" in parts:
-                ws = Workspace.create()
+                ws = Workspace.create(_model_path(model))
             results.append(check_target(target, quick, parts, ws, say))
     finally:
         if ws is not None:
             ws.close()
     return ConformanceReport(results, quick)
+
+
+def _model_path(model: str | None) -> str | None:
+    if model != "default":
+        return model
+    from hyspec.assets import default_model
+
+    return str(default_model())
 
 
 def check_target(target: Target, quick: bool, parts: tuple[str, ...], ws: Workspace | None,
