@@ -12,7 +12,6 @@ sequential MTP.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +103,9 @@ class MTPRecipe(DrafterRecipe):
         if getattr(drafter, "save_layout", "hyspec") == "deepseek":
             save_deepseek_layout(drafter, target_dir, out_dir)
         else:
-            target_config = json.loads((Path(target_dir) / "config.json").read_text())
-            save_mtp(drafter, out_dir, target_config)
+            from hyspec.model.config import ModelConfig
+
+            save_mtp(drafter, out_dir, ModelConfig.raw_dict(target_dir))  # a directory or a GGUF file
 
 
 register_recipe(MTPRecipe())

@@ -159,6 +159,16 @@ class ModelConfig:
             raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
         return cls.from_dict(data)
 
+    @staticmethod
+    def raw_dict(path: str | Path) -> dict[str, Any]:
+        """The Hugging Face config as a dict: ``config.json``, or what a GGUF file's metadata amounts to."""
+        path = Path(path)
+        from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
+
+        if is_gguf(path):
+            return GGUFCheckpoint(path).hf_config()
+        return json.loads((path / "config.json").read_text())
+
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token across all layers, at 2 bytes (bf16) per element."""
