@@ -101,7 +101,7 @@ def verify(
     if stochastic_rows:
         sub_trees, sub_logits = _subset(trees, target_logits, stochastic_rows)
         sub_sampling = sampling if len(stochastic_rows) == b else sampling.select(stochastic_rows)
-        probs = sub_sampling.repeat(sub_trees.num_nodes).to(device).process(sub_logits)
+        probs = target_probs(sub_logits, sub_sampling, sub_trees)
         if uniforms is None:
             gens = [None] * b if generators is None else list(generators)
             sub_u = draw_uniforms([gens[r] for r in stochastic_rows], sub_trees.num_nodes_host, device)
@@ -115,6 +115,11 @@ def verify(
     next_token.clamp_(0, vocab - 1)  # a backend's sampler must never hand out an invalid id
     causes = [GREEDY_CAUSE if g else STOCHASTIC_CAUSE for g in sampling.is_greedy_host]
     return build_result(trees, last, next_token, causes)
+
+
+def target_probs(logits: torch.Tensor, sampling: SamplingTensors, trees: TreeBatch) -> torch.Tensor:  # [T, V]
+    """The target's processed distribution after every node: each tree row gets its sequence's settings."""
+    return sampling.repeat(trees.num_nodes).to(logits.device).process(logits)
 
 
 def build_result(

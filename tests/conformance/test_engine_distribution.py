@@ -1,0 +1,80 @@
+"""Every drafting method, at temperature 0.8 with top-k and top-p, emits the target's law through LLM.generate.
+
+The default run sends DEFAULT_SAMPLES seeded requests per method (power <= 5 points in any outcome); the
+slow tier sends FULL_SAMPLES (~1.5 points).  Each test also requires that speculation ran on the very
+steps the law covers (drafts verified), or the test would only be testing plain sampling.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hyspec import LLM
+from hyspec.conformance.distribution import (DEFAULT_SAMPLES, FULL_SAMPLES, compare, exact_law, lookup_prompt,
+                                             sample_through_generate)
+from hyspec.conformance.methods import CONTROLLER_OFF, method_config, methods_to_check
+from hyspec.conformance.tiny import prompts
+
+REMOTE = "remote (draft_model on an in-process worker)"
+METHODS = [*methods_to_check(), REMOTE]
+
+
+def engine(ws, spec=None):
+    return LLM(str(ws.target_dir), dtype="float32", kv_cache_bytes=32 << 20, max_model_len=256, max_num_seqs=256,
+               speculative_config=spec)
+
+
+@pytest.fixture(scope="module")
+def law_and_prompt(workspace):
+    plain = engine(workspace)
+    prompt = lookup_prompt(plain.engine, prompts(6)[3])
+    return exact_law(plain.engine, prompt), prompt
+
+
+def method_llm(ws, method):
+    if method == REMOTE:
+        from tests.remote.conftest import inprocess_handles, remote_placement
+
+        spec = {**CONTROLLER_OFF, "method": "draft_model", "model": str(ws.drafter("draft_model")),
+                "num_speculative_tokens": 4, "draft_placement": "remote", "remote": {"draft_deadline_ms": 5000}}
+        with remote_placement(inprocess_handles()):
+            return engine(ws, spec)
+    try:
+        spec = method_config(method, ws)
+    except Exception as exc:  # a method missing from this build
+        pytest.skip(f"{method}: {exc}")
+    return engine(ws, {**CONTROLLER_OFF, **spec})
+
+
+def run_and_compare(ws, law_and_prompt, method, n):
+    law, prompt = law_and_prompt
+    llm = method_llm(ws, method)
+    quality = logging.getLogger("hyspec.spec.quality")
+    level = quality.level
+    quality.setLevel(logging.ERROR)  # random drafters are rejected on purpose
+    try:
+        samples = sample_through_generate(llm, prompt, n)
+        drafted = llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"]
+        pool = llm.engine.pool
+        assert pool.num_free == pool.num_pages, "requests finished but KV pages are still held"
+    finally:
+        quality.setLevel(level)
+        llm.engine.spec.close()
+    result = compare(samples, law)
+    assert drafted >= n // 4, f"{method}: only {drafted} draft tokens in {n} requests: the law would be plain's"
+    assert result.passed, f"{method}: {result.describe()}"
+    return result
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_emits_the_target_law_through_generate(workspace, law_and_prompt, method):
+    result = run_and_compare(workspace, law_and_prompt, method, DEFAULT_SAMPLES)
+    assert result.power <= 0.05, f"the default run must detect a 5-point shift; it detects {result.power:.1%}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_method_emits_the_target_law_at_full_power(workspace, law_and_prompt, method):
+    result = run_and_compare(workspace, law_and_prompt, method, FULL_SAMPLES)
+    assert result.power <= 0.016
