@@ -1,6 +1,8 @@
 """Packed CPU linears: same results as F.linear, and each row independent of how many rows share the call."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,13 +90,19 @@ def test_row_results_do_not_depend_on_row_count(dtype):
 
 
 def test_pack_linears_keeps_interface_and_falls_back_for_training():
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(torch.bfloat16)
+    unpacked = copy.deepcopy(model)
     ref = [m.weight.clone() for m in model if isinstance(m, nn.Linear)]
     assert pack_linears(model) == (2 if packing_available(torch.bfloat16) else 0)
     assert torch.equal(model[0].weight, ref[0])
     x = torch.randn(3, 16, dtype=torch.bfloat16, requires_grad=True)
-    model(x).float().sum().backward()  # the autograd path uses F.linear
-    assert x.grad is not None
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, out_ref = model(x), unpacked(x_ref)  # the autograd path uses F.linear
+    assert torch.equal(out, out_ref)
+    out.float().sum().backward()
+    out_ref.float().sum().backward()
+    assert torch.equal(x.grad, x_ref.grad)  # the same computation as the unpacked model, gradient included
 
 
 def test_optimize_for_cpu_packs_causal_lm_logits(tmp_path):

@@ -176,3 +176,10 @@ class KVPool:
             raise AssertionError(f"pages {owned_free[:4]} are both free and owned")
         if int((self.owner == FREE).sum()) != len(free):
             raise AssertionError("a page is unowned but not in the free list (leaked)")
+
+    def assert_all_free(self) -> None:
+        """After every request finished: invariants hold and no layout (target or drafter) holds a page."""
+        self.check_invariants()
+        if self.num_free != self.num_pages:
+            held = {k: v for k, v in self.pages_by_owner().items() if k != "free" and v}
+            raise AssertionError(f"{self.num_pages - self.num_free} of {self.num_pages} KV pages still held: {held}")

@@ -59,8 +59,7 @@ def generate_in_batches(llm: LLM, batch: int, count: int = len(PROMPTS),
 def assert_clean_pool(llm: LLM) -> None:
     """Every page is back in the free list: target and drafters released everything."""
     pool = llm.engine.pool
-    pool.check_invariants()
-    assert pool.num_free == pool.num_pages, pool.pages_by_owner()
+    pool.assert_all_free()
 
 
 def totals(llm: LLM) -> dict[str, Any]:

@@ -99,9 +99,7 @@ def token_ids(outs):
 
 def assert_clean(llm, method):
     pool = llm.engine.pool
-    pool.check_invariants()
-    owners = pool.pages_by_owner()
-    assert owners["target"] == 0 and owners[method] == 0, owners
+    pool.assert_all_free()
     assert not llm.engine.spec.proposers[method]._states
 
 

@@ -40,8 +40,7 @@ def test_chunked_prefill_and_preemption_do_not_change_tokens(tiny_ckpt, tiny_llm
     outs = small.generate(PROMPTS, params)
     assert [o.outputs[0].token_ids for o in outs] == expected
     assert sum(o.metrics is not None for o in outs) == len(PROMPTS)
-    small.engine.pool.check_invariants()
-    assert small.engine.pool.num_free == small.engine.pool.num_pages
+    small.engine.pool.assert_all_free()
 
 
 def test_seeded_sampling_is_reproducible_regardless_of_batch(tiny_llm):

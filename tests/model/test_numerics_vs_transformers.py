@@ -65,4 +65,9 @@ def test_low_precision_loads_and_tracks_fp32(dtype, tmp_path):
     prompt = list(range(3, 15))
     _, a = greedy_paged(ref, prompt, steps=4)
     _, b = greedy_paged(low, prompt, steps=4)
-    assert (a - b).abs().max() < 0.1  # half-precision rounding of ~64-wide dot products
+    # A few ulps of the dtype at each logit's magnitude (measured: bf16 within ~1 ulp, fp16 within ~2);
+    # the rms term covers logits near 0, whose error comes from the hidden state, not their own size.
+    eps = torch.finfo(getattr(torch, dtype)).eps
+    bound = 4 * eps * (a.abs() + a.pow(2).mean().sqrt())
+    worst = float(((a - b).abs() / bound).max())
+    assert worst <= 1.0, f"{dtype} logits {worst:.2f}x the 4-ulp bound off fp32's"

@@ -108,4 +108,4 @@ def test_rollback_equals_never_taking_the_branch(model):
     assert decode(rolled, first, 10) == expected
     clean.release()
     rolled.release()
-    pool.check_invariants()
+    pool.assert_all_free()

@@ -30,7 +30,7 @@ def run_load(make_server, clients: int, duration: float, max_tokens: int):
         report = asyncio.run(report)
         engine = srv.app.state.async_engine.engine
         assert kv_pool_empty(srv) and not engine.has_unfinished_requests()
-        engine.pool.check_invariants()
+        engine.pool.assert_all_free()
     finally:
         srv.stop()
     assert report.ok, report.problems[:5]

@@ -32,8 +32,7 @@ def test_ngram_identical_to_plain(target_dir, plain_outputs, batch):
         assert token_ids(llm.generate(PROMPTS[i:i + batch], GREEDY)) == plain_outputs[i:i + batch]
     snap = llm.engine.spec.metrics.snapshot()["totals"]
     assert snap["draft_tokens"] > 0 and snap["accepted_tokens"] > 0  # it really speculated
-    llm.engine.pool.check_invariants()
-    assert llm.engine.pool.num_free == llm.engine.pool.num_pages
+    llm.engine.pool.assert_all_free()
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -43,8 +42,7 @@ def test_draft_model_identical_to_plain(target_dir, draft_dir, plain_outputs, ba
         assert token_ids(llm.generate(PROMPTS[i:i + batch], GREEDY)) == plain_outputs[i:i + batch]
     assert llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"] > 0
     pool = llm.engine.pool
-    pool.check_invariants()
-    assert pool.pages_by_owner()["target"] == 0
+    pool.assert_all_free()
 
 
 def test_with_live_controller_still_identical(target_dir, plain_outputs):
