@@ -241,6 +241,10 @@ class IdentityReport:
     def describe(self) -> str:
         text = (f"{self.positions} positions compared, {len(self.near_ties)} near-ties accepted, "
                 f"{len(self.mismatches)} mismatches")
+        first = self.mismatches[0] if self.mismatches else None
+        if first is not None:
+            text += (f"; first mismatch at sequence {first.sequence} position {first.position}: expected "
+                     f"{first.expected}, got {first.actual}, gap {first.gap:.3g} vs bound {first.bound:.3g}")
         worst = max(self.flips, key=lambda f: f.gap, default=None)
         if worst is not None:
             text += (f" (largest flip gap {worst.gap:.3g} vs bound {worst.bound:.3g}: sequence {worst.sequence} "

@@ -1,10 +1,14 @@
 """Were a configuration's greedy outputs token-identical to plain decoding?
 
-Each sequence is compared with plain decoding's output for the same prompt
-(same batch size, temperature 0).  A divergence is allowed only at a measured
-near-tie of the target's top logits (``hyspec.numerics.classify_divergence``:
-the one tolerance table of the project); anything else is a mismatch, which
-the benchmark reports loudly and turns into a non-zero exit status.
+hyspec's own methods are judged by teacher forcing (``TeacherForcedJudge``):
+every output position against the plain engine's logits for the method's own
+prefix, under the near-tie rule measured on that engine between two plain
+batch compositions (``hyspec.conformance.identity``), so a flip is judged
+where it happens and comparison goes on after it.  Another engine's outputs
+(transformers) are compared by first divergence under the dtype's blanket
+bound (``hyspec.numerics.classify_divergence``): the rounding between two
+engines' kernels is not what batch compositions measure.  A mismatch is
+reported loudly and turns into a non-zero exit status.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ class IdentityVerdict:
     near_ties: int = 0
     mismatches: int = 0
     details: list[str] = field(default_factory=list)
+    positions: int | None = None  # teacher-forced: output positions judged (None: first-divergence comparison)
 
     @property
     def ok(self) -> bool:
@@ -35,7 +40,7 @@ class IdentityVerdict:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "token_identical": self.status == IDENTICAL if self.status != NOT_APPLICABLE
                 else None, "sequences": self.sequences, "near_ties": self.near_ties, "mismatches": self.mismatches,
-                "details": list(self.details)}
+                "positions": self.positions, "details": list(self.details)}
 
 
 class ReferenceLogits:
@@ -54,6 +59,31 @@ class ReferenceLogits:
         with torch.inference_mode():
             hidden = model.forward_dense(torch.tensor([list(prefix)])).hidden[0, -1:]
             return model.compute_logits(hidden)[0].float()
+
+
+class TeacherForcedJudge:
+    """Judges hyspec outputs on a plain engine kept for the purpose (its pages are released after each use)."""
+
+    def __init__(self, llm: Any, prompts: Sequence[Sequence[int]], plain_outputs: Sequence[Sequence[int]],
+                 chunk: int):
+        from hyspec.conformance.identity import measure_rule
+
+        self.llm = llm
+        self.rule = measure_rule(llm.engine, prompts, plain_outputs, chunk=chunk)
+
+    def __call__(self, prompts: Sequence[Sequence[int]], expected: Sequence[Sequence[int]],
+                 actual: Sequence[Sequence[int]]) -> IdentityVerdict:
+        from hyspec.conformance.identity import judge_outputs
+
+        if not len(prompts) == len(expected) == len(actual):
+            raise ValueError(f"{len(prompts)} prompts, {len(expected)} expected and {len(actual)} actual outputs")
+        report = judge_outputs(self.llm.engine, prompts, actual, self.rule, [len(e) for e in expected])
+        verdict = IdentityVerdict(IDENTICAL, sequences=len(actual), near_ties=len(report.near_ties),
+                                  mismatches=len(report.mismatches) + len(report.length_mismatches))
+        verdict.positions = report.positions
+        verdict.details = [report.describe(), self.rule.describe()]
+        verdict.status = MISMATCH if verdict.mismatches else NEAR_TIE if verdict.near_ties else IDENTICAL
+        return verdict
 
 
 def check_identity(

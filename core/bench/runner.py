@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hyspec.bench.identity import NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, check_identity
+from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, TeacherForcedJudge,
+                                   check_identity)
 from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
                                   unique_parameter_count)
 from hyspec.bench.measure import Workload
@@ -93,9 +94,10 @@ class BenchRunner:
         try:
             self.bar.set_postfix_str("copy bandwidth")
             bandwidth = measure_copy_bandwidth(s.bandwidth_bytes, backend.device)
-            rows, reference, model_info = self._plain(model, workloads)
+            rows, reference, model_info, judge = self._plain(model, workloads)
             dtype = model_info.pop("_dtype")
             logits = ReferenceLogits(model, dtype)
+            self.judge = judge
             loaded = dict(drafters)
             for method in methods:
                 if method == PLAIN:
@@ -150,7 +152,24 @@ class BenchRunner:
         close_llm(llm)
         del llm, engine
         gc.collect()
-        return rows, reference, info
+        return rows, reference, info, self._judge(model, workloads, reference)
+
+    def _judge(self, model: Path, workloads: list[Workload], reference: dict) -> TeacherForcedJudge | None:
+        """A plain engine with a small KV pool, kept to judge every method by teacher forcing (bench/identity.py).
+
+        Small, so it does not take the memory the engines under test are measured with: 1 GiB of KV on
+        the CPU, a tenth of free memory on an accelerator.
+        """
+        from hyspec import LLM
+
+        greedy = [w for w in workloads if not w.temperature]
+        if not greedy:
+            return None
+        self._tick("hyspec plain: measuring the near-tie rule")
+        s = self.settings
+        llm = LLM(str(model), backend=s.backend, dtype=s.dtype, kv_cache_bytes=1 << 30, memory_fraction=0.1)
+        widest = max(greedy, key=lambda w: w.batch_size)
+        return TeacherForcedJudge(llm, widest.prompts, reference[widest.key()], chunk=s.num_speculative_tokens + 1)
 
     def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
                 reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
@@ -183,12 +202,11 @@ class BenchRunner:
         gc.collect()
         return rows
 
-    @staticmethod
-    def _identity(w: Workload, outputs: list[list[list[int]]], reference: dict, logits, dtype) -> IdentityVerdict:
+    def _identity(self, w: Workload, outputs: list[list[list[int]]], reference: dict, logits, dtype) -> IdentityVerdict:
         """Every repeat's outputs against plain decoding's (temperature 0 only)."""
         if w.temperature:
             return IdentityVerdict(NOT_APPLICABLE)
-        verdicts = [check_identity(w.prompts, reference[w.key()], out, logits, dtype) for out in outputs]
+        verdicts = [self.judge(w.prompts, reference[w.key()], out) for out in outputs]
         worst = max(verdicts, key=lambda v: (v.mismatches, v.near_ties))
         return worst
 
