@@ -34,7 +34,7 @@ Z = 5.0
 #: the sampling setting of every request: temperature, top-k and top-p all in play
 PARAMS = dict(temperature=0.8, top_k=8, top_p=0.9)
 DEFAULT_SAMPLES = 3500  # default suite: detects a <= 5-point shift on the tiny target (power() says exactly)
-FULL_SAMPLES = 60000  # slow tier: ~1.5 points
+FULL_SAMPLES = 30000  # slow tier: ~1.6 points on the tiny target
 
 
 @dataclass

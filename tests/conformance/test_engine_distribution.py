@@ -1,7 +1,7 @@
 """Every drafting method, at temperature 0.8 with top-k and top-p, emits the target's law through LLM.generate.
 
 The default run sends DEFAULT_SAMPLES seeded requests per method (power <= 5 points in any outcome); the
-slow tier sends FULL_SAMPLES (~1.5 points).  Each test also requires that speculation ran on the very
+slow tier sends FULL_SAMPLES (30,000: ~1.6 points).  Each test also requires that speculation ran on the very
 steps the law covers (drafts verified), or the test would only be testing plain sampling.
 """
 from __future__ import annotations
@@ -77,4 +77,4 @@ def test_method_emits_the_target_law_through_generate(workspace, law_and_prompt,
 @pytest.mark.parametrize("method", METHODS)
 def test_method_emits_the_target_law_at_full_power(workspace, law_and_prompt, method):
     result = run_and_compare(workspace, law_and_prompt, method, FULL_SAMPLES)
-    assert result.power <= 0.016
+    assert result.power <= 0.02, f"the slow tier must detect a 2-point shift; it detects {result.power:.1%}"
