@@ -102,7 +102,8 @@ class RemoteProposer(Proposer):
                                         *(fallback.aux_layers if fallback else ())}))
         self.builds_trees = any(i.get("builds_trees") for i in remote)
         self.monitor.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self.monitor, list(handles), fallback)
+        self._shutdown_args = (self.monitor, list(handles), fallback)
+        self._finalizer = weakref.finalize(self, _shutdown_soon, *self._shutdown_args)
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -219,7 +220,8 @@ class RemoteProposer(Proposer):
             self.fallback.on_preempt(seq)
 
     def close(self) -> None:
-        self._finalizer()
+        if self._finalizer.detach() is not None:  # not closed yet (by an earlier close or the collector)
+            _shutdown(*self._shutdown_args)
 
     def register_prometheus(self, registry: Any = None) -> Any:
         return self.metrics.register_prometheus(registry)
@@ -381,6 +383,21 @@ class RemoteProposer(Proposer):
         level = logging.DEBUG if key in self._warned else logging.WARNING
         self._warned.add(key)
         log.log(level, msg, *args)
+
+
+def _shutdown_soon(monitor: HealthMonitor, handles: list[WorkerHandle], fallback: Proposer | None) -> None:
+    """The collector's path: shut down on a thread of its own.
+
+    Garbage collection runs finalizers on whichever thread allocates -- possibly this proposer's own
+    health thread, in the middle of ``ThreadPoolExecutor.submit`` with the pool's lock held, where
+    closing that pool would wait on the lock forever (seen: a test run hung there).  At interpreter
+    exit no thread can start, and nothing else runs: shut down inline.
+    """
+    try:
+        threading.Thread(target=_shutdown, args=(monitor, handles, fallback), name="hyspec-remote-shutdown",
+                         daemon=True).start()
+    except RuntimeError:
+        _shutdown(monitor, handles, fallback)
 
 
 def _shutdown(monitor: HealthMonitor, handles: list[WorkerHandle], fallback: Proposer | None) -> None:

@@ -351,5 +351,6 @@ def test_dropping_the_engine_stops_the_health_thread(target_dir, draft_dir):
     assert thread in threading.enumerate()
     del llm, rp
     gc.collect()
-    assert not finalizer.alive and not host.alive  # workers closed, no engine left holding them
+    assert not finalizer.alive  # the collector ran the shutdown (on a thread of its own: proposer._shutdown_soon)
+    assert wait_for(lambda: not host.alive)  # workers closed, no engine left holding them
     assert wait_for(lambda: not thread.is_alive())
