@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the drafting methods on this target (checkpoint directory, .gguf file, or "
                              "'default' for the default model) instead of the tiny target written for the run; "
                              "drafters are random, built for it")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="dtype of the drafting methods' engines (default: float32 on the CPU, bfloat16 on "
+                             "accelerators)")
     parser.add_argument("--cases", action="store_true", help="list every case in the table, not only failures")
 
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = None if args.json else (lambda message: print(f"... {message}", file=sys.stderr, flush=True))
     report = run_conformance(args.backend, quick=args.quick, parts=tuple(args.only or PARTS), progress=progress,
-                             model=args.model)
+                             model=args.model, dtype=args.dtype)
     print(report.to_json() if args.json else report.format(verbose=args.cases))
     missing = [b for b in report.backends if not b.available]
     if args.backend != "all" and missing:

@@ -91,6 +91,7 @@ class Workspace:
     _drafters: dict[str, Path | HyspecError] = field(default_factory=dict, init=False)
     _oracle: dict[tuple[int, int, str], list[list[int]]] = field(default_factory=dict, init=False)
     model: Path | None = None  # the target; None: the tiny target, written into root
+    dtype: str | None = None  # the engines' dtype; None: engine_dtype's choice for the backend
     _plain: dict[tuple[str, str, int, int], list[list[int]]] = field(default_factory=dict, init=False)
     _reference_models: dict[str, Any] = field(default_factory=dict, init=False)
     plain_llms: dict[tuple[str, str], Any] = field(default_factory=dict, init=False)
@@ -101,8 +102,9 @@ class Workspace:
         self.target_dir = self.model if self.model is not None else make_tiny_target(self.root / "target")
 
     @classmethod
-    def create(cls, model: str | Path | None = None) -> "Workspace":
-        return cls(Path(tempfile.mkdtemp(prefix="hyspec-conformance-")), None if model is None else Path(model))
+    def create(cls, model: str | Path | None = None, dtype: str | None = None) -> "Workspace":
+        return cls(Path(tempfile.mkdtemp(prefix="hyspec-conformance-")), None if model is None else Path(model),
+                   dtype)
 
     def prompts(self, count: int) -> list[list[int]]:
         """Ragged prompts: byte-id motifs for the tiny target, real text through a real target's tokenizer."""
@@ -170,8 +172,11 @@ class Workspace:
             return model.compute_logits(model.forward_dense(torch.tensor([prefix])).hidden[0, -1:])[0]
 
 
-def engine_dtype(target: Target) -> str:
-    """fp32 where the kernels serve it; bf16 on accelerators (the NPU's FIA takes no fp32, serving uses bf16)."""
+def engine_dtype(target: Target, ws: "Workspace | None" = None) -> str:
+    """The workspace's --dtype if set; else fp32 where the kernels serve it, bf16 on accelerators (the NPU's
+    FIA takes no fp32, serving uses bf16)."""
+    if ws is not None and ws.dtype is not None:
+        return ws.dtype
     return "float32" if target.device.type == "cpu" else "bfloat16"
 
 
@@ -183,7 +188,7 @@ def _llm(target: Target, ws: Workspace, spec: dict[str, Any] | None):
     from hyspec import LLM
 
     with engine_backend(target) as backend:
-        return LLM(str(ws.target_dir), backend=backend, dtype=engine_dtype(target), kv_cache_bytes=32 << 20,
+        return LLM(str(ws.target_dir), backend=backend, dtype=engine_dtype(target, ws), kv_cache_bytes=32 << 20,
                    max_model_len=MAX_MODEL_LEN,
                    speculative_config=None if spec is None else {**CONTROLLER_OFF, **spec})
 
@@ -213,13 +218,13 @@ def _compare(ws: Workspace, target: Target, label: str, expected: list[list[int]
     """
     from hyspec.numerics import classify_divergence
 
-    dtype = getattr(torch, engine_dtype(target))
+    dtype = getattr(torch, engine_dtype(target, ws))
     near_ties = []
     for prompt, exp, act in zip(batch, expected, actual):
         if exp == act:
             continue
         index = next((i for i, (a, b) in enumerate(zip(exp, act)) if a != b), min(len(exp), len(act)))
-        logits = (ws.reference_logits(list(prompt) + exp[:index], engine_dtype(target))
+        logits = (ws.reference_logits(list(prompt) + exp[:index], engine_dtype(target, ws))
                   if index < min(len(exp), len(act)) else None)
         verdict = classify_divergence(exp, act, logits, dtype)
         if not verdict.allowed:
@@ -301,7 +306,7 @@ def check_plain(target: Target, ws: Workspace, settings: MethodSettings) -> Chec
         llm = plain_llm(target, ws)
     except Exception as exc:
         return CheckResult("plain", "error", detail=f"{type(exc).__name__}: {exc}")
-    dtype = engine_dtype(target)
+    dtype = engine_dtype(target, ws)
     cases = [_compare(ws, target, f"plain decoding vs the reference model (CPU, {dtype}, cache-free)",
                       ws.oracle(settings, dtype), actual, batch),
              CaseResult(label="near-tie rule", status="pass", detail=rule.describe()),
@@ -364,7 +369,7 @@ def check_method(target: Target, ws: Workspace, method: str, settings: MethodSet
     if drafted == 0:
         cases.append(CaseResult(label="speculated", status="fail", detail="no draft token was verified: "
                                 "the method never ran, so identity proves nothing"))
-    if method == SELF_DRAFT and engine_dtype(target) == "float32" and accepted != drafted:
+    if method == SELF_DRAFT and engine_dtype(target, ws) == "float32" and accepted != drafted:
         cases.append(CaseResult(label="self-draft acceptance", status="fail",
                                 detail=f"the target drafting for itself had {drafted - accepted} of {drafted} "
                                        "drafts rejected (fp32): drafter and verifier disagree"))

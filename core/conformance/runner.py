@@ -18,11 +18,13 @@ PARTS = ("ops", "methods", "statistical", "onnx_drafter")
 
 
 def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str, ...] = PARTS,
-                    progress: Callable[[str], None] | None = None, model: str | None = None) -> ConformanceReport:
+                    progress: Callable[[str], None] | None = None, model: str | None = None,
+                    dtype: str | None = None) -> ConformanceReport:
     """Check every requested backend that can run here; unavailable ones are reported with the reason.
 
     ``model``: the target the drafting methods run on (a checkpoint directory or .gguf file, or
-    ``"default"`` for hyspec's default model); None: the tiny target written for the run.
+    ``"default"`` for hyspec's default model); None: the tiny target written for the run.  ``dtype``:
+    the methods' engines run in it (None: fp32 on the CPU, bf16 on accelerators).
     """
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -36,7 +38,7 @@ def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str,
                 results.append(BackendResult(target.name, available=False, reason=target.reason))
                 continue
             if ws is None and "methods" in parts:
-                ws = Workspace.create(_model_path(model))
+                ws = Workspace.create(_model_path(model), dtype)
             results.append(check_target(target, quick, parts, ws, say))
     finally:
         if ws is not None:

@@ -16,11 +16,11 @@ POSITIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_con
 NEGATIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
 
 
-@pytest.fixture(scope="module")
 #: OpenAI's named error codes the server uses (core/server/auth.py, core/server/serving.py)
 NAMED_CODES = {"invalid_api_key", "model_not_found"}
 
 
+@pytest.fixture(scope="module")
 def fuzz_server(make_server):
     # A short context keeps every generated request small: at most 48 tokens per request.
     srv = make_server(max_queue=64, engine_overrides={"max_model_len": 48, "max_num_seqs": 8})
