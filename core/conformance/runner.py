@@ -32,13 +32,14 @@ def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str,
     say = progress or (lambda message: log.info(message))
     results: list[BackendResult] = []
     ws: Workspace | None = None
+    model = _model_path(model)
     try:
         for target in resolve(backend):
             if isinstance(target, Unavailable):
                 results.append(BackendResult(target.name, available=False, reason=target.reason))
                 continue
             if ws is None and "methods" in parts:
-                ws = Workspace.create(_model_path(model), dtype)
+                ws = Workspace.create(model, dtype)
             results.append(check_target(target, quick, parts, ws, say))
     finally:
         if ws is not None:
@@ -47,11 +48,17 @@ def run_conformance(backend: str = "all", quick: bool = False, parts: tuple[str,
 
 
 def _model_path(model: str | None) -> str | None:
-    if model != "default":
-        return model
-    from hyspec.assets import default_model
+    """The --model target, checked before any backend runs (a bad path is one clear error, not one per method)."""
+    if model is None:
+        return None
+    if model == "default":
+        from hyspec.assets import default_model
 
-    return str(default_model())
+        return str(default_model())
+    from hyspec.model.config import ModelConfig
+
+    ModelConfig.from_pretrained(model)  # CheckpointError naming the missing directory, file or config
+    return model
 
 
 def check_target(target: Target, quick: bool, parts: tuple[str, ...], ws: Workspace | None,

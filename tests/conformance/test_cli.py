@@ -50,3 +50,22 @@ def test_report_rows_cover_methods_and_failures_are_shown():
     assert data["passed"] is False
     assert set(data["backends"][0]["methods"]) == set(methods_to_check())
     assert data["backends"][0]["ops"]["attention"]["tolerance"]["bfloat16"]["atol"] == 0.0078
+
+
+def test_a_missing_model_is_one_clear_error_before_anything_runs(tmp_path):
+    missing = tmp_path / "no-such-model"
+    r = hyspec("--backend", "cpu", "--only", "methods", "--model", str(missing))
+    assert r.returncode == 2 and r.stdout == ""
+    assert "hyspec conformance: error:" in r.stderr and str(missing) in r.stderr
+
+
+def test_methods_report_teacher_forced_identity_in_json():
+    r = hyspec("--backend", "cpu", "--quick", "--only", "methods", "--json")
+    assert r.returncode == 0, r.stderr
+    methods = json.loads(r.stdout)["backends"][0]["methods"]
+    rule = methods["plain"]["identity"]["rule"]
+    assert rule["positions"] > 0 and 0 <= rule["bound"] <= 4 * rule["measured"] + 1e-12
+    for name in ("ngram", "draft_model (self)"):
+        identity = methods[name]["identity"]
+        assert identity["positions"] > 0 and identity["mismatches"] == 0 and identity["drafted"] > 0, name
+        assert "positions compared" in methods[name]["detail"]
