@@ -24,6 +24,7 @@ from hyspec.conformance.identity import excess_near_ties, judge_outputs, measure
 from hyspec.conformance.methods import CONTROLLER_OFF, MethodSettings, check_method
 from hyspec.conformance.tiny import prompts
 from hyspec.numerics import tolerance_for
+from hyspec.spec.proposer import Proposer
 from hyspec.spec.tree import DraftTree
 from tests.conformance.conftest import assert_passed
 
@@ -60,13 +61,10 @@ def eps_verify_greedy(target_logits, trees):
     return last, logits.argmax(-1)[packed[rows, last]]
 
 
-class RunnerUpProposer:
+class RunnerUpProposer(Proposer):
     """Drafts one token: the target's second choice, from a cache-free forward of the reference model."""
 
     method = "ngram"
-    aux_layers: tuple[int, ...] = ()
-    needs_hidden = False
-    builds_trees = False
 
     def __init__(self, model, vocab):
         self.model, self.vocab = model, vocab
@@ -82,18 +80,6 @@ class RunnerUpProposer:
                 second = int(self.model.compute_logits(hidden)[0].topk(2).indices[1])
                 out.append(DraftTree.chain(req.seq.last_token, [second], vocab_size=self.vocab))
         return out
-
-    def on_commit(self, seq, hidden):
-        pass
-
-    def on_finish(self, seq):
-        pass
-
-    def on_preempt(self, seq):
-        pass
-
-    def close(self):
-        pass
 
 
 def bf16_identity(workspace, monkeypatch, mutant: bool):
