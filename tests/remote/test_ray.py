@@ -113,9 +113,14 @@ def test_restarted_worker_rejoins(ray_engine, plain_outputs):
         time.sleep(0.2)
     assert slot.state == UP
     rp.metrics.reset()
-    assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
-    snap = rp.metrics.snapshot()
-    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0
+    # The new process's first calls can miss the 500 ms deadline while it warms up (seen with another job
+    # on the 2 cores: a whole round drafted locally); up to 5 rounds, each identical to plain decoding.
+    for _ in range(5):
+        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+        snap = rp.metrics.snapshot()
+        if snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0:
+            break
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0, snap
 
 
 @pytest.mark.slow
