@@ -386,17 +386,21 @@ class RemoteProposer(Proposer):
 
 
 def _shutdown_soon(monitor: HealthMonitor, handles: list[WorkerHandle], fallback: Proposer | None) -> None:
-    """The collector's path: shut down on a thread of its own.
+    """The collector's path: inline, unless the collector runs on this proposer's own health thread.
 
-    Garbage collection runs finalizers on whichever thread allocates -- possibly this proposer's own
-    health thread, in the middle of ``ThreadPoolExecutor.submit`` with the pool's lock held, where
-    closing that pool would wait on the lock forever (seen: a test run hung there).  At interpreter
-    exit no thread can start, and nothing else runs: shut down inline.
+    Garbage collection runs finalizers on whichever thread allocates.  The health thread holds the
+    monitor but not the proposer, so the proposer can be collected while that thread is inside a
+    worker pool's ``ThreadPoolExecutor.submit`` with the pool's lock held; closing that pool there
+    waits on the lock forever (seen: a test run hung).  So from that thread the shutdown moves to a
+    thread of its own; from any other (the main thread at exit included) it runs inline, as before.
     """
+    if threading.current_thread() is not monitor._thread:
+        _shutdown(monitor, handles, fallback)
+        return
     try:
         threading.Thread(target=_shutdown, args=(monitor, handles, fallback), name="hyspec-remote-shutdown",
                          daemon=True).start()
-    except RuntimeError:
+    except RuntimeError:  # no new thread at interpreter shutdown: nothing else runs then
         _shutdown(monitor, handles, fallback)
 
 

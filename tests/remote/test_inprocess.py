@@ -354,3 +354,39 @@ def test_dropping_the_engine_stops_the_health_thread(target_dir, draft_dir):
     assert not finalizer.alive  # the collector ran the shutdown (on a thread of its own: proposer._shutdown_soon)
     assert wait_for(lambda: not host.alive)  # workers closed, no engine left holding them
     assert wait_for(lambda: not thread.is_alive())
+
+
+def test_collector_shutdown_on_the_health_thread_does_not_wait_on_a_lock_it_holds():
+    """The hang once seen: the proposer collected inside its health thread's pool submit, pool lock held."""
+    import threading
+
+    from hyspec.remote.proposer import _shutdown_soon
+
+    lock = threading.Lock()
+    closed = threading.Event()
+
+    class Handle:
+        def close(self):
+            with lock:  # what ThreadPoolExecutor.shutdown takes, held by the thread the collector runs on
+                closed.set()
+
+    class Monitor:
+        _thread = None
+
+        def stop(self):
+            pass
+
+    monitor = Monitor()
+    returned = threading.Event()
+
+    def health_thread():
+        with lock:
+            _shutdown_soon(monitor, [Handle()], None)
+            returned.set()
+
+    thread = threading.Thread(target=health_thread)
+    monitor._thread = thread
+    thread.start()
+    thread.join(timeout=10)
+    assert returned.is_set() and not thread.is_alive(), "the shutdown waited on the lock its own thread held"
+    assert closed.wait(10), "the deferred shutdown never closed the worker"
