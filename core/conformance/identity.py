@@ -34,26 +34,31 @@ def reference_logits(engine: Any, prompts: Sequence[Sequence[int]], outputs: Seq
     drafts).  Uses the engine's own KV pool and releases every page it took.
     """
     seqs = [list(p) + list(o) for p, o in zip(prompts, outputs)]
-    kvs = [SequenceKV(engine.pool, engine.layout) for _ in seqs]
     rows: list[list[torch.Tensor]] = [[] for _ in seqs]
+    if chunk is None:  # one sequence's pages at a time
+        for i, seq in enumerate(seqs):
+            kv = SequenceKV(engine.pool, engine.layout)
+            try:
+                kv.reserve(len(seq))
+                rows[i].append(engine.runner.run([Feed(kv, seq[:-1], 0, logits=ALL_LOGITS)]).logits)
+            finally:
+                kv.release()
+        return [torch.cat(r).float().cpu()[len(p) - 1:] for r, p in zip(rows, prompts)]
+    kvs = [SequenceKV(engine.pool, engine.layout) for _ in seqs]  # together: every sequence's pages at once
     try:
         for kv, seq in zip(kvs, seqs):
             kv.reserve(len(seq))
-        if chunk is None:
-            for i, (kv, seq) in enumerate(zip(kvs, seqs)):
-                rows[i].append(engine.runner.run([Feed(kv, seq[:-1], 0, logits=ALL_LOGITS)]).logits)
-        else:
-            start = 0
-            while True:
-                live = [i for i, seq in enumerate(seqs) if start < len(seq) - 1]
-                if not live:
-                    break
-                feeds = [Feed(kvs[i], seqs[i][start:min(start + chunk, len(seqs[i]) - 1)], start, logits=ALL_LOGITS)
-                         for i in live]
-                result = engine.runner.run(feeds)
-                for f, i in enumerate(live):
-                    rows[i].append(result.feed_logits(f))
-                start += chunk
+        start = 0
+        while True:
+            live = [i for i, seq in enumerate(seqs) if start < len(seq) - 1]
+            if not live:
+                break
+            feeds = [Feed(kvs[i], seqs[i][start:min(start + chunk, len(seqs[i]) - 1)], start, logits=ALL_LOGITS)
+                     for i in live]
+            result = engine.runner.run(feeds)
+            for f, i in enumerate(live):
+                rows[i].append(result.feed_logits(f))
+            start += chunk
     finally:
         for kv in kvs:
             kv.release()
