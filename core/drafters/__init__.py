@@ -1,10 +1,10 @@
 """hyspec.drafters: the trained drafting methods.
 
-``hyspec.spec.methods.build_proposer`` imports this package the first time a
-config asks for a method it does not know, so every method registers its
-factory here (the heavy modules load only when a factory runs).  Importing
-the package also registers each method's training recipe
-(``hyspec.train.base.RECIPES``) for ``hyspec train-draft``.
+One package per method (``eagle/`` serves eagle and eagle3): ``model``,
+``checkpoint``, ``proposer`` and, imported only by ``hyspec train-draft``,
+``recipe``.  ``hyspec.spec.methods.build_proposer`` imports this package the
+first time a config asks for a method it does not know, so every method
+registers its factory here (the heavy modules load only when a factory runs).
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from hyspec.spec.proposer import Proposer
 
 @register_method("eagle")
 def _eagle(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.eagle_proposer import EagleProposer
+    from hyspec.drafters.eagle.proposer import EagleProposer
 
     return EagleProposer(engine, draft_dir(spec), spec.config)
 
 
 @register_method("eagle3")
 def _eagle3(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.eagle_proposer import Eagle3Proposer
+    from hyspec.drafters.eagle.proposer import Eagle3Proposer
 
     return Eagle3Proposer(engine, draft_dir(spec), spec.config)
 
@@ -34,24 +34,21 @@ def _eagle3(engine: Any, spec: MethodSpec) -> Proposer:
 
 @register_method("mtp")
 def _mtp(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.mtp_proposer import MTPProposer
+    from hyspec.drafters.mtp.proposer import MTPProposer
 
     return MTPProposer.from_spec(engine, spec)
 
 
 @register_method("dflash")
 def _dflash(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.dflash_proposer import DFlashProposer
+    from hyspec.drafters.dflash.proposer import DFlashProposer
 
     return DFlashProposer.from_spec(engine, spec)
 
 
 @register_method("dspark")
 def _dspark(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.dspark_proposer import DSparkProposer
+    from hyspec.drafters.dspark.proposer import DSparkProposer
 
     return DSparkProposer.from_spec(engine, spec)
 
-
-from hyspec.drafters import dflash_recipe, dspark_recipe, mtp_recipe  # noqa: E402,F401  (register recipes)
-from hyspec.drafters import eagle_recipe  # noqa: E402,F401  (registers the eagle and eagle3 recipes)

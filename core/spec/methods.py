@@ -67,7 +67,7 @@ def draft_dir(spec: MethodSpec):
 
 @register_method("ngram")
 def _ngram(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.spec.ngram import NgramProposer
+    from hyspec.drafters.ngram.proposer import NgramProposer
 
     return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens,
                          engine.config.vocab_size)
@@ -75,6 +75,6 @@ def _ngram(engine: Any, spec: MethodSpec) -> Proposer:
 
 @register_method("draft_model")
 def _draft_model(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.spec.draft_model import DraftModelProposer
+    from hyspec.drafters.draft_model.proposer import DraftModelProposer
 
     return DraftModelProposer(engine, draft_dir(spec), spec.num_speculative_tokens)

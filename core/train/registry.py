@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     from hyspec.train.base import DrafterRecipe
 
 RECIPE_MODULES: dict[str, str] = {
-    "draft_model": "hyspec.train.draft_model_recipe",
-    "eagle": "hyspec.drafters.eagle_recipe",
-    "eagle3": "hyspec.drafters.eagle_recipe",
-    "mtp": "hyspec.drafters.mtp_recipe",
-    "dflash": "hyspec.drafters.dflash_recipe",
-    "dspark": "hyspec.drafters.dspark_recipe",
+    "draft_model": "hyspec.drafters.draft_model.recipe",
+    "eagle": "hyspec.drafters.eagle.recipe",
+    "eagle3": "hyspec.drafters.eagle.recipe",
+    "mtp": "hyspec.drafters.mtp.recipe",
+    "dflash": "hyspec.drafters.dflash.recipe",
+    "dspark": "hyspec.drafters.dspark.recipe",
 }
 METHODS: tuple[str, ...] = tuple(RECIPE_MODULES)
 

@@ -84,12 +84,11 @@ def target_batch(target, sequences: list[list[int]], aux_layers: tuple[int, ...]
 def train_drafter(method: str, target_dir: Path, out_dir: Path, sequences: list[list[int]], steps: int,
                   options: dict[str, Any] | None = None, lr: float = 5e-3, seed: int = 0) -> dict[str, float]:
     """Train ``method``'s recipe on ``sequences`` for ``steps`` full-batch Adam steps, save it to ``out_dir``."""
-    import hyspec.drafters  # noqa: F401  (registers the recipes)
     from hyspec.model.loader import load_model
-    from hyspec.train.base import RECIPES
+    from hyspec.train.registry import resolve_recipe
 
     torch.manual_seed(seed)
-    recipe = RECIPES[method]
+    recipe = resolve_recipe(method)
     target = load_model(target_dir, dtype="float32")
     drafter = recipe.build(target, {"teacher_temperature": 0.02, **(options or {})})
     batch = target_batch(target, sequences, tuple(recipe.aux_layers(target.config)))

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hyspec.drafters.dflash_checkpoint import load_drafter, save_drafter
-from hyspec.drafters.dflash_model import DFlashConfig, DFlashDrafter, default_target_layers
-from hyspec.drafters.dflash_proposer import DFlashProposer, sample_block
+from hyspec.drafters.dflash.checkpoint import load_drafter, save_drafter
+from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter, default_target_layers
+from hyspec.drafters.dflash.proposer import DFlashProposer, sample_block
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import KVPool
 from hyspec.model.loader import load_model

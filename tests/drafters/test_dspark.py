@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from hyspec.drafters.dflash_checkpoint import load_drafter, save_drafter
-from hyspec.drafters.dflash_model import DFlashConfig, default_target_layers
-from hyspec.drafters.dspark_decoder import DecodedBlock, DSparkDecoder, OnnxDecoder, decode_block, export_onnx, \
+from hyspec.drafters.dflash.checkpoint import load_drafter, save_drafter
+from hyspec.drafters.dflash.model import DFlashConfig, default_target_layers
+from hyspec.drafters.dspark.decoder import DecodedBlock, DSparkDecoder, OnnxDecoder, decode_block, export_onnx, \
     process_static
-from hyspec.drafters.dspark_model import DSparkDrafter
+from hyspec.drafters.dspark.model import DSparkDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.loader import load_model
 from hyspec.ops.sampling import SamplingTensors, process_logits

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from hyspec.drafters.eagle import EAGLE, EAGLE3, default_aux_layer_ids
-from hyspec.drafters.eagle_checkpoint import head_config_dict, load_head, save_head
-from hyspec.drafters.eagle_recipe import Eagle3Recipe, EagleRecipe
+from hyspec.drafters.eagle.model import EAGLE, EAGLE3, default_aux_layer_ids
+from hyspec.drafters.eagle.checkpoint import head_config_dict, load_head, save_head
+from hyspec.drafters.eagle.recipe import Eagle3Recipe, EagleRecipe
 from hyspec.engine.model_runner import Feed, build_inputs
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import KVPool

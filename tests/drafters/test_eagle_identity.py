@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hyspec import LLM, SamplingParams
-from hyspec.drafters.eagle_recipe import Eagle3Recipe, EagleRecipe
+from hyspec.drafters.eagle.recipe import Eagle3Recipe, EagleRecipe
 from hyspec.errors import CheckpointError
 from hyspec.spec.decoder import SpecDecoder
 from hyspec.train.base import TargetBatch
@@ -166,7 +166,7 @@ def test_lazy_catch_up_across_method_switches(target_dir, plain, heads, tmp_path
 
 
 def test_tight_kv_pool_preempts_and_reclaims_without_leaks(target_dir, plain, heads, monkeypatch):
-    from hyspec.drafters.eagle_proposer import EagleProposer
+    from hyspec.drafters.eagle.proposer import EagleProposer
 
     calls = {"reclaim": 0, "preempt": 0}
     reclaim, preempt = EagleProposer._reclaim, EagleProposer.on_preempt

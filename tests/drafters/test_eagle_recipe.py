@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyspec.drafters.eagle import default_aux_layer_ids
-from hyspec.drafters.eagle_recipe import Eagle3Recipe, EagleRecipe, ttt_unroll
+from hyspec.drafters.eagle.model import default_aux_layer_ids
+from hyspec.drafters.eagle.recipe import Eagle3Recipe, EagleRecipe, ttt_unroll
 from hyspec.engine.model_runner import Feed, build_inputs
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import KVPool

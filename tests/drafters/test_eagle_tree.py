@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from hyspec.drafters.eagle_tree import DynamicTrees, draft_logprobs
+from hyspec.drafters.eagle.tree import DynamicTrees, draft_logprobs
 from hyspec.errors import HyspecError
 from hyspec.ops.sampling import SamplingTensors, process_logits
 from hyspec.spec.tree import DraftTree, TreeBatch

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from hyspec.drafters.mtp_checkpoint import load_mtp, save_deepseek_layout, save_mtp
-from hyspec.drafters.mtp_model import MTPConfig, MTPDrafter
+from hyspec.drafters.mtp.checkpoint import load_mtp, save_deepseek_layout, save_mtp
+from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.loader import load_model
 from hyspec.ops.norm import rms_norm

@@ -10,7 +10,7 @@ from hyspec.remote.host import DraftHost, Fault
 from hyspec.remote.protocol import (DraftCall, ProtocolError, SamplingSpec, SeqUpdate, decode_reply, draft_to_tree,
                                     encode_call)
 from hyspec.remote.wire import WireError
-from hyspec.spec.ngram import NgramProposer
+from hyspec.drafters.ngram.proposer import NgramProposer
 from hyspec.spec.proposer import Proposer
 
 V = 320

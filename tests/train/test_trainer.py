@@ -139,7 +139,7 @@ def test_resume_refuses_changed_settings(target_dir, corpus_dir, tmp_path):
 
 
 def test_failure_while_saving_leaves_no_complete_output(target_dir, corpus_dir, tmp_path, monkeypatch):
-    from hyspec.train.draft_model_recipe import DraftModelRecipe
+    from hyspec.drafters.draft_model.recipe import DraftModelRecipe
 
     real_save = DraftModelRecipe.save
 

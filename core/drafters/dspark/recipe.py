@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyspec.drafters.dflash_checkpoint import save_drafter
-from hyspec.drafters.dflash_recipe import DFlashRecipe, block_config, slot_accuracy
-from hyspec.drafters.dspark_model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
+from hyspec.drafters.dflash.checkpoint import save_drafter
+from hyspec.drafters.dflash.recipe import DFlashRecipe, block_config, slot_accuracy
+from hyspec.drafters.dspark.model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
 from hyspec.errors import ConfigError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM

@@ -1,7 +1,7 @@
 """DSpark: a DFlash backbone plus the sequential decoder (Markov head + confidence head).
 
 The backbone drafts base logits and hidden states for every block slot in one
-forward, exactly as DFlash; :class:`~hyspec.drafters.dspark_decoder.DSparkDecoder`
+forward, exactly as DFlash; :class:`~hyspec.drafters.dspark.decoder.DSparkDecoder`
 then re-scores the slots left to right from the token chosen before each and
 decides how long a prefix is worth verifying.  Saved with the DFlash layout
 plus ``decoder.*`` tensors and ``markov_rank`` / ``cut_threshold`` in the
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from hyspec.drafters.dflash_model import DFlashConfig, DFlashDrafter
-from hyspec.drafters.dspark_decoder import DSparkDecoder
+from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter
+from hyspec.drafters.dspark.decoder import DSparkDecoder
 from hyspec.errors import CheckpointError
 from hyspec.ops import OpTable
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hyspec.drafters.mtp_checkpoint import save_deepseek_layout, save_mtp
-from hyspec.drafters.mtp_model import MTPConfig, MTPDrafter
+from hyspec.drafters.mtp.checkpoint import save_deepseek_layout, save_mtp
+from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import ConfigError
 from hyspec.model.llama import CausalLM
 from hyspec.train.base import DrafterRecipe, TargetBatch, register_recipe

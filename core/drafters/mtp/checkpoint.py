@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.mtp_model import MTPConfig, MTPDrafter
+from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import DecoderLayer

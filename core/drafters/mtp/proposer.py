@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from hyspec.drafters.dflash_cache import DraftStates, HiddenBuffer, shifted_inputs
-from hyspec.drafters.mtp_checkpoint import is_mtp_checkpoint, load_mtp
-from hyspec.drafters.mtp_model import MTPDrafter
+from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
+from hyspec.drafters.mtp.checkpoint import is_mtp_checkpoint, load_mtp
+from hyspec.drafters.mtp.model import MTPDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
 from hyspec.errors import ConfigError

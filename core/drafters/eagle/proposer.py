@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from hyspec.drafters.eagle import EAGLE, EAGLE3
-from hyspec.drafters.eagle_checkpoint import load_head
-from hyspec.drafters.eagle_tree import DynamicTrees, draft_logprobs
+from hyspec.drafters.eagle.model import EAGLE, EAGLE3
+from hyspec.drafters.eagle.checkpoint import load_head
+from hyspec.drafters.eagle.tree import DynamicTrees, draft_logprobs
 from hyspec.engine.model_runner import NO_LOGITS, Feed, build_inputs
 from hyspec.engine.sequence import Sequence
 from hyspec.errors import CheckpointError

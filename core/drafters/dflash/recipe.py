@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hyspec.drafters.dflash_checkpoint import save_drafter
-from hyspec.drafters.dflash_model import DFlashConfig, DFlashDrafter, default_target_layers
-from hyspec.drafters.mtp_recipe import soft_cross_entropy, teacher_temperature
+from hyspec.drafters.dflash.checkpoint import save_drafter
+from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter, default_target_layers
+from hyspec.drafters.mtp.recipe import soft_cross_entropy, teacher_temperature
 from hyspec.errors import ConfigError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM

@@ -2,7 +2,7 @@
 
 The backbone (shared with :class:`DFlashProposer`: context K/V in the pool,
 one block forward) yields base logits and hidden states per slot; the
-:class:`~hyspec.drafters.dspark_decoder.DSparkDecoder` walks them left to
+:class:`~hyspec.drafters.dspark.decoder.DSparkDecoder` walks them left to
 right, adding the Markov bias of the token chosen before, drawing each token
 from its processed q (argmax for greedy requests) with the request's
 generator, and cutting the chain where verifying more is not worth it.  With
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.dflash_model import DFlashConfig
-from hyspec.drafters.dflash_proposer import DFlashProposer, Live, block_uniforms
-from hyspec.drafters.dspark_decoder import decode_block
-from hyspec.drafters.dspark_model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
+from hyspec.drafters.dflash.model import DFlashConfig
+from hyspec.drafters.dflash.proposer import DFlashProposer, Live, block_uniforms
+from hyspec.drafters.dspark.decoder import decode_block
+from hyspec.drafters.dspark.model import DEFAULT_CUT_THRESHOLD, DEFAULT_RANK, DSparkDrafter
 from hyspec.ops.sampling import SamplingTensors
 
 

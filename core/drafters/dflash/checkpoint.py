@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hyspec.drafters.dflash_model import DFlashConfig
+from hyspec.drafters.dflash.model import DFlashConfig
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically

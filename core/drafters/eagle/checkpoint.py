@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.eagle import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
+from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.dflash_cache import DraftStates, HiddenBuffer, shifted_inputs
-from hyspec.drafters.dflash_checkpoint import load_drafter
-from hyspec.drafters.dflash_model import DFlashConfig, DFlashDrafter
+from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
+from hyspec.drafters.dflash.checkpoint import load_drafter
+from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
 from hyspec.kv.pool import OutOfKVBlocks

@@ -5,7 +5,7 @@ Both read a :class:`~hyspec.train.base.TargetBatch` whose pair ``i`` is
 predicts ``f_{i+1}`` and the distribution of ``t_{i+2}``, which the target
 gives as ``softmax(lm_head(f_{i+1}))``.  Pair ``i`` counts where the batch's
 ``loss_mask`` counts position ``i + 1``.  Both save the public layout
-(:mod:`hyspec.drafters.eagle_checkpoint`).
+(:mod:`hyspec.drafters.eagle.checkpoint`).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyspec.drafters.eagle import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHead, EagleHeadBase, build_head,
+from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHead, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
-from hyspec.drafters.eagle_checkpoint import save_head
+from hyspec.drafters.eagle.checkpoint import save_head
 from hyspec.errors import ConfigError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM

@@ -1,0 +1,1 @@
+"""draft_model: a small independent LM with the target's tokenizer."""

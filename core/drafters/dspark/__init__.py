@@ -1,0 +1,1 @@
+"""DSpark: DFlash's block drafter with a low-rank sequential decoder over the block."""

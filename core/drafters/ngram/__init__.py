@@ -1,0 +1,1 @@
+"""ngram: prompt lookup (no weights)."""
