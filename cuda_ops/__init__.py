@@ -13,7 +13,7 @@ write_kv       ``hyspec.cuda_ops.kv``                      ``hyspec.ops.kv.write
 compact_kv     ``hyspec.cuda_ops.kv``                      ``hyspec.ops.kv.compact_kv``
 rms_norm       ``hyspec.cuda_ops.norm``                    ``hyspec.ops.norm.rms_norm``
 rotary         ``hyspec.cuda_ops.rotary``                  ``hyspec.ops.rotary.rotary``
-rejection_     ``hyspec.cuda_ops.verify``                  ``hyspec.spec.verify_stochastic``
+rejection_     ``hyspec.cuda_ops.verify``                  ``hyspec.ops.rejection``
 sample                                                     ``.rejection_sample``
 =============  ==========================================  =====================================
 

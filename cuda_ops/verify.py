@@ -1,6 +1,6 @@
 """Fused stochastic verifier: recursive rejection sampling over draft trees in one launch.
 
-Matches ``hyspec.spec.verify_stochastic.rejection_sample`` (read its docstring
+Matches ``hyspec.ops.rejection.rejection_sample`` (read its docstring
 for why the algorithm is lossless).  The reference loops over depth levels and
 sibling ranks on the host, launching a handful of torch ops per iteration (and
 synchronising on ``.any()`` / ``.nonzero()``); here one program per sequence
@@ -135,7 +135,7 @@ def _rejection_sample_kernel(
 
 def triton_rejection_sample(target_probs: torch.Tensor, trees, uniforms: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as ``hyspec.spec.verify_stochastic.rejection_sample``: (last accepted node, next token)."""
+    """Same contract as ``hyspec.ops.rejection.rejection_sample``: (last accepted node, next token)."""
     op = "rejection_sample"
     if target_probs.dim() != 2 or target_probs.dtype != torch.float32:
         raise KernelInputError(f"{op}: target_probs must be a 2-D float32 tensor, got "

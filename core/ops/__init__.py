@@ -13,21 +13,15 @@ from typing import Callable
 from hyspec.ops.attention import AttentionMetadata, paged_attention
 from hyspec.ops.kv import compact_kv, write_kv
 from hyspec.ops.norm import rms_norm
+from hyspec.ops.rejection import rejection_sample
 from hyspec.ops.rotary import rotary
 from hyspec.ops.sampling import sample
 
 REFERENCE = "reference"
 
-#: The op names every table has (docs/architecture.md §3).  Sampling ops are added by
-#: ``hyspec.ops.sampling`` / ``hyspec.spec.verify`` through the same table.
+#: The op names every table has (docs/architecture.md §3).  The references live in this
+#: package, which imports nothing from ``hyspec.spec`` (tests/test_ops_layering.py).
 OP_NAMES = ("attention", "write_kv", "compact_kv", "rms_norm", "rotary", "sample", "rejection_sample")
-
-
-def _reference_rejection_sample(*args, **kwargs):
-    """hyspec.spec.verify_stochastic.rejection_sample, imported on first use (it imports hyspec.ops)."""
-    from hyspec.spec.verify_stochastic import rejection_sample
-
-    return rejection_sample(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,7 @@ class OpTable:
     rms_norm: Callable = rms_norm
     rotary: Callable = rotary
     sample: Callable = sample
-    rejection_sample: Callable = _reference_rejection_sample
+    rejection_sample: Callable = rejection_sample
     sources: dict[str, str] = field(default_factory=lambda: {name: REFERENCE for name in OP_NAMES})
 
     def with_overrides(self, source: str, **ops: Callable) -> "OpTable":

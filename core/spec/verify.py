@@ -11,7 +11,7 @@ Glossary (p = the target's processed distribution, q = the draft's):
   ``probability_rejected`` (stochastic: every acceptance test failed).
 * recovered token — after a rejection, the token the target emits instead:
   the argmax (greedy) or a draw from the residual norm(max(0, p - q))
-  (stochastic, see verify_stochastic.py).
+  (stochastic, see hyspec.ops.rejection).
 * bonus token — when the accepted path ends at a leaf, one more token from the
   target's p after that leaf (the argmax at temperature 0), for free.
 * sampled token — a tree with only its root: a plain target sample.
@@ -20,8 +20,8 @@ Glossary (p = the target's processed distribution, q = the draft's):
 
 ``verify`` handles a mixed batch in one call: temperature-0 rows go through
 greedy matching (verify_greedy.py), the others through recursive rejection
-sampling (verify_stochastic.py, the op ``rejection_sample`` that backends may
-replace).  p and q are always after temperature/top-k/top-p/min-p.
+sampling (the op ``rejection_sample``, reference in hyspec/ops/rejection.py, that
+backends may replace).  p and q are always after temperature/top-k/top-p/min-p.
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from hyspec.errors import HyspecError
+from hyspec.ops.rejection import rejection_sample
 from hyspec.ops.sampling import SamplingTensors, draw_uniforms
 from hyspec.spec.tree import TreeBatch
 from hyspec.spec.verify_greedy import verify_greedy
-from hyspec.spec.verify_stochastic import rejection_sample
 
 if TYPE_CHECKING:
     from hyspec.ops import OpTable

@@ -20,7 +20,7 @@ target's (temperature, top-k, top-p, min-p): a node's acceptance probability
 is roughly the target's processed p of it, and tokens the target's top-k/top-p
 removes (score -inf) are never proposed.  The drafts stay deterministic
 (``draft_probs=None``): the verifier treats each as one-hot q, which is
-lossless for distinct siblings (see ``hyspec.spec.verify_stochastic``).
+lossless for distinct siblings (see ``hyspec.ops.rejection``).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lossless rejection sampling over draft trees (temperature > 0).
+"""The reference ``rejection_sample`` op: lossless rejection sampling over draft trees (temperature > 0).
 
 Names as in the papers: p = the target's processed next-token distribution,
 q = the draft distribution a draft token was drawn from (both after
@@ -50,18 +50,35 @@ most once, so the coins are independent.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from hyspec.ops.sampling import sample_from_uniforms
-from hyspec.spec.tree import TreeBatch
 
 #: Residual mass below this is rounding noise, not a distribution.
 _TINY = 1e-30
 
 
+class DraftTrees(Protocol):
+    """What the sampler reads of a batch of draft trees: ``hyspec.spec.tree.TreeBatch`` is one.
+
+    Stated here as a protocol so that the op layer does not import the speculative layer.
+    """
+
+    tokens: torch.Tensor  # [B, N] int64 draft token of every node (node 0 = the root)
+    draft_probs: torch.Tensor | None  # [B, N, V] q each node was drawn from, or None (one-hot q everywhere)
+    children: torch.Tensor  # [B, N, C] int64, r-th child of a node or -1
+    packed_index: torch.Tensor  # [B, N] int64, row of a node in the packed target layout, -1 for padding
+    max_depth: int
+
+    @property
+    def batch_size(self) -> int: ...
+
+
 def rejection_sample(
     target_probs: torch.Tensor,  # [T, V] fp32: processed p after every node (rows sum to 1), packed like trees
-    trees: TreeBatch,
+    trees: DraftTrees,
     uniforms: torch.Tensor,  # [B, N] in [0, 1): u[:, 0] final sample, u[:, i] the test of node i
 ) -> tuple[torch.Tensor, torch.Tensor]:  # last accepted node [B], next token [B]
     """Recursive rejection sampling over every tree of the batch (reference version).
