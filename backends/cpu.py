@@ -31,12 +31,17 @@ class CPUBackend(Backend):
 
         packed = [name for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if packing_available(dt)]
         if packed:
-            # Not an op-table op: the backend rewrites the model's linear layers (optimize_model).
+            # The linear layers are swapped for packed modules (optimize_model); the lm-head matmul is
+            # the op table's ``logits`` (hyspec.cpu_ops.cpu_op_overrides), packed the same way.
             linear = f"linear layers: weights packed once ({'/'.join(packed)}: oneDNN / MKL)"
             self.ops_note = linear if self.ops_note is None else f"{linear}; {self.ops_note}"
 
     def optimize_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Pack linear weights for oneDNN (bf16) / MKL (fp32): faster, and row results independent of batch."""
+        """Pack linear weights for oneDNN (bf16) / MKL (fp32): faster, and row results independent of batch.
+
+        Swaps ``nn.Linear`` modules for ``PackedLinear`` ones (same interface) and changes nothing else of
+        the model; the logits matmul is packed through the op table instead.
+        """
         try:
             from hyspec.cpu_ops.optimize import optimize_for_cpu
         except ImportError as exc:  # a trimmed install without cpu_ops: run the model as loaded

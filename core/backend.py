@@ -40,8 +40,11 @@ class Backend(ABC):
     def optimize_model(self, model: "torch.nn.Module") -> "torch.nn.Module":
         """Prepare a loaded model for serving on this backend (e.g. pack weights); same interface after.
 
-        Called by the engine on the target and on every drafter module.  The
-        default changes nothing.
+        Called by the engine on the target and on every drafter module.  A
+        backend may only swap submodules for drop-in ones of its own (the CPU
+        backend's packed linears); it never patches methods or attributes of
+        core objects: what a model computes otherwise goes through ``self.ops``
+        (the lm-head matmul is the ``logits`` op).  The default changes nothing.
         """
         return model
 

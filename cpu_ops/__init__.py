@@ -1,13 +1,21 @@
 """CPU fast paths: packed linear weights (oneDNN bf16 / MKL fp32) and the ONNX Runtime drafter.
 
-The op table's CPU ops are the pure-torch references (``cpu_op_overrides``
-returns none): profiling the embedded model showed the time in the linear
-layers, which the backend rewrites once per model (``optimize.py``), not in
+The op table's one CPU op is ``logits`` (``cpu_op_overrides``): the lm-head
+matmul against a copy of the weight packed once (``packed_linear.packed_logits``).
+The other ops are the pure-torch references: profiling the embedded model showed
+the time in the linear layers, which the backend packs once per model
+(``optimize.py``, swapping ``nn.Linear`` modules for ``PackedLinear``), not in
 the ops.  ``onnx_drafter.py`` runs the draft_model drafter in ONNX Runtime for
 CPU draft workers.
 """
 
 
 def cpu_op_overrides() -> dict:
-    """No op of the table is faster than the reference on the CPU yet (see the module docstring)."""
+    """``logits`` through packed weights where this CPU and torch build can pack (fp32 / bf16)."""
+    import torch
+
+    from hyspec.cpu_ops.packed_linear import packed_logits, packing_available
+
+    if packing_available(torch.float32) or packing_available(torch.bfloat16):
+        return {"logits": packed_logits}
     return {}

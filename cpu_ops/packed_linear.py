@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +113,55 @@ class PackedLogits(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.inner(hidden).float()
+
+
+class PackedHeads:
+    """One :class:`PackedLogits` per lm_head weight tensor, packed on first use.
+
+    Keyed on the weight tensor's identity, weakly: an entry lives as long as
+    the model holding the weight (the packed copy keeps only a detached alias,
+    never the key itself).  An in-place change of the weight (``load_state_dict``
+    into it, an optimiser step) bumps its version counter and the next call
+    packs it again, so a cached copy is never stale.
+    """
+
+    def __init__(self) -> None:
+        self._heads: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, weight: torch.Tensor) -> PackedLogits:
+        version = _version(weight)
+        entry = self._heads.get(weight)
+        if entry is None or entry[0] != version:
+            with self._lock:  # two threads packing the same weight at once would only waste the work
+                entry = (version, PackedLogits(weight))
+                self._heads[weight] = entry
+        return entry[1]
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter (and is not modified outside it)
+        return None
+
+
+#: The CPU backend's packed lm_heads (the target's, and the drafters' that share it: one copy per weight).
+PACKED_HEADS = PackedHeads()
+
+
+def packed_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [..., H], [V, H] -> [..., V] fp32
+    """The CPU backend's ``logits`` op: the matmul against a packed copy of ``weight`` (made once per weight).
+
+    Falls back to the reference (``F.linear(...).float()``) where packing does
+    not apply: a tensor off the CPU, mixed or unpackable dtypes, or autograd
+    (training needs the gradient F.linear gives).
+    """
+    if (weight.device.type != "cpu" or hidden.device.type != "cpu" or hidden.dtype != weight.dtype
+            or torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+            or not packing_available(weight.dtype)):
+        return F.linear(hidden, weight).float()
+    return PACKED_HEADS.get(weight)(hidden)

@@ -3,8 +3,8 @@ and the ONNX Runtime draft_model drafter against the torch one.
 
     .venv/bin/python scripts/bench_cpu_path.py [--model DIR] [--drafter DIR] [--json OUT]
 
-"before" runs the model as loaded (reference ops, ``F.linear``); "after" applies the CPU backend's
-``optimize_model`` (packed oneDNN/MKL weights) exactly as the engine does.  Each figure is the median
+"before" runs the model as loaded (reference ops, ``F.linear``); "after" loads it with the CPU backend's
+op table and applies its ``optimize_model`` (packed oneDNN/MKL weights) exactly as the engine does.  Each figure is the median
 of --repeats forwards of n tokens after a 128-token context, at bs 1, with the threads torch uses.
 """
 from __future__ import annotations
@@ -25,9 +25,11 @@ def forward_costs(model_dir, dtype: str, optimize: bool, counts, repeats: int) -
     from hyspec.kv.sequence_kv import SequenceKV
     from hyspec.model.loader import load_model
 
-    model = load_model(model_dir, dtype=dtype)
-    if optimize:
-        model = get_backend("cpu").optimize_model(model)
+    if optimize:  # the CPU backend's op table (packed logits) and its optimize_model (packed linears)
+        backend = get_backend("cpu")
+        model = backend.optimize_model(load_model(model_dir, dtype=dtype, ops=backend.ops))
+    else:
+        model = load_model(model_dir, dtype=dtype)
     cfg, dt = model.config, model.embed_tokens.weight.dtype
     page = KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dt, 16)
     pool = KVPool(512, page)

@@ -105,15 +105,69 @@ def test_pack_linears_keeps_interface_and_falls_back_for_training():
     assert torch.equal(x.grad, x_ref.grad)  # the same computation as the unpacked model, gradient included
 
 
-def test_optimize_for_cpu_packs_causal_lm_logits(tmp_path):
+def test_the_cpu_backend_packs_causal_lm_logits_through_the_op_table(tmp_path):
+    """CausalLM.compute_logits is the op table's ``logits``: the CPU backend's packs the (tied) lm_head."""
+    from hyspec.backends.cpu import CPUBackend
+    from hyspec.backends.probe import probe_cpu
+    from hyspec.cpu_ops.packed_linear import PACKED_HEADS
     from hyspec.model.loader import load_model
     from tests.model.hf_fixtures import make_hf_model
 
     make_hf_model("qwen2", tmp_path)  # tied embeddings
-    model = load_model(tmp_path, dtype="float32")
+    backend = CPUBackend(probe_cpu())
+    model = load_model(tmp_path, dtype="float32", ops=backend.ops)
     hidden = torch.randn(3, model.config.hidden_size)
     before = F.linear(hidden, model.lm_head_weight).float()
-    optimize_for_cpu(model)
+    attributes = dict(vars(model))
+    assert backend.optimize_model(model) is model
+    assert optimize_for_cpu(model) is model  # idempotent
+    assert {k: v for k, v in vars(model).items() if k != "_modules"} == {
+        k: v for k, v in attributes.items() if k != "_modules"}  # no attribute or method patched on the model
     with torch.inference_mode():
         torch.testing.assert_close(model.compute_logits(hidden), before, **TOL[torch.float32])
-    assert optimize_for_cpu(model) is model  # idempotent
+    if packing_available(torch.float32):
+        assert backend.ops.sources["logits"] == "cpu_ops"
+        assert PACKED_HEADS.get(model.lm_head_weight) is PACKED_HEADS.get(model.embed_tokens.weight)  # tied
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_logits_packs_once_per_weight_and_repacks_after_an_in_place_change(dtype):
+    from hyspec.cpu_ops.packed_linear import PACKED_HEADS, packed_logits
+
+    torch.manual_seed(2)
+    weight = nn.Parameter((torch.randn(96, 64) * 0.1).to(dtype), requires_grad=False)
+    hidden = torch.randn(5, 64).to(dtype)
+    with torch.inference_mode():
+        out = packed_logits(hidden, weight)
+        head = PACKED_HEADS.get(weight)
+        assert out.dtype == torch.float32 and torch.equal(out, head(hidden))
+        assert packed_logits(hidden[:2], weight).shape == (2, 96) and PACKED_HEADS.get(weight) is head
+    torch.testing.assert_close(out, F.linear(hidden, weight).float(), **TOL[dtype])
+    with torch.no_grad():
+        weight.mul_(-1)  # e.g. load_state_dict into the same tensor: the packed copy must not go stale
+    with torch.inference_mode():
+        torch.testing.assert_close(packed_logits(hidden, weight), -out, **TOL[dtype])
+    assert PACKED_HEADS.get(weight) is not head
+    size = len(PACKED_HEADS)
+    del weight, head
+    import gc
+
+    gc.collect()
+    assert len(PACKED_HEADS) == size - 1  # the entry goes with its weight
+
+
+def test_packed_logits_falls_back_to_the_reference_for_autograd_and_unpackable_dtypes():
+    from hyspec.cpu_ops.packed_linear import PACKED_HEADS, packed_logits
+
+    torch.manual_seed(3)
+    before = len(PACKED_HEADS)
+    weight = torch.randn(40, 32, requires_grad=True)  # a weight being trained: no packed copy, gradients flow
+    hidden = torch.randn(4, 32, requires_grad=True)
+    out = packed_logits(hidden, weight)
+    assert torch.equal(out, F.linear(hidden, weight).float())
+    out.sum().backward()
+    assert weight.grad is not None and hidden.grad is not None
+    half = torch.randn(40, 32).to(torch.float16)  # fp16: nothing to pack it for
+    x = torch.randn(2, 32).to(torch.float16)
+    assert torch.equal(packed_logits(x, half), F.linear(x, half).float())
+    assert len(PACKED_HEADS) == before

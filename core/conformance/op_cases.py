@@ -180,6 +180,26 @@ def rotary_cases(quick: bool) -> list[OpCase]:
     return out
 
 
+# -- the lm-head matmul ----------------------------------------------------------------------------------------
+
+def logits_cases(quick: bool) -> list[OpCase]:
+    """Decode rows, a verification batch and ``[B, K, H]`` draft blocks against one lm_head (hidden 256)."""
+    out = []
+    dtypes = FLOAT_DTYPES[:2] if quick else FLOAT_DTYPES
+    for dtype in dtypes:
+        for shape, vocab in (((1, 256), 300), ((7, 256), 300), ((2, 4, 256), 1000)):
+            gen = torch.Generator().manual_seed(sum(shape) + vocab)
+            hidden = torch.randn(*shape, generator=gen).to(dtype)  # after the final RMSNorm: unit scale
+            weight = (0.05 * torch.randn(vocab, shape[-1], generator=gen)).to(dtype)  # [V, H]
+
+            def make(dev, hidden=hidden, weight=weight):
+                return hidden.to(dev, copy=True), weight.to(dev, copy=True)
+
+            out.append(OpCase("logits", f"hidden {list(shape)}, vocab {vocab}", dtype, make,
+                              lambda ret, args: [ret]))
+    return out
+
+
 # -- sampling ------------------------------------------------------------------------------------------------
 
 def _sampling(rows: int) -> SamplingTensors:
@@ -246,7 +266,7 @@ def rejection_sample_cases(quick: bool) -> list[OpCase]:
 
 BUILDERS: dict[str, Callable[[bool], list[OpCase]]] = {
     "attention": attention_cases, "write_kv": write_kv_cases, "compact_kv": compact_kv_cases,
-    "rms_norm": rms_norm_cases, "rotary": rotary_cases, "sample": sample_cases,
+    "rms_norm": rms_norm_cases, "rotary": rotary_cases, "logits": logits_cases, "sample": sample_cases,
     "rejection_sample": rejection_sample_cases,
 }
 

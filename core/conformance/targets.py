@@ -4,8 +4,8 @@
   overrides, if any) on the host.
 * ``cuda``: with a CUDA device, the CUDA backend's table (Triton kernels) on
   ``cuda:0``.  Without one but with triton installed, the same Triton kernels
-  under ``TRITON_INTERPRET=1`` on CPU tensors (mode ``triton-interpreter``):
-  correctness only, numpy-slow.  The variable must be set before the kernel
+  under ``TRITON_INTERPRET=1`` on CPU tensors (mode ``triton-interpreter``,
+  over the CPU backend's table): correctness only, numpy-slow.  The variable must be set before the kernel
   modules are imported, so it is set here, for this process, when they are not
   imported yet; if they were imported compiled, the target is reported as
   unavailable with the fix.
@@ -108,9 +108,11 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
     from hyspec.backends.cpu import CPUBackend
     from hyspec.backends.probe import probe_cpu
     from hyspec.cuda_ops import cuda_op_overrides
-    from hyspec.ops import reference_ops
 
-    table = reference_ops().with_overrides("triton", **cuda_op_overrides())
+    # The engine runs on a CPU backend here: its table (the packed ``logits`` of hyspec.cpu_ops) with the
+    # Triton kernels on top, as its optimize_model packs the linear layers.
+    backend = CPUBackend(probe_cpu())
+    table = backend.ops.with_overrides("triton", **cuda_op_overrides())
     try:
         table.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-5)
     except Exception as exc:  # compiled kernels refuse CPU tensors; a half-interpreted triton fails oddly
@@ -118,7 +120,6 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
                                    f"process ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}): triton was "
                                    "imported before TRITON_INTERPRET=1 was set; run "
                                    "`TRITON_INTERPRET=1 hyspec conformance --backend cuda`")
-    backend = CPUBackend(probe_cpu())
     backend.ops = table
     backend.name = "cuda-interpreter"
     note = f"{cuda_reason}: the Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (correctness only)"

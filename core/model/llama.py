@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in plain torch over the op table.
 
-The same module code runs on every backend: attention, KV writes, RMSNorm and
-RoPE go through ``self.ops`` (an :class:`hyspec.ops.OpTable`), so a backend
-swaps kernels without touching the model.  q/k/v and gate/up projections are
+The same module code runs on every backend: attention, KV writes, RMSNorm,
+RoPE and the lm-head matmul go through ``self.ops`` (an
+:class:`hyspec.ops.OpTable`), so a backend swaps kernels without touching the
+model.  q/k/v and gate/up projections are
 stored fused (one matmul each); the loader concatenates the checkpoint's
 separate tensors.
 
@@ -188,5 +189,5 @@ class CausalLM(nn.Module):
         return ModelOutput(hidden=h, aux_hidden=aux)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, H] -> [N, V]`` fp32 logits (the matmul runs in the model dtype, as the reference does)."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        """``[N, H] -> [N, V]`` fp32 logits: the op table's ``logits`` (the matmul runs in the model dtype)."""
+        return self.ops.logits(hidden, self.lm_head_weight)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from hyspec.ops.attention import AttentionMetadata, paged_attention
 from hyspec.ops.kv import compact_kv, write_kv
+from hyspec.ops.logits import compute_logits
 from hyspec.ops.norm import rms_norm
 from hyspec.ops.rejection import rejection_sample
 from hyspec.ops.rotary import rotary
@@ -21,7 +22,7 @@ REFERENCE = "reference"
 
 #: The op names every table has (docs/architecture.md §3).  The references live in this
 #: package, which imports nothing from ``hyspec.spec`` (tests/test_ops_layering.py).
-OP_NAMES = ("attention", "write_kv", "compact_kv", "rms_norm", "rotary", "sample", "rejection_sample")
+OP_NAMES = ("attention", "write_kv", "compact_kv", "rms_norm", "rotary", "logits", "sample", "rejection_sample")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class OpTable:
     compact_kv: Callable = compact_kv
     rms_norm: Callable = rms_norm
     rotary: Callable = rotary
+    logits: Callable = compute_logits  # (hidden [..., H], lm_head weight [V, H]) -> [..., V] fp32
     sample: Callable = sample
     rejection_sample: Callable = rejection_sample
     sources: dict[str, str] = field(default_factory=lambda: {name: REFERENCE for name in OP_NAMES})

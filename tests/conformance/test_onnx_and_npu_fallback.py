@@ -38,7 +38,7 @@ def test_an_older_torch_npu_reports_which_ops_fall_back(monkeypatch):
     ops = check_ops(target, quick=True)
     assert {op: r.source for op, r in ops.items()} == {
         "attention": "reference", "write_kv": "torch_npu", "compact_kv": "reference", "rms_norm": "torch_npu",
-        "rotary": "reference", "sample": "reference", "rejection_sample": "reference"}
+        "rotary": "reference", "logits": "reference", "sample": "reference", "rejection_sample": "reference"}
     assert "no torch_npu.npu_fused_infer_attention_score" in ops["attention"].note
     assert "no torch_npu.npu_apply_rotary_pos_emb" in ops["rotary"].note
     for result in ops.values():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyspec.conformance.tolerances import DTYPES, TENSOR_OPS, Bound, bound
+from hyspec.conformance.tolerances import DTYPES, MATMUL_OPS, SOURCES, TENSOR_OPS, Bound, bound
 from hyspec.cuda_ops.tolerances import TOLERANCES as CUDA
 from hyspec.npu_ops.tolerances import TOLERANCES as NPU
 
@@ -20,6 +20,16 @@ def test_kernel_sources_use_their_packages_tables_and_the_rest_the_envelope(dtyp
             assert npu.exact  # compact_kv moves bytes
         assert (ref.atol, ref.rtol) == (max(triton.atol, npu.atol), max(triton.rtol, npu.rtol))
         assert bound(op, dtype, "cpu_ops") == ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_logits_matmul_has_one_bound_whatever_serves_it(dtype):
+    bounds = {source: bound("logits", dtype, source) for source in SOURCES}
+    assert len({(b.atol, b.rtol) for b in bounds.values()}) == 1 and not bounds["reference"].exact
+    if dtype != torch.float32:  # 2 ulp of the result, 1 ulp at 1.0
+        ulp = torch.finfo(dtype).eps
+        assert (bounds["cpu_ops"].atol, bounds["cpu_ops"].rtol) == (ulp, 2 * ulp)
+    assert "logits" in MATMUL_OPS and "logits" not in TENSOR_OPS
 
 
 def test_token_ops_are_exact_and_unknown_names_are_refused():

@@ -29,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyspec.drafters.lm_head import TargetHeadDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import Attention, DecoderLayer, RMSNorm
 from hyspec.model.rope import cos_sin_cache
-from hyspec.ops import AttentionMetadata, OpTable, reference_ops
+from hyspec.ops import AttentionMetadata, OpTable
 
 
 @dataclass(frozen=True)
@@ -68,41 +69,28 @@ def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
     return tuple(sorted({round(low + i * (high - low) / (count - 1)) for i in range(count)}))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(TargetHeadDrafter):
     def __init__(self, config: DFlashConfig, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  ops: OpTable | None = None, max_positions: int | None = None):
-        super().__init__()
         cfg = config.layers
         H = cfg.hidden_size
         if embed_weight.shape != (cfg.vocab_size, H) or lm_head_weight.shape != (cfg.vocab_size, H):
             raise CheckpointError(f"{type(self).__name__}: the target's embedding/lm_head are "
                                   f"{tuple(embed_weight.shape)}/{tuple(lm_head_weight.shape)}, the drafter expects "
                                   f"({cfg.vocab_size}, {H})")
+        super().__init__(embed_weight, lm_head_weight, ops)  # the target's, not trained or saved
         self.config = config
-        self.ops = ops or reference_ops()
         self.fc = nn.Linear(len(config.target_layers) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.randn(H) * 0.02)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.shared = {"embed": embed_weight, "lm_head": lm_head_weight}  # the target's, not trained or saved
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
 
     @property
     def block_size(self) -> int:
         return self.config.block_size
-
-    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        """``h @ lm_head.T`` in the activation dtype; through the backend's packed copy when it made one."""
-        packed = self.__dict__.get("packed_lm_head")  # set by the CPU backend's optimize_model
-        if packed is not None:
-            return packed(h)
-        return F.linear(h, self._shared("lm_head", h))
-
-    def _shared(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        w = self.shared[name]
-        return w if w.dtype == like.dtype and w.device == like.device else w.to(like.device, like.dtype)
 
     # -- pieces shared by both paths ------------------------------------------------------------
 
@@ -126,7 +114,7 @@ class DFlashDrafter(nn.Module):
 
     def block_embeddings(self, input_ids: torch.Tensor, is_mask: torch.Tensor) -> torch.Tensor:
         """Root slots embed their token, mask slots take the learned mask embedding. ``[...] -> [..., H]``."""
-        emb = F.embedding(input_ids, self._shared("embed", self.mask_embedding))
+        emb = self.embed_target(input_ids, self.mask_embedding)
         return torch.where(is_mask[..., None], self.mask_embedding.to(emb.dtype), emb)
 
     def _layers(self, x: torch.Tensor, attend: Callable[[int, Attention, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -137,7 +125,7 @@ class DFlashDrafter(nn.Module):
         return h  # after the final norm: what lm_head sees
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] fp32
-        return self._lm_head(hidden).float()
+        return self.head_logits(hidden)
 
     # -- serving: the paged pool -----------------------------------------------------------------
 

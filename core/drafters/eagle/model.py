@@ -185,7 +185,7 @@ class EagleHead(EagleHeadBase):
         return (x if norm is None else self.ops.rms_norm(x, norm.weight, norm.eps)), x
 
     def logits(self, h):
-        # The target's compute_logits: its packed lm_head on the CPU backend, F.linear elsewhere.
+        # The target's compute_logits: the op table's ``logits`` (a packed lm_head on the CPU backend).
         return self.target.compute_logits(h)
 
 

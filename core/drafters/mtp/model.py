@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from hyspec.drafters.lm_head import TargetHeadDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import DecoderLayer, RMSNorm
 from hyspec.model.rope import cos_sin_cache
-from hyspec.ops import AttentionMetadata, OpTable, reference_ops
+from hyspec.ops import AttentionMetadata, OpTable
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,11 @@ class MTPLayer(nn.Module):
         self.head_norm = RMSNorm(h, eps)  # DeepSeek's shared_head.norm
 
 
-class MTPDrafter(nn.Module):
+class MTPDrafter(TargetHeadDrafter):
     """``num_modules`` MTP layers over the target's embedding and lm_head (held, not owned)."""
 
     def __init__(self, config: MTPConfig, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor,
                  ops: OpTable | None = None, max_positions: int | None = None):
-        super().__init__()
         cfg = config.block
         if embed_weight.shape != (cfg.vocab_size, cfg.hidden_size):
             raise CheckpointError(f"MTP drafter: the target's embedding is {tuple(embed_weight.shape)}, the drafter "
@@ -69,11 +68,9 @@ class MTPDrafter(nn.Module):
         if lm_head_weight.shape != embed_weight.shape:
             raise CheckpointError(f"MTP drafter: the target's lm_head is {tuple(lm_head_weight.shape)}, "
                                   f"expected {tuple(embed_weight.shape)}")
+        super().__init__(embed_weight, lm_head_weight, ops)
         self.config = config
-        self.ops = ops or reference_ops()
         self.layers = nn.ModuleList(MTPLayer(cfg) for _ in range(config.num_modules))
-        # Plain attributes, not parameters: the target owns (and the optimiser never sees) them.
-        self.shared = {"embed": embed_weight, "lm_head": lm_head_weight}
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
 
@@ -81,21 +78,10 @@ class MTPDrafter(nn.Module):
     def num_modules(self) -> int:
         return self.config.num_modules
 
-    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        """``h @ lm_head.T`` in the activation dtype; through the backend's packed copy when it made one."""
-        packed = self.__dict__.get("packed_lm_head")  # set by the CPU backend's optimize_model
-        if packed is not None:
-            return packed(h)
-        return F.linear(h, self._shared("lm_head", h))
-
-    def _shared(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        w = self.shared[name]
-        return w if w.dtype == like.dtype and w.device == like.device else w.to(like.device, like.dtype)
-
     def _combine(self, m: int, input_ids: torch.Tensor, hidden: torch.Tensor, is_first: torch.Tensor) -> torch.Tensor:
         layer, ops = self.layers[m], self.ops
         w = layer.eh_proj.weight
-        emb = F.embedding(input_ids, self._shared("embed", w))
+        emb = self.embed_target(input_ids, w)
         emb = emb.masked_fill(is_first[..., None], 0.0)
         e = ops.rms_norm(emb, layer.enorm.weight, layer.enorm.eps)
         h = ops.rms_norm(hidden.to(w.dtype), layer.hnorm.weight, layer.hnorm.eps)
@@ -136,4 +122,4 @@ class MTPDrafter(nn.Module):
     def logits(self, m: int, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., V] fp32
         norm = self.layers[m].head_norm
         h = self.ops.rms_norm(out, norm.weight, norm.eps)
-        return self._lm_head(h).float()
+        return self.head_logits(h)
