@@ -1,24 +1,33 @@
 """Sampling the next token of plain (non-speculative) rows, per request."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hyspec.engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    from hyspec.ops import OpTable
 
-def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+
+def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence], ops: "OpTable | None" = None) -> list[int]:
     """``logits [R, V]`` (row r belongs to ``seqs[r]``) -> one token per row.
 
     Greedy rows take the argmax; the others sample from the processed
     distribution (temperature, top-k, top-p, min-p) with their own generator,
     so a seeded request draws the same numbers whatever shares its batch.
+    The draw is the op table's ``sample`` (the engine passes its backend's
+    table; None = the reference ops).
     """
     if all(s.params.greedy for s in seqs):
         from hyspec.ops.sampling import greedy
 
         return greedy(logits).tolist()
-    from hyspec.ops.sampling import SamplingTensors, process_logits, sample
+    from hyspec.ops import reference_ops
+    from hyspec.ops.sampling import SamplingTensors, process_logits
 
+    ops = ops or reference_ops()
     st = SamplingTensors.from_params([s.params for s in seqs], device=logits.device)
     probs = process_logits(logits, st.temperature, st.top_k, st.top_p, st.min_p)
-    return sample(probs, [s.generator for s in seqs]).tolist()
+    return ops.sample(probs, [s.generator for s in seqs]).tolist()

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from hyspec.engine.sequence import Sequence
+from hyspec.ops import OpTable
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.tree import DraftTree
 
@@ -92,10 +93,8 @@ class Proposer(ABC):
         """Release shared resources (threads, remote workers)."""
 
 
-def sample_or_argmax(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
-    """Draw from a processed row ``probs [V]`` (argmax for greedy requests)."""
+def sample_or_argmax(ops: OpTable, probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
+    """Draw from a processed row ``probs [V]`` with ``ops.sample`` (argmax for greedy requests)."""
     if greedy:
         return int(probs.argmax())
-    from hyspec.ops.sampling import sample
-
-    return int(sample(probs[None], [generator])[0])
+    return int(ops.sample(probs[None], [generator])[0])

@@ -174,7 +174,7 @@ def test_sampled_chains_emit_the_target_distribution():
                                for j in range(3)], dim=2) + torch.randn(levels, VOCAB, 3, VOCAB, generator=g)
 
     def draft(pos, root, sampling, uniforms):
-        tokens, q = sample_block(draft_table[pos, root], sampling, uniforms)
+        tokens, q = sample_block(draft_table[pos, root], sampling, uniforms, reference_ops())
         return tokens, q, torch.full_like(pos, 3)
 
     n = 200_000

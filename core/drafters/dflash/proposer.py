@@ -29,7 +29,8 @@ from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
-from hyspec.ops.sampling import SamplingTensors, draw_uniforms, sample_from_uniforms
+from hyspec.ops import OpTable
+from hyspec.ops.sampling import SamplingTensors, draw_uniforms
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
@@ -192,7 +193,7 @@ class DFlashProposer(Proposer):
         """Per request: its draft tokens and their q rows (None for greedy requests)."""
         logits = self.drafter.logits(hidden[:, 1:])  # [B, K, V]: slot j predicts t[n+j]
         rows = sampling.select([lv.index for lv in live])
-        tokens, q = sample_block(logits, rows, block_uniforms(live, logits.shape[1]))
+        tokens, q = sample_block(logits, rows, block_uniforms(live, logits.shape[1]), self.ops)
         return [(tokens[r, :lv.k].tolist(), None if lv.req.greedy else q[r, :lv.k]) for r, lv in enumerate(live)]
 
 
@@ -213,9 +214,10 @@ def sample_block(
     logits: torch.Tensor,  # [B, K, V] one block per row
     sampling: SamplingTensors,  # [B] rows
     uniforms: torch.Tensor,  # [B, K] fp64
+    ops: OpTable,  # its ``sample`` draws the tokens from the injected uniforms
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, K] int64, q [B, K, V] fp32
     """Every slot drawn from its own processed distribution (one-hot argmax for greedy rows)."""
     B, K, V = logits.shape
     q = sampling.repeat([K] * B).process(logits.reshape(B * K, V))
-    tokens = sample_from_uniforms(q, uniforms.reshape(B * K).to(q.device))
+    tokens = ops.sample(q, uniforms=uniforms.reshape(B * K).to(q.device))
     return tokens.view(B, K), q.view(B, K, V)

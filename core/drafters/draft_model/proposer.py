@@ -22,7 +22,7 @@ from hyspec.kv.pool import KVPool, OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import Tokenizer
-from hyspec.ops.sampling import SamplingTensors, sample
+from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
@@ -111,7 +111,8 @@ class DraftModelProposer(Proposer):
             q = sampling.select(rows).process(self._to_target_vocab(logits))
             gens = [req.seq.generator for _, req, _ in active]
             greedy = torch.tensor([req.greedy for _, req, _ in active])
-            drawn = torch.where(greedy, q.argmax(-1), sample(q, gens)) if not bool(greedy.all()) else q.argmax(-1)
+            drawn = (q.argmax(-1) if bool(greedy.all())
+                     else torch.where(greedy, q.argmax(-1), self.model.ops.sample(q, gens)))
             feeds, next_active = [], []
             for (i, req, st), tok, q_row in zip(active, drawn.tolist(), q):
                 drafts[i].append(tok)

@@ -32,7 +32,7 @@ from hyspec.engine.sequence import Sequence
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
-from hyspec.ops.sampling import SamplingTensors, sample
+from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
@@ -238,7 +238,7 @@ class MTPProposer(Proposer):
         rows = [r for r, lv in enumerate(group) if not lv.req.greedy]
         if rows:
             q = sampling.select([group[r].index for r in rows]).process(logits[rows])
-            drawn = sample(q, [group[r].req.seq.generator for r in rows]).tolist()
+            drawn = self.drafter.ops.sample(q, [group[r].req.seq.generator for r in rows]).tolist()
             for r, tok, q_row in zip(rows, drawn, q):
                 drafted[r] = tok
                 group[r].probs.append(q_row)
