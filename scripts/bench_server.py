@@ -46,9 +46,10 @@ from typing import Any
 
 import httpx
 
+from hyspec.spec.registry import DRAFTER_METHODS  # torch-free: the methods with drafter weights
+
 REPO = Path(__file__).resolve().parents[1]
 PLAIN, HYBRID = "plain", "hybrid"
-DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
 GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
 CODE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "import os\nimport sys\n\n\ndef main(",
                 "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",

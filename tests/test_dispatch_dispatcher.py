@@ -96,18 +96,9 @@ def test_load_fallback_turns_speculation_off_with_hysteresis():
     assert not dispatcher.load_fallback_active
 
 
-def test_arm_is_the_canary_split():
-    dispatcher = HybridDispatcher(None, ALL, speculative_fraction=0.05)
-    arms = [dispatcher.arm(f"req-{i}") for i in range(4000)]
-    assert 120 < arms.count("spec") < 280
-    assert arms == [dispatcher.arm(f"req-{i}") for i in range(4000)]
-
-
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="unknown method 'hybrid'"):
         HybridDispatcher(None, ["eagle", "hybrid"])
-    with pytest.raises(ConfigError, match="hybrid.speculative_fraction"):
-        HybridDispatcher(None, ALL, speculative_fraction=2)
     with pytest.raises(ConfigError, match="hybrid.reload_interval_s"):
         HybridDispatcher(None, ALL, reload_interval_s=-1)
     bad = tmp_path / "bad.json"

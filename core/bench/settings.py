@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hyspec.errors import ConfigError
+from hyspec.spec import registry
 
-PLAIN = "none"
-#: hyspec's methods in table order; "none" is plain autoregressive decoding (the baseline, always run)
-METHODS = (PLAIN, "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "hybrid")
+PLAIN = registry.NONE
+#: hyspec's methods in table order (the method registry's, a live view); "none" is plain
+#: autoregressive decoding (the baseline, always run)
+METHODS = registry.MethodNames(prefix=(PLAIN,))
 #: methods that load drafter weights (ngram has none; hybrid combines the others)
-DRAFTER_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
+DRAFTER_METHODS = registry.DRAFTER_METHODS
 #: the transformers peers: plain generate, prompt-lookup and draft-model assisted generation
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 PEER_LABELS = {"hf_generate": "transformers generate", "hf_prompt_lookup": "transformers prompt lookup",

@@ -8,6 +8,7 @@ import sys
 
 from hyspec import __version__
 from hyspec.errors import HyspecError
+from hyspec.spec.registry import trainable_methods
 
 # subcommand -> (module under hyspec.cli, one-line help)
 COMMANDS = {
@@ -16,7 +17,7 @@ COMMANDS = {
     "chat": ("chat", "chat with the model over its chat template, streaming the answer"),
     "bench": ("bench", "benchmark methods side by side with the tools users would pick instead"),
     "serve": ("serve", "run the OpenAI-compatible server with Prometheus metrics"),
-    "train-draft": ("train_draft", "train a drafter (eagle, eagle3, mtp, dflash, dspark, draft_model) for a target"),
+    "train-draft": ("train_draft", f"train a drafter ({', '.join(trainable_methods())}) for a target"),
     "conformance": ("conformance", "run the per-backend conformance suite and print a report"),
     "draft-worker": ("draft_worker", "run or join a remote CPU draft worker node (Ray)"),
 }

@@ -10,10 +10,10 @@ Per step, in this order:
    operators who want a catch-all end the file with ``{"method": "eagle"}``
    (or a preference list of when-less rules).
 
-The canary (``arm(request_id)``) is per request, not per step: the engine
-asks once at admission, and control-arm sequences decode plainly whatever
-``choose`` says.  An engine whose batch holds only control requests need not
-call ``choose`` at all.
+The canary (``hyspec.dispatch.canary.Canary``, the engine's one) is per
+request, not per step: the engine assigns the arm once at admission, and
+control-arm sequences decode plainly whatever ``choose`` says.  An engine
+whose batch holds only control requests need not call ``choose`` at all.
 
 The rule file is re-read when its stamp changes: polled from ``choose`` at
 most every ``reload_interval_s`` (the stat lands on that one decision), or on
@@ -32,7 +32,6 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Iterable
 
-from hyspec.dispatch.canary import Canary
 from hyspec.dispatch.conditions import Predicate
 from hyspec.dispatch.latency import LatencyRing
 from hyspec.dispatch.load import LoadFallback
@@ -72,7 +71,7 @@ class HybridDispatcher:
         loaded_methods: Iterable[str],
         load_threshold: float = 0.75,
         load_resume_threshold: float = 0.6,
-        speculative_fraction: float = 1.0,
+        speculative_fraction: float | None = None,
         *,
         load_signal: str = "max",
         max_batch_size: int | None = None,
@@ -80,9 +79,12 @@ class HybridDispatcher:
         reload_interval_s: float | None = 1.0,
         watch_in_thread: bool = False,
         latency_window: int = 4096,
-        canary_salt: str = "",
     ):
         """``rules_path=None`` uses the packaged default rules (not watched).
+
+        ``speculative_fraction`` is not the dispatcher's: the canary split is
+        the engine's (one ``Canary`` per engine, applied at admission); the
+        argument is accepted and ignored until every caller stops passing it.
 
         ``reload_interval_s=None`` turns watching off; ``0`` polls on every
         decision (tests).  Raises ``RuleFileError`` when the initial rules do
@@ -93,7 +95,6 @@ class HybridDispatcher:
         self._loaded = _check_methods(loaded_methods)
         self.fallback = LoadFallback(load_threshold, load_resume_threshold, load_signal,
                                      max_batch_size, queue_capacity)
-        self.canary = Canary(speculative_fraction, canary_salt)
         self._latency = LatencyRing(latency_window)
         self._decisions = {method: 0 for method in (*self._loaded, NONE)}
         self._fallback_steps = 0
@@ -138,10 +139,6 @@ class HybridDispatcher:
         self._decisions[method] += 1
         self._latency.record(perf_counter_ns() - start)
         return method
-
-    def arm(self, request_id: str | bytes | int) -> str:
-        """The canary arm of a request: "spec" or "control" (stable across processes)."""
-        return self.canary.arm(request_id)
 
     # -- rules -----------------------------------------------------------
     @property

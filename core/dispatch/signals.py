@@ -10,11 +10,12 @@ import math
 from dataclasses import dataclass, field
 
 from hyspec.errors import HyspecError
+from hyspec.spec import registry
 
-#: Drafting methods a rule may name (docs/architecture.md §5, the same names as
-#: speculative_config's ``method`` less "hybrid"); "none" means plain decoding.
-METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark")
-NONE = "none"
+#: Drafting methods a rule may name: the method registry's (hyspec.spec.registry) less the
+#: meta-method hybrid, a live view; "none" means plain decoding.
+METHODS = registry.PROPOSER_METHODS
+NONE = registry.NONE
 
 #: Scalar signals a condition may name.
 SIGNAL_NAMES = (

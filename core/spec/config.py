@@ -21,22 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from hyspec.dispatch.load import LOAD_SIGNALS
 from hyspec.errors import ConfigError
 from hyspec.spec import _config_check as chk
+from hyspec.spec import registry
 from hyspec.spec._config_check import ROOT, key
+from hyspec.spec.registry import UNSUPPORTED_METHODS
 
-METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark", "hybrid")
+# The method lists come from the method registry (live views: a registered method is in them at once).
+METHODS = registry.ALL_METHODS  # what `method` accepts, hybrid included
 # Methods that draft one chain/block per step: a static token tree means nothing to them.
-CHAIN_ONLY_METHODS = ("ngram", "dflash", "dspark")
-# vLLM methods hyspec does not implement, with what to use instead.
-UNSUPPORTED_METHODS = {
-    "medusa": "use 'eagle' (a trained head over target hidden states)",
-    "mlp_speculator": "use 'eagle' or 'draft_model'",
-    "suffix": "use 'ngram' (prompt lookup)",
-    "ngram_gpu": "use 'ngram' (hyspec's prompt lookup runs on every backend)",
-    "custom_class": "write a hyspec Proposer instead",
-    "extract_hidden_states": "hyspec has no hidden-state export mode",
-}
+CHAIN_ONLY_METHODS = registry.CHAIN_ONLY_METHODS
 MAX_SPECULATIVE_TOKENS = 64
 # Largest draft tree per sequence: the verification query length is budget + 1 and
 # the tree mask is [budget + 1]^2 per sequence; 256 bounds that at 66k entries.
@@ -45,7 +40,6 @@ MAX_TREE_BUDGET = 256
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 # vLLM's ngram default when neither bound is given ("arbitrarily chosen" upstream).
 DEFAULT_PROMPT_LOOKUP = 5
-LOAD_SIGNALS = ("batch_occupancy", "kv_usage", "queue_depth", "max")
 PLACEMENTS = ("local", "remote")
 
 # vLLM SpeculativeConfig fields hyspec does not implement (vLLM's name -> why / what instead).
@@ -183,7 +177,7 @@ class RemoteConfig:
         chk.check_float(self, "busy_threshold", 0.0, 1.0, lo_open=True)
         chk.check_int(self, "min_cores", 1, 4096)
         chk.check_bool(self, "pipelining")
-        chk.check_choice(self, "fallback_method", [m for m in METHODS if m != "hybrid"] + ["none"])
+        chk.check_choice(self, "fallback_method", [*registry.proposer_methods(), registry.NONE])
 
 
 @chk.document
@@ -205,8 +199,8 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _canonical_method(self, "method"))
-        if self.method == "hybrid":
-            chk.fail(self, "method", "a hybrid cannot contain another hybrid")
+        if registry.get(self.method).meta:
+            chk.fail(self, "method", f"a hybrid cannot contain another {self.method}")
         chk.check_str(self, "model", optional=True)
         chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
         _check_model_allowed(self)
@@ -224,8 +218,9 @@ class HybridConfig:
                                                 "empty = ngram plus every embedded default drafter present.")
     load_threshold: float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].")
     load_resume_threshold: float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.")
-    load_signal: str = key("max", "batch_occupancy | kv_usage | queue_depth | max (the largest of them: "
-                                  "any saturated resource makes drafting a loss).")
+    load_signal: str = key("max", f"{' | '.join(LOAD_SIGNALS)}: load is the engine's own figure (running / "
+                                  "max_num_seqs); max the largest of them (any saturated resource makes "
+                                  "drafting a loss).")
     speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
 
     def __post_init__(self) -> None:
@@ -262,8 +257,8 @@ class SpeculativeConfig:
     """
 
     _SECTION: ClassVar[str] = ROOT
-    method: str | None = key(None, "ngram | draft_model | eagle | eagle3 | mtp | dflash | dspark | hybrid "
-                                   "(vLLM's *_mtp names mean mtp); null = draft_model when `model` is set.")
+    method: str | None = key(None, f"{' | '.join(METHODS)} (vLLM's *_mtp names mean mtp); "
+                                   "null = draft_model when `model` is set.")
     model: str | None = key(None, "Draft weights (path); null = the embedded default drafter for the method.")
     num_speculative_tokens: int | None = key(None, "Draft tokens per step, 1..64; null = 4, or the node "
                                                    "count of `speculative_token_tree`.")
@@ -320,9 +315,10 @@ class SpeculativeConfig:
             if self.num_speculative_tokens is None:
                 object.__setattr__(self, "num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS)
             return
-        if self.method in CHAIN_ONLY_METHODS or self.method == "hybrid":
+        if not registry.get(self.method).builds_trees:
+            trees = registry.tree_methods()
             chk.fail(self, "speculative_token_tree", f"method {self.method!r} drafts chains; a static tree "
-                                                     f"applies to draft_model, eagle, eagle3 and mtp")
+                                                     f"applies to {', '.join(trees[:-1])} and {trees[-1]}")
         tree = parse_token_tree(self.speculative_token_tree, f"{ROOT}.speculative_token_tree")
         object.__setattr__(self, "speculative_token_tree", tree)
         if self.num_speculative_tokens is None:
@@ -450,14 +446,15 @@ def _canonical_method(obj: Any, name: str) -> str:
 
 
 def _check_model_allowed(obj: Any) -> None:
-    if obj.method == "ngram" and obj.model in ("ngram", "[ngram]"):
+    info = registry.get(obj.method)
+    if not info.weights and obj.model in (info.name, f"[{info.name}]"):
         object.__setattr__(obj, "model", None)  # vLLM writes the method name into `model` for ngram
     if obj.model is None:
         return
-    if obj.method == "ngram":
-        chk.fail(obj, "model", "ngram (prompt lookup) has no weights; remove the key")
-    if obj.method == "hybrid":
-        chk.fail(obj, "model", "a hybrid has no model of its own; set it per method in hybrid.methods")
+    if info.meta:
+        chk.fail(obj, "model", f"a {info.name} has no model of its own; set it per method in {info.name}.methods")
+    if not info.weights:
+        chk.fail(obj, "model", f"{info.name} ({info.summary}) has no weights; remove the key")
 
 
 def _resolve_prompt_lookup(obj: Any) -> None:

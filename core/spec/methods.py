@@ -1,18 +1,19 @@
-"""Method name -> proposer factory.
+"""Method name -> proposer, through the method registry (``hyspec.spec.registry``).
 
-``ngram`` and ``draft_model`` live in ``hyspec.spec``; the trained drafters
-(eagle, eagle3, mtp, dflash, dspark) register themselves from
-``hyspec.drafters`` (imported on first use, so their code loads only when a
-config asks for them).
+Each method's factory lives in its package (``hyspec.drafters.<method>``) and
+is imported the first time a config asks for the method, so a drafter's code
+loads only when it is used.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from hyspec.errors import ConfigError
+from hyspec.spec import registry
 from hyspec.spec.proposer import Proposer
+
+if TYPE_CHECKING:
+    from hyspec.engine.target import TargetContext
 
 
 @dataclass(frozen=True)
@@ -27,54 +28,23 @@ class MethodSpec:
     config: Any  # the whole SpeculativeConfig (tree, remote, ... sections)
 
 
-Factory = Callable[[Any, MethodSpec], Proposer]  # (engine, spec) -> proposer
-_FACTORIES: dict[str, Factory] = {}
+Factory = registry.Factory  # (target, spec) -> proposer
 
 
-def register_method(name: str) -> Callable[[Factory], Factory]:
-    def deco(factory: Factory) -> Factory:
-        _FACTORIES[name] = factory
-        return factory
-
-    return deco
-
-
-def build_proposer(engine: Any, spec: MethodSpec) -> Proposer:
+def build_proposer(target: "TargetContext", spec: MethodSpec) -> Proposer:
+    """``spec.method``'s proposer from its registered factory (remote placement wraps it in a RemoteProposer)."""
     if getattr(spec.config, "draft_placement", "local") == "remote":
         # Drafts come from Ray CPU workers; the local proposer is built only as the failover path.
         from hyspec.remote.factory import build_remote_proposer
 
-        return build_remote_proposer(engine, spec)
-    if spec.method not in _FACTORIES:
-        try:
-            importlib.import_module("hyspec.drafters")
-        except ImportError:
-            pass
-    factory = _FACTORIES.get(spec.method)
-    if factory is None:
-        raise ConfigError("speculative_config.method",
-                          f"method {spec.method!r} is not available in this build; available: {', '.join(sorted(_FACTORIES))}")
-    return factory(engine, spec)
+        return build_remote_proposer(target, spec)
+    return registry.get(spec.method).load_factory()(target, spec)
 
 
 def draft_dir(spec: MethodSpec):
+    """The drafter weights for ``spec``: its ``model``, else the embedded default for the method."""
     if spec.model is not None:
         return spec.model
     from hyspec.assets import default_drafter
 
     return default_drafter(spec.method)
-
-
-@register_method("ngram")
-def _ngram(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.ngram.proposer import NgramProposer
-
-    return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens,
-                         engine.config.vocab_size)
-
-
-@register_method("draft_model")
-def _draft_model(engine: Any, spec: MethodSpec) -> Proposer:
-    from hyspec.drafters.draft_model.proposer import DraftModelProposer
-
-    return DraftModelProposer(engine, draft_dir(spec), spec.num_speculative_tokens)

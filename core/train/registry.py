@@ -1,8 +1,9 @@
 """Method name -> the module holding its training recipe (imported on demand).
 
-Torch-free at import, so the CLI can list the methods without loading torch.
-A recipe module registers itself with ``hyspec.train.base.register_recipe``
-when imported.
+The modules are the ``recipe`` of each method in the method registry
+(``hyspec.spec.registry``).  Torch-free at import, so the CLI can list the
+methods without loading torch.  A recipe module registers itself with
+``hyspec.train.base.register_recipe`` when imported.
 """
 from __future__ import annotations
 
@@ -10,29 +11,25 @@ import importlib
 from typing import TYPE_CHECKING
 
 from hyspec.errors import HyspecError
+from hyspec.spec import registry
 
 if TYPE_CHECKING:
     from hyspec.train.base import DrafterRecipe
 
-RECIPE_MODULES: dict[str, str] = {
-    "draft_model": "hyspec.drafters.draft_model.recipe",
-    "eagle": "hyspec.drafters.eagle.recipe",
-    "eagle3": "hyspec.drafters.eagle.recipe",
-    "mtp": "hyspec.drafters.mtp.recipe",
-    "dflash": "hyspec.drafters.dflash.recipe",
-    "dspark": "hyspec.drafters.dspark.recipe",
-}
-METHODS: tuple[str, ...] = tuple(RECIPE_MODULES)
+#: method -> recipe module (live views of the method registry)
+RECIPE_MODULES = registry.RECIPE_MODULES
+METHODS = registry.TRAINABLE_METHODS
 
 
 def resolve_recipe(method: str) -> "DrafterRecipe":
     """The registered recipe for ``method``, importing its module first if needed."""
     from hyspec.train.base import RECIPES
 
-    if method not in RECIPE_MODULES and method not in RECIPES:
-        raise HyspecError(f"unknown method {method!r}; train-draft methods: {', '.join(METHODS)}")
+    modules = registry.recipe_modules()
+    if method not in modules and method not in RECIPES:
+        raise HyspecError(f"unknown method {method!r}; train-draft methods: {', '.join(modules)}")
     if method not in RECIPES:
-        module = RECIPE_MODULES[method]
+        module = modules[method]
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:

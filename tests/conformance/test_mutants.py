@@ -14,6 +14,7 @@ would be caught too.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -84,11 +85,12 @@ class RunnerUpProposer(Proposer):
 
 def bf16_identity(workspace, monkeypatch, mutant: bool):
     """Runner-up drafts on the tiny target in bf16: (the method's report, plain vs plain's report)."""
-    import hyspec.spec.methods as methods
+    import hyspec.spec.registry as registry
     import hyspec.spec.verify as verify
 
     reference = workspace.reference_model("bfloat16")
-    monkeypatch.setitem(methods._FACTORIES, "ngram", lambda engine, spec: RunnerUpProposer(reference, 320))
+    monkeypatch.setitem(registry.METHODS, "ngram", dataclasses.replace(
+        registry.METHODS["ngram"], factory=lambda target, spec: RunnerUpProposer(reference, 320)))
     if mutant:
         monkeypatch.setattr(verify, "verify_greedy", eps_verify_greedy)
     batch = prompts(NUM_PROMPTS)

@@ -1,6 +1,7 @@
 """``hyspec train-draft`` end to end: draft_model output that the runtime uses losslessly, and bad input."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -107,10 +108,12 @@ def test_bad_input_exits_2_with_a_clear_message(target_dir, corpus_dir, tmp_path
         main(["train-draft", "--method", "medusa", "--data", "x", "--out", str(out)])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
-    from hyspec.train import base, registry
+    from hyspec.spec import registry
+    from hyspec.train import base
 
     monkeypatch.delitem(base.RECIPES, "mtp", raising=False)
-    monkeypatch.setitem(registry.RECIPE_MODULES, "mtp", "hyspec.train.no_such_recipe")
+    monkeypatch.setitem(registry.METHODS, "mtp", dataclasses.replace(registry.METHODS["mtp"],
+                                                                     recipe="hyspec.train.no_such_recipe"))
     argv = cli(target_dir, corpus_dir, out)
     argv[argv.index("draft_model")] = "mtp"
     failing(capsys, argv, "recipe module hyspec.train.no_such_recipe is missing", out)

@@ -1,0 +1,217 @@
+"""The method registry: one entry per method, read by everything that lists methods.
+
+A new method is one ``register(MethodInfo(...))`` plus its package: here a
+test-only method (``tests/spec/repeat_last.py``) becomes a valid config,
+dispatcher rule and signal, bench and probe method, and decodes exactly as
+plain decoding does at temperature 0.  The docs' method lists are held to the
+registry too.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from hyspec import LLM, SamplingParams
+from hyspec.errors import ConfigError, HyspecError
+from hyspec.spec import registry
+from hyspec.spec.config import SpeculativeConfig
+from hyspec.spec.registry import MethodInfo
+from tests.spec.conftest import PROMPTS
+from tests.spec.repeat_last import NAME, RepeatLastProposer
+
+ROOT = Path(__file__).resolve().parents[2]
+GREEDY = SamplingParams(temperature=0, max_tokens=60)
+FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
+REPEAT_LAST = MethodInfo(NAME, "the last token repeated (test only)", "tests.spec.repeat_last:build",
+                         weights=False, chain_only=True)
+
+
+@contextmanager
+def registered(info: MethodInfo):
+    registry.register(info)
+    try:
+        yield info
+    finally:
+        registry.unregister(info.name)
+
+
+@pytest.fixture
+def repeat_last():
+    with registered(REPEAT_LAST) as info:
+        yield info
+    assert NAME not in registry.METHODS
+
+
+# ---------------------------------------------------------------- a new method, everywhere at once
+
+def test_config_validation_accepts_a_registered_method(repeat_last):
+    cfg = SpeculativeConfig.from_dict({"method": NAME, "num_speculative_tokens": 3})
+    assert (cfg.method, cfg.num_speculative_tokens) == (NAME, 3)
+    hybrid = SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"methods": ["ngram", NAME]},
+                                          "remote": {"fallback_method": NAME}})
+    assert [m.method for m in hybrid.hybrid.methods] == ["ngram", NAME]
+    # its entry's flags drive the checks: no weights, chains only
+    with pytest.raises(ConfigError, match="has no weights"):
+        SpeculativeConfig.from_dict({"method": NAME, "model": "/m/x"})
+    with pytest.raises(ConfigError, match=f"method '{NAME}' drafts chains; a static tree applies to draft_model"):
+        SpeculativeConfig.from_dict({"method": NAME, "speculative_token_tree": "[(0,)]"})
+
+
+def test_the_dispatcher_accepts_a_registered_method(repeat_last, tmp_path):
+    from hyspec.dispatch.conditions import compile_condition
+    from hyspec.dispatch.dispatcher import HybridDispatcher
+    from hyspec.dispatch.rules import parse_rules
+    from hyspec.dispatch.signals import METHODS, StepSignals
+
+    assert NAME in METHODS and list(METHODS)[-1] == NAME
+    signals = StepSignals(context_length=10, accept_rate={NAME: 0.5}, goodput={NAME: 100.0})
+    assert compile_condition(f"accept_rate.{NAME} > 0.2")(signals)
+    assert [r.method for r in parse_rules(json.dumps([{"method": NAME}]))] == [NAME]
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"when": "context_length < 5", "method": "ngram"}, {"method": NAME}]))
+    dispatcher = HybridDispatcher(rules, ["ngram", NAME])
+    assert dispatcher.choose(signals) == NAME
+
+
+def test_bench_probe_and_conformance_list_a_registered_method(repeat_last):
+    from hyspec.backends.records import DRAFTING_METHODS
+    from hyspec.bench.hyspec_runs import speculative_config
+    from hyspec.bench.settings import DRAFTER_METHODS, METHODS, BenchSettings
+    from hyspec.conformance.methods import methods_to_check
+
+    assert NAME in METHODS and NAME not in DRAFTER_METHODS  # no weights: nothing to look for in assets/
+    settings = BenchSettings(methods=(NAME, "ngram"))
+    assert settings.methods == ("none", "ngram", NAME)
+    assert speculative_config(NAME, settings, {}) == {"method": NAME, "num_speculative_tokens": 4}
+    assert NAME in tuple(DRAFTING_METHODS) and NAME in methods_to_check()
+
+
+def test_a_registered_method_decodes_exactly_as_plain(repeat_last, target_dir, plain_outputs):
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20,
+              speculative_config={**FAST, "method": NAME, "num_speculative_tokens": 3})
+    proposer = llm.engine.spec.proposers[NAME]
+    assert isinstance(proposer, RepeatLastProposer) and proposer.built_for == [NAME]
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    assert llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"] > 0  # it really drafted
+    llm.engine.pool.assert_all_free()
+
+
+def test_hybrid_switches_to_a_registered_method(repeat_last, target_dir, plain_outputs, tmp_path):
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"when": "max_context_length < 30", "method": "ngram"}, {"method": NAME}]))
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20, speculative_config={
+        **FAST, "method": "hybrid", "num_speculative_tokens": 3,
+        "hybrid": {"rules_path": str(rules), "methods": ["ngram", NAME]}})
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    decisions = llm.engine.spec.dispatcher.snapshot().decisions
+    assert decisions[NAME] > 0 and decisions["ngram"] > 0
+
+
+def test_registering_is_undone():
+    with registered(REPEAT_LAST):
+        assert NAME in registry.method_names()
+    assert NAME not in registry.METHODS and NAME not in registry.ALL_METHODS
+    with pytest.raises(ConfigError, match=f"unknown method '{NAME}'"):
+        SpeculativeConfig.from_dict({"method": NAME})
+    from hyspec.dispatch.signals import StepSignals
+
+    with pytest.raises(HyspecError, match="unknown method"):
+        StepSignals(accept_rate={NAME: 0.5})
+
+
+# ---------------------------------------------------------------- the registry itself
+
+def test_entries_are_checked():
+    with pytest.raises(HyspecError, match="already registered"):
+        registry.register(registry.METHODS["ngram"])
+    with pytest.raises(HyspecError, match="lower-case identifier"):
+        MethodInfo("Eagle-4", "x", "m:f")
+    with pytest.raises(HyspecError, match="lower-case identifier"):
+        MethodInfo("none", "x", "m:f")
+    with pytest.raises(HyspecError, match="'package.module:function'"):
+        MethodInfo("x", "x", "hyspec.drafters.x")
+    with pytest.raises(HyspecError, match="no weights"):
+        MethodInfo("x", "x", "m:f", weights=False, drafter_dir="x")
+    with pytest.raises(HyspecError, match="meta-method"):
+        MethodInfo("x", "x", "m:f", meta=True)
+
+
+def test_a_method_whose_package_is_missing_is_not_available(target_dir):
+    from hyspec.spec.methods import MethodSpec, build_proposer
+
+    spec = MethodSpec("ghost", None, 2, 1, 1, SpeculativeConfig(method="ngram"))
+    with registered(MethodInfo("ghost", "x", "hyspec.drafters.ghost:build", weights=False)):
+        with pytest.raises(ConfigError, match="'ghost' is not available in this build: its module "
+                                              "hyspec.drafters.ghost is missing"):
+            build_proposer(None, spec)
+    with pytest.raises(ConfigError, match="unknown method 'ghost'"):
+        build_proposer(None, spec)
+    with pytest.raises(ConfigError, match="builds no proposer"):
+        build_proposer(None, MethodSpec("hybrid", None, 2, 1, 1, SpeculativeConfig(method="ngram")))
+
+
+def test_builtin_entries_resolve():
+    import importlib.util
+
+    for info in registry.METHODS.values():
+        if info.meta:
+            continue
+        assert callable(info.load_factory()), info.name
+        if info.recipe:
+            assert importlib.util.find_spec(info.recipe) is not None, info.recipe
+    assert registry.default_hybrid_methods() == ("dflash", "mtp", "eagle", "eagle3", "dspark", "draft_model")
+    assert tuple(registry.DEFAULT_HYBRID_METHODS) == registry.default_hybrid_methods()
+    assert registry.method_names()[-1] == "hybrid"
+
+
+def test_registry_and_its_readers_import_no_torch():
+    code = ("import sys\n"
+            "import hyspec.spec.registry, hyspec.spec.config, hyspec.backends.records, hyspec.bench.settings\n"
+            "import hyspec.assets, hyspec.train.registry, hyspec.dispatch, hyspec.drafters.eagle\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": ""})
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- the docs list the registry's methods
+
+def _between(text: str, start: str, end: str) -> str:
+    i = text.index(start) + len(start)
+    return text[i:text.index(end, i)]
+
+
+def _ticked(text: str) -> list[str]:
+    return re.findall(r"`([a-z0-9_]+)`", text)
+
+
+def test_docs_list_exactly_the_registry_methods():
+    names = list(registry.method_names())
+    arch = _between((ROOT / "docs/architecture.md").read_text(), "## 5. Drafting methods", "\n## ")
+    rows = [line.split("|")[1] for line in arch.splitlines() if line.startswith("| `")]
+    assert [n for row in rows for n in _ticked(row)] == names, "docs/architecture.md §5"
+    probe = (ROOT / "docs/probe.md").read_text()
+    assert _ticked(_between(probe, "drafting methods that run here: all of", "when available")) == names
+    for doc in ("docs/probe.md", "README.md"):
+        listed = re.findall(r"^  methods {2,}(.+)$", (ROOT / doc).read_text(), re.M)
+        assert listed and all(line.split() == names for line in listed), doc
+    readme = (ROOT / "README.md").read_text()
+    assert _ticked(_between(readme, "Drafting methods:", "Drafters can run")) == names, "README.md"
+    bench = _between((ROOT / "docs/bench.md").read_text(), "// hyspec: ", ";")
+    assert bench.split("|") == ["none", *names], "docs/bench.md"
+    conformance = (ROOT / "docs/conformance.md").read_text()
+    assert _ticked(_between(conformance, "drafting method the build has:", "; plus")) == names
+
+
+def test_speculative_config_md_is_describe():
+    text = (ROOT / "docs/speculative_config.md").read_text()
+    assert text.endswith(SpeculativeConfig.describe()), \
+        "regenerate docs/speculative_config.md from SpeculativeConfig.describe()"
