@@ -15,17 +15,17 @@ is an unfinished write.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from hyspec.drafters.checkpoint_io import CONFIG_FILE, read_config_json, save_checkpoint
 from hyspec.drafters.dflash.model import DFlashConfig
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
-from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically
+from hyspec.model.weights import SafetensorsCheckpoint, check_shape
 
 HYSPEC_KEY = "hyspec_drafter"
 _LAYER_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -35,17 +35,9 @@ _LAYER_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "
 def read_drafter_config(path: str | Path, method: str) -> tuple[DFlashConfig, dict[str, Any]]:
     """``(config, the hyspec_drafter section)`` of a ``method`` drafter directory."""
     path = Path(path)
-    file = path / "config.json"
-    if not path.is_dir():
-        raise CheckpointError(f"{method} drafter directory {str(path)!r} does not exist")
-    if not file.is_file():
-        raise CheckpointError(f"{file} not found: a {method} drafter directory needs config.json "
-                              "(a missing config.json also marks an unfinished write)")
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{file} is not valid JSON: {exc}") from None
-    section = data.get(HYSPEC_KEY) if isinstance(data, dict) else None
+    data = read_config_json(path, f"{method} drafter")
+    file = path / CONFIG_FILE
+    section = data.get(HYSPEC_KEY)
     if not isinstance(section, dict):
         raise CheckpointError(f"{file} has no {HYSPEC_KEY!r} section: not a hyspec {method} drafter")
     if section.get("method") != method:
@@ -72,13 +64,7 @@ def config_dict(method: str, config: DFlashConfig, target: ModelConfig, extra: d
 
 def save_drafter(drafter: nn.Module, method: str, config: DFlashConfig, target: ModelConfig, out_dir: str | Path,
                  extra: dict[str, Any] | None = None) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    write_safetensors_atomically(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(config_dict(method, config, target, extra or {}), indent=2, sort_keys=True))
-    tmp.replace(out / "config.json")
+    save_checkpoint(out_dir, drafter.state_dict(), config_dict(method, config, target, extra or {}))
 
 
 def load_drafter(

@@ -24,20 +24,20 @@ unless the head needs its own (EAGLE-3 with a hidden size unlike the target's).
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hyspec.drafters.checkpoint_io import read_config_json, save_checkpoint
 from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
 from hyspec.model.rope import cos_sin_cache
-from hyspec.model.weights import SafetensorsCheckpoint, check_shape, write_safetensors_atomically
+from hyspec.model.weights import SafetensorsCheckpoint, check_shape
 from hyspec.ops import OpTable
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,7 @@ _LAYER_PREFIX = {EAGLE: "layers.0.", EAGLE3: "midlayer."}
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    cfg_file = path / "config.json"
-    if not path.is_dir():
-        raise CheckpointError(f"EAGLE head directory {str(path)!r} does not exist")
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{cfg_file} not found: an EAGLE head directory needs config.json")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{cfg_file} must hold a JSON object")
-    return data
+    return read_config_json(path, "EAGLE head")
 
 
 class _Names:
@@ -312,9 +301,4 @@ def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
 
 def save_head(head: EagleHeadBase, out_dir: str | Path) -> None:
     """Write ``model.safetensors`` then ``config.json`` (last, so a directory with it is complete)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_safetensors_atomically(head_tensors(head), out_dir / "model.safetensors", metadata={"format": "pt"})
-    tmp = out_dir / "config.json.tmp"
-    tmp.write_text(json.dumps(head_config_dict(head), indent=2) + "\n")
-    tmp.replace(out_dir / "config.json")
+    save_checkpoint(out_dir, head_tensors(head), head_config_dict(head))

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from hyspec.drafters.checkpoint_io import read_config_json, save_checkpoint, write_json_atomically
 from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
@@ -42,18 +43,7 @@ HYSPEC_KEY = "hyspec_drafter"
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    file = path / "config.json"
-    if not path.is_dir():
-        raise CheckpointError(f"MTP drafter directory {str(path)!r} does not exist")
-    if not file.is_file():
-        raise CheckpointError(f"{file} not found: an MTP drafter directory needs config.json")
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{file} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} must hold a JSON object")
-    return data
+    return read_config_json(path, "MTP drafter")
 
 
 def is_mtp_checkpoint(path: str | Path) -> bool:
@@ -202,8 +192,6 @@ def mtp_tensors(drafter: MTPDrafter, first_layer: int, with_shared_copies: bool)
 
 def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, Any] | None = None) -> None:
     """hyspec's separate layout: ``config.json`` (written last) + ``model.safetensors``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     block = drafter.config.block
     config = dict(block.raw) if block.raw else {}
     config.update(model_type=block.model_type, hidden_size=block.hidden_size, vocab_size=block.vocab_size,
@@ -214,9 +202,7 @@ def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, 
     config[HYSPEC_KEY] = {"method": "mtp", "first_layer": 0,
                           "target": {k: (target_config or block.raw or {}).get(k)
                                      for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
-    write_safetensors_atomically(mtp_tensors(drafter, 0, with_shared_copies=False), out / "model.safetensors",
-                                 metadata={"format": "pt"})
-    _write_json_atomically(out / "config.json", config)
+    save_checkpoint(out_dir, mtp_tensors(drafter, 0, with_shared_copies=False), config)
 
 
 def save_deepseek_layout(drafter: MTPDrafter, target_dir: str | Path, out_dir: str | Path) -> None:
@@ -240,9 +226,9 @@ def save_deepseek_layout(drafter: MTPDrafter, target_dir: str | Path, out_dir: s
     tensors = mtp_tensors(drafter, n, with_shared_copies=True)
     write_safetensors_atomically(tensors, out / "model-mtp.safetensors", metadata={"format": "pt"})
     weight_map.update({name: "model-mtp.safetensors" for name in tensors})
-    _write_json_atomically(out / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    write_json_atomically(out / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
     config["num_nextn_predict_layers"] = drafter.num_modules
-    _write_json_atomically(out / "config.json", config)
+    write_json_atomically(out / "config.json", config)
 
 
 def _weight_map(path: Path) -> dict[str, str]:
@@ -259,8 +245,3 @@ def _weight_map(path: Path) -> dict[str, str]:
             out.update({name: file.name for name in f.keys()})
     return out
 
-
-def _write_json_atomically(file: Path, data: dict[str, Any]) -> None:
-    tmp = file.with_name(file.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    tmp.replace(file)
