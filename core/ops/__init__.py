@@ -21,7 +21,7 @@ from hyspec.ops.sampling import sample
 REFERENCE = "reference"
 
 #: The op names every table has (docs/architecture.md §3).  The references live in this
-#: package, which imports nothing from ``hyspec.spec`` (tests/test_ops_layering.py).
+#: package, which imports nothing from the speculative layer above it (tests/test_ops_layering.py).
 OP_NAMES = ("attention", "write_kv", "compact_kv", "rms_norm", "rotary", "logits", "sample", "rejection_sample")
 
 
