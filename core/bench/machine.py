@@ -191,13 +191,6 @@ class PeakMemory:
         return MemoryPeak(rss, device_bytes, method)
 
 
-def current_rss_bytes() -> int | None:
-    try:
-        return _status_kib("VmRSS") * 1024
-    except (OSError, ValueError):
-        return None
-
-
 def _status_kib(field_name: str) -> int:
     match = re.search(rf"^{field_name}:\s+(\d+)\s+kB", PROC_STATUS.read_text(), re.M)
     if match is None:

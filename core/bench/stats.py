@@ -33,11 +33,6 @@ class Spread:
         return cls(median=quantile(s, 0.5), min=s[0], max=s[-1], q1=quantile(s, 0.25), q3=quantile(s, 0.75),
                    runs=tuple(float(v) for v in values))
 
-    @property
-    def relative_range(self) -> float:
-        """(max - min) / median: how much the repeats disagree."""
-        return (self.max - self.min) / self.median if self.median else 0.0
-
     def to_dict(self) -> dict[str, Any]:
         return {"median": self.median, "min": self.min, "max": self.max, "q1": self.q1, "q3": self.q3,
                 "runs": list(self.runs)}

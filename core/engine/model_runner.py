@@ -119,10 +119,6 @@ class ForwardResult:
         r0, n = self.inputs.logits_rows[i]
         return self.logits[r0:r0 + n]
 
-    def feed_hidden(self, i: int) -> torch.Tensor:
-        t0, n = self.inputs.token_rows[i]
-        return self.hidden[t0:t0 + n]
-
 
 class ModelRunner:
     """Runs a model over feeds on its KV layout."""

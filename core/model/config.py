@@ -174,13 +174,6 @@ class ModelConfig:
         """Bytes of K and V per token across all layers, at 2 bytes (bf16) per element."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
 
-    def num_parameters(self) -> int:
-        H, I, V = self.hidden_size, self.intermediate_size, self.vocab_size
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_key_value_heads * self.head_dim
-        per_layer = H * (q + 2 * kv) + q * H + 3 * H * I + 2 * H
-        return V * H * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + H
-
 
 def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:
     params = dict(d.get("rope_parameters") or {})
