@@ -141,7 +141,7 @@ def run_config(name: str, args: argparse.Namespace, model: str, draft_model: str
     with remote_placement(args.transport, options):
         llm = LLM(model, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
                   speculative_config=spec_config(name, args, draft_model))
-    spec = llm.engine.spec
+    spec = llm.engine.spec if llm.engine.spec.enabled else None
     proposer = spec.proposers.get("draft_model") if spec is not None else None
     remote = proposer if isinstance(proposer, RemoteProposer) else None
     try:

@@ -42,8 +42,7 @@ def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None)
 
 def close_llm(llm: Any) -> None:
     """Close an engine's drafters; the caller then drops its reference, so the next engine loads into free memory."""
-    if llm.engine.spec is not None:
-        llm.engine.spec.close()
+    llm.engine.spec.close()
 
 
 def _params(workload: Workload, index: int, max_tokens: int):
@@ -61,7 +60,7 @@ def _generate_wave(llm: Any, workload: Workload, wave: range, max_tokens: int) -
 def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -> Measurement:
     """Warm up on one wave, then time ``repeats`` passes over every wave."""
     _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
-    spec = llm.engine.spec
+    spec = llm.engine.spec if llm.engine.spec.enabled else None
     before = spec.metrics.snapshot()["totals"] if spec is not None else None
     peak.reset()
 

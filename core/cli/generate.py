@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"--- {len(comp.token_ids)} tokens, finish_reason={comp.finish_reason}")
     summary = f"{n_tokens} tokens in {seconds:.2f}s ({n_tokens / max(seconds, 1e-9):.1f} tok/s)"
     engine = llm.engine
-    if engine.spec is not None:
+    if engine.spec.enabled:
         t = engine.spec.metrics.snapshot()["totals"]
         if t["drafts"]:
             summary += (f", {t['accepted_tokens']}/{t['draft_tokens']} draft tokens accepted, "

@@ -26,9 +26,12 @@ verdict is deterministic on a given machine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from hyspec.engine.engine import LLMEngine
 
 Z = 5.0
 #: the sampling setting of every request: temperature, top-k and top-p all in play
@@ -63,7 +66,7 @@ def _processed(logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V] fp64 p
     return probs.double()
 
 
-def exact_law(engine: Any, prompt: Sequence[int]) -> ExactLaw:
+def exact_law(engine: "LLMEngine", prompt: Sequence[int]) -> ExactLaw:
     """The law of the first three tokens, from ``engine``'s plain logits on every prefix in the support."""
     from hyspec.conformance.identity import reference_logits
 
@@ -139,7 +142,7 @@ __all__ = ["DEFAULT_SAMPLES", "ExactLaw", "FULL_SAMPLES", "LawComparison", "PARA
            "power", "sample_through_generate"]
 
 
-def lookup_prompt(engine: Any, base: Sequence[int], rounds: int = 4) -> list[int]:
+def lookup_prompt(engine: "LLMEngine", base: Sequence[int], rounds: int = 4) -> list[int]:
     """``base`` followed by every token y1 can be, so prompt lookup (ngram) finds a match for any y1.
 
     The support of y1 depends on the prompt, so the appended set grows until it covers it.

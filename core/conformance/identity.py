@@ -16,7 +16,7 @@ sets the bound.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -25,7 +25,11 @@ from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.numerics import IdentityReport, NearTieRule, judge_teacher_forced, rounding_deltas
 
 
-def reference_logits(engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+if TYPE_CHECKING:
+    from hyspec.engine.engine import LLMEngine
+
+
+def reference_logits(engine: "LLMEngine", prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                      chunk: int | None = None) -> list[torch.Tensor]:
     """Per sequence ``[len(output), V]``: the target's next-token logits before each output token.
 
@@ -65,7 +69,7 @@ def reference_logits(engine: Any, prompts: Sequence[Sequence[int]], outputs: Seq
     return [torch.cat(r).float().cpu()[len(p) - 1:] for r, p in zip(rows, prompts)]
 
 
-def measure_rule(engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+def measure_rule(engine: "LLMEngine", prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                  chunk: int) -> NearTieRule:
     """The near-tie rule from plain decoding's own outputs in two batch compositions (module doc)."""
     alone = reference_logits(engine, prompts, outputs)
@@ -75,7 +79,7 @@ def measure_rule(engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequenc
     return NearTieRule.from_measurement(deltas, engine.dtype, top)
 
 
-def judge_outputs(engine: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+def judge_outputs(engine: "LLMEngine", prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                   rule: NearTieRule, expected_lengths: Sequence[int] | None = None) -> IdentityReport:
     """Teacher-forced identity of ``outputs`` (one per prompt) on ``engine``'s target."""
     report = IdentityReport()

@@ -71,7 +71,6 @@ class HybridDispatcher:
         loaded_methods: Iterable[str],
         load_threshold: float = 0.75,
         load_resume_threshold: float = 0.6,
-        speculative_fraction: float | None = None,
         *,
         load_signal: str = "max",
         max_batch_size: int | None = None,
@@ -82,9 +81,9 @@ class HybridDispatcher:
     ):
         """``rules_path=None`` uses the packaged default rules (not watched).
 
-        ``speculative_fraction`` is not the dispatcher's: the canary split is
-        the engine's (one ``Canary`` per engine, applied at admission); the
-        argument is accepted and ignored until every caller stops passing it.
+        The canary split (``hybrid.speculative_fraction``) is not the
+        dispatcher's: it is the engine's (one ``Canary`` per engine, applied at
+        admission).
 
         ``reload_interval_s=None`` turns watching off; ``0`` polls on every
         decision (tests).  Raises ``RuleFileError`` when the initial rules do

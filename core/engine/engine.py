@@ -1,11 +1,23 @@
 """The engine: requests in, one scheduled step at a time, outputs out.
 
-One step: schedule (continuous batching) -> optional drafting -> one packed
-target forward over every prefill chunk, decode token and draft tree ->
-sample or verify -> append tokens through the shared stopping rules -> free
-finished requests' KV.  Speculation lives in :mod:`hyspec.spec.decoder`; with
-no speculative config, or when the dispatcher picks ``none``, every decode is
-a plain one-token step.
+One step, in :meth:`LLMEngine.step`, is five stages:
+
+1. schedule -- the speculation strategy plans the step (method, draft budget),
+   then the scheduler batches prefill chunks and decodes (continuous
+   batching) and reserves KV for each decode's draft lookahead;
+2. draft -- the strategy drafts a tree per decoding sequence
+   (:mod:`hyspec.spec.decoder`; none for plain decoding);
+3. run -- one packed target forward over every prefill chunk, decode token and
+   draft tree (:class:`~hyspec.engine.model_runner.ModelRunner`);
+4. accept -- plain rows are sampled (:mod:`hyspec.engine.sampler`), trees are
+   verified losslessly and their accepted KV committed (the strategy), and the
+   strategy observes the step (hidden states to drafters, cost model);
+5. emit -- tokens are appended through the shared stopping rules, text is
+   detokenized, finished requests' KV is freed.
+
+The strategy is a :class:`~hyspec.spec.strategy.Speculation`, held
+unconditionally: :class:`~hyspec.spec.strategy.NoSpeculation` without a
+speculative config, so the step has no special case for plain decoding.
 """
 from __future__ import annotations
 
@@ -22,14 +34,17 @@ from hyspec.engine.model_runner import LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.sampler import sample_next_tokens
 from hyspec.engine.sampling_params import SamplingParams
-from hyspec.engine.scheduler import Scheduler, SchedulerConfig
+from hyspec.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hyspec.engine.sequence import Sequence, Status
+from hyspec.engine.step import RowKind, StepRow, TargetRun
 from hyspec.engine.stopping import append_token, find_stop_string
+from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from hyspec.spec.strategy import Accepted, Drafts, NoSpeculation, Speculation
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +111,16 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len))
         self._ids = itertools.count()
         self._requests: dict[str, Sequence] = {}
-        self.spec = None
+        #: What drafters may see of the target (they never get the engine itself).
+        self.target = TargetContext(
+            backend=self.backend, pool=self.pool, vocab_size=self.config.vocab_size, max_model_len=max_model_len,
+            dtype=self.dtype, model=self.model, model_path=path, tokenizer=self.tokenizer, layout=self.layout,
+            runner=self.runner, max_num_seqs=max_num_seqs)
+        self.spec: Speculation = NoSpeculation()
         if speculative_config is not None:
             from hyspec.spec.decoder import SpecDecoder
 
-            self.spec = SpecDecoder.create(self, speculative_config)
+            self.spec = SpecDecoder.create(self.target, speculative_config)
         log.info("engine ready: %s on %s, %d KV pages of %d tokens", path.name, self.backend.name,
                  self.pool.num_pages, block_size)
 
@@ -141,8 +161,7 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, text, ids, params, SequenceKV(self.pool, self.layout))
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
-        if self.spec is not None:
-            self.spec.on_add(seq)
+        self.spec.admit(seq)
         self._requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -183,77 +202,77 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        plan = self.spec.plan(self.scheduler) if self.spec is not None else None
-        lookahead = plan.lookahead if plan is not None else 0
-        sched = self.scheduler.schedule(lookahead=lookahead)
-        if self.spec is not None:
-            for seq in sched.preempted:
-                self.spec.on_preempt(seq)
-        if sched.empty:
+        # 1. schedule: the plan sizes each decode's KV lookahead before the scheduler reserves pages
+        plan = self.spec.plan(self.scheduler)
+        scheduled = self.scheduler.schedule(lookahead=plan.lookahead)
+        # 2. draft (the strategy also forgets what it held for preempted sequences)
+        drafts = self.spec.draft(plan, scheduled)
+        if scheduled.empty:
             return []
-        trees = self.spec.propose(plan, sched.decodes) if self.spec is not None else {}
+        # 3. run: one target forward over every row
+        run, drafts = self._run_target(scheduled, drafts)
+        # 4. accept: sample plain rows, verify trees; the strategy learns from the step
+        accepted = self._accept(run, drafts)
+        # 5. emit
+        return self._emit_step(run, accepted)
+
+    def _run_target(self, scheduled: SchedulerOutput, drafts: Drafts) -> tuple[TargetRun, Drafts]:
         try:
-            feeds, kinds, result, forward_seconds = self._forward(sched, trees)
+            return self._forward(scheduled, drafts), drafts
         except KVOwnershipError as exc:
-            if not trees:
+            if not drafts:
                 raise
             # A speculative write would have touched pages it does not own: nothing was written
             # (ownership is checked before the forward). Redo the step without speculation.
             log.warning("KV ownership violation in a speculative step (%s): redoing it plainly", exc)
-            self.spec.metrics.record_rejection("kv_cache_mismatch", plan.method, count=len(trees))
-            trees = {}
-            feeds, kinds, result, forward_seconds = self._forward(sched, trees)
+            drafts = self.spec.abandon(drafts, "kv_cache_mismatch")
+            return self._forward(scheduled, drafts), drafts
 
-        emitted: dict[str, list[int]] = {}
-        plain_rows, plain_seqs = [], []
-        tree_items = []
-        for i, (kind, seq) in enumerate(kinds):
-            if kind in ("decode", "prefill"):
-                plain_rows.append(result.feed_logits(i))
-                plain_seqs.append(seq)
-            elif kind == "tree":
-                tree_items.append((i, seq))
-        if tree_items:
-            self.spec.set_verify_seconds(forward_seconds)
-            emitted.update(self.spec.verify(tree_items, trees, result))
-        if plain_rows:
-            tokens = sample_next_tokens(torch.cat(plain_rows), plain_seqs)
-            for seq, tok in zip(plain_seqs, tokens):
-                emitted[seq.request_id] = [tok]
-        if self.spec is not None:
-            self.spec.after_forward(kinds, feeds, result, forward_seconds)
-
-        outputs = []
-        now = time.monotonic()
-        for kind, seq in kinds:
-            new = emitted.get(seq.request_id)
-            if new is None:
-                continue  # a prompt chunk that produced no token yet
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            outputs.append(self._emit(seq, new))
-        return outputs
-
-    def _forward(self, sched, trees):
+    def _forward(self, scheduled: SchedulerOutput, drafts: Drafts) -> TargetRun:
         feeds: list[Feed] = []
-        kinds: list[tuple[str, Sequence]] = []
-        for seq in sched.decodes:
-            tree = trees.get(seq.request_id)
-            if tree is None:
+        rows: list[StepRow] = []
+        for seq in scheduled.decodes:
+            feed = drafts.feed(seq)
+            if feed is None:
                 feeds.append(Feed(seq.kv, [seq.last_token], seq.num_cached))
-                kinds.append(("decode", seq))
+                rows.append(StepRow(RowKind.DECODE, seq))
             else:
-                feeds.append(self.spec.tree_feed(seq, tree))
-                kinds.append(("tree", seq))
-        for seq, chunk in sched.prefills:
+                feeds.append(feed)
+                rows.append(StepRow(RowKind.TREE, seq))
+        for seq, chunk in scheduled.prefills:
             start = seq.num_cached
             final = start + chunk == len(seq.token_ids)
             feeds.append(Feed(seq.kv, seq.token_ids[start:start + chunk], start,
                               logits=LAST_LOGITS if final else NO_LOGITS))
-            kinds.append(("prefill" if final else "chunk", seq))
+            rows.append(StepRow(RowKind.PREFILL if final else RowKind.CHUNK, seq))
         t0 = time.perf_counter()
-        result = self.runner.run(feeds, aux_layers=self.spec.aux_layers if self.spec is not None else ())
-        return feeds, kinds, result, time.perf_counter() - t0
+        result = self.runner.run(feeds, aux_layers=self.spec.aux_layers)
+        return TargetRun(feeds, rows, result, time.perf_counter() - t0)
+
+    def _accept(self, run: TargetRun, drafts: Drafts) -> dict[str, list[int]]:
+        """Tokens per request: one sampled for each plain row, the verified path + bonus for each tree."""
+        plain = [i for i, row in enumerate(run.rows) if row.kind.samples_plainly]
+        tokens: dict[str, list[int]] = {}
+        if plain:
+            seqs = [run.rows[i].seq for i in plain]
+            sampled = sample_next_tokens(torch.cat([run.result.feed_logits(i) for i in plain]), seqs)
+            tokens.update((seq.request_id, [tok]) for seq, tok in zip(seqs, sampled))
+        accepted: Accepted = self.spec.accept(run, drafts)
+        tokens.update(accepted.tokens)
+        self.spec.observe(run, accepted)
+        return tokens
+
+    def _emit_step(self, run: TargetRun, tokens: dict[str, list[int]]) -> list[RequestOutput]:
+        outputs = []
+        now = time.monotonic()
+        for row in run.rows:
+            new = tokens.get(row.seq.request_id)
+            if new is None:
+                continue  # a prompt chunk that produced no token yet
+            if row.seq.metrics.first_token_time is None:
+                row.seq.metrics.first_token_time = now
+            outputs.append(self._emit(row.seq, new))
+        return outputs
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
         n_before = seq.num_output_tokens
@@ -262,8 +281,6 @@ class LLMEngine:
             if append_token(seq, tok, self.eos_ids, self.max_model_len):
                 done = True
                 break
-        if self.spec is not None:
-            self.spec.on_tokens(seq, len(tokens), seq.num_output_tokens - n_before)
         delta = seq.detokenizer.update(seq.output_token_ids)
         seq.output_text = seq.detokenizer.text
         if done:
@@ -286,8 +303,7 @@ class LLMEngine:
         if seq.status is not Status.FINISHED:
             self.scheduler.finish(seq)
             seq.metrics.finished_time = time.monotonic()
-            if self.spec is not None:
-                self.spec.on_finish(seq)
+            self.spec.release(seq)
         self._requests.pop(seq.request_id, None)
 
     def _output(self, seq: Sequence, new_text: str = "", new_ids: list[int] | None = None) -> RequestOutput:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hyspec.errors import ConfigError
 from hyspec.remote.metrics import RemoteMetrics
@@ -18,7 +18,14 @@ from hyspec.remote.proposer import RemoteOptions, RemoteProposer
 from hyspec.remote.transport import RemoteUnavailable, WorkerHandle
 from hyspec.spec.proposer import Proposer
 
+if TYPE_CHECKING:
+    from hyspec.engine.target import TargetContext
+    from hyspec.remote.worker import WorkerInit
+    from hyspec.spec.methods import MethodSpec
+
 log = logging.getLogger(__name__)
+
+LocalBuilder = Callable[["TargetContext", "MethodSpec"], Proposer]
 
 # The fallback's prompt lookup when it is ngram for another method (whose config has no prompt_lookup_*).
 FALLBACK_LOOKUP = (2, 5)
@@ -26,12 +33,12 @@ FALLBACK_LOOKUP = (2, 5)
 DEFAULT_LOOKUP = 5
 
 
-def build_remote_proposer(engine: Any, spec: Any, build_local: Callable[[Any, Any], Proposer] | None = None,
+def build_remote_proposer(target: "TargetContext", spec: "MethodSpec", build_local: LocalBuilder | None = None,
                           options: RemoteOptions | None = None,
                           handles: list[WorkerHandle] | None = None) -> RemoteProposer:
     """The proposer for ``spec`` with ``draft_placement: "remote"``.
 
-    ``build_local(engine, spec)`` builds local proposers (default: the method
+    ``build_local(target, spec)`` builds local proposers (default: the method
     registry); it is given specs whose config says ``draft_placement:
     "local"``, so a registry that routes remote placements here does not
     recurse.  ``handles`` replaces the Ray workers (e.g. in-process hosts).
@@ -42,25 +49,26 @@ def build_remote_proposer(engine: Any, spec: Any, build_local: Callable[[Any, An
 
     options = options or RemoteOptions()
     build_local = build_local or build_proposer
-    fallback = _build_fallback(engine, spec, build_local)
+    fallback = _build_fallback(target, spec, build_local)
     metrics = RemoteMetrics(spec.method)
     if handles is None:
-        handles = _spawn(engine, spec, options, metrics)
-    return RemoteProposer(engine, spec, fallback, handles, options, metrics)
+        handles = _spawn(target, spec, options, metrics)
+    return RemoteProposer(target, spec, fallback, handles, options, metrics)
 
 
-def worker_init(engine: Any, spec: Any, options: RemoteOptions | None = None) -> Any:
-    """The WorkerInit that builds ``spec``'s drafter on a worker for ``engine``'s target."""
+def worker_init(target: "TargetContext", spec: "MethodSpec", options: RemoteOptions | None = None) -> "WorkerInit":
+    """The WorkerInit that builds ``spec``'s drafter on a worker for ``target``."""
     from hyspec.remote.worker import WorkerInit
 
     options = options or RemoteOptions()
     return WorkerInit(spec.method, spec.model, spec.num_speculative_tokens,
                       spec.prompt_lookup_min or DEFAULT_LOOKUP, spec.prompt_lookup_max or DEFAULT_LOOKUP,
-                      engine.config.vocab_size, engine.max_model_len, _local_config(spec.config),
+                      target.vocab_size, target.max_model_len, _local_config(spec.config),
                       options.worker_dtype, options.worker_kv_cache_bytes)
 
 
-def _spawn(engine: Any, spec: Any, options: RemoteOptions, metrics: RemoteMetrics) -> list[WorkerHandle]:
+def _spawn(target: "TargetContext", spec: "MethodSpec", options: RemoteOptions,
+           metrics: RemoteMetrics) -> list[WorkerHandle]:
     from hyspec.remote import cluster
     from hyspec.remote.worker import spawn_ray_workers
 
@@ -70,7 +78,7 @@ def _spawn(engine: Any, spec: Any, options: RemoteOptions, metrics: RemoteMetric
         nodes = cluster.worker_nodes(address)
         if options.num_workers is not None:  # more workers than nodes: several per node
             nodes = [nodes[i % len(nodes)] for i in range(options.num_workers)]
-        return spawn_ray_workers(worker_init(engine, spec, options), nodes)
+        return spawn_ray_workers(worker_init(target, spec, options), nodes)
     except ConfigError:
         raise
     except Exception as exc:  # RemoteUnavailable, or Ray failing to start
@@ -85,7 +93,7 @@ def _local_config(cfg: Any) -> Any:
     return dataclasses.replace(cfg, draft_placement="local", ray_address=None)
 
 
-def _build_fallback(engine: Any, spec: Any, build_local: Callable[[Any, Any], Proposer]) -> Proposer | None:
+def _build_fallback(target: "TargetContext", spec: "MethodSpec", build_local: LocalBuilder) -> Proposer | None:
     from hyspec.spec.methods import MethodSpec
 
     local_cfg = _local_config(spec.config)
@@ -96,5 +104,5 @@ def _build_fallback(engine: Any, spec: Any, build_local: Callable[[Any, Any], Pr
         lookup, model = (spec.prompt_lookup_min, spec.prompt_lookup_max), spec.model
     else:
         lookup, model = FALLBACK_LOOKUP, None
-    return build_local(engine, MethodSpec(method, model, spec.num_speculative_tokens, lookup[0] or FALLBACK_LOOKUP[0],
+    return build_local(target, MethodSpec(method, model, spec.num_speculative_tokens, lookup[0] or FALLBACK_LOOKUP[0],
                                           lookup[1] or FALLBACK_LOOKUP[1], local_cfg))

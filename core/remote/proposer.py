@@ -25,7 +25,7 @@ import time
 import weakref
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.remote.health import UP, HealthMonitor, WorkerSlot
@@ -38,6 +38,10 @@ from hyspec.remote.wire import WireError
 from hyspec.remote.worker import DEFAULT_WORKER_KV_BYTES, vocab_fingerprint
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from hyspec.engine.target import TargetContext
+    from hyspec.spec.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +70,13 @@ class RemoteOptions:
 
 
 class RemoteProposer(Proposer):
-    def __init__(self, engine: Any, spec: Any, fallback: Proposer | None, handles: list[WorkerHandle],
-                 options: RemoteOptions | None = None, metrics: RemoteMetrics | None = None):
+    def __init__(self, target: TargetContext, spec: MethodSpec, fallback: Proposer | None,
+                 handles: list[WorkerHandle], options: RemoteOptions | None = None,
+                 metrics: RemoteMetrics | None = None):
         options = options or RemoteOptions()
         rc = spec.config.remote
         self.method = spec.method
-        self.engine = engine
-        self.vocab_size = engine.config.vocab_size
+        self.vocab_size = target.vocab_size
         self.max_tokens = spec.num_speculative_tokens
         self.fallback = fallback
         self.pipelining = rc.pipelining
@@ -82,8 +86,10 @@ class RemoteProposer(Proposer):
         self.metrics = metrics or RemoteMetrics(spec.method)
         self.policy = ThreadPolicy(rc.busy_threshold, rc.min_cores, options.fixed_threads)
         self.busy = BusyMeter()
-        tokenizer = getattr(engine, "tokenizer", None)
+        tokenizer = target.tokenizer
         self._fingerprint = vocab_fingerprint(tokenizer) if tokenizer is not None else None
+        self._prefilling: list[Any] = []  # this step's prefilling sequences (on_prefill), warmed on a call
+        self._faults: dict[str, int] = {}
         self._lock = threading.Lock()
         self.slots = [WorkerSlot(h) for h in handles]
         self._assign: dict[str, WorkerSlot] = {}
@@ -219,6 +225,16 @@ class RemoteProposer(Proposer):
         if self.fallback is not None:
             self.fallback.on_preempt(seq)
 
+    def on_prefill(self, seqs: list[Any]) -> None:
+        self._prefilling = list(seqs)
+        if self.fallback is not None:
+            self.fallback.on_prefill(seqs)
+
+    def take_faults(self) -> dict[str, int]:
+        with self._lock:
+            faults, self._faults = self._faults, {}
+        return faults
+
     def close(self) -> None:
         if self._finalizer.detach() is not None:  # not closed yet (by an earlier close or the collector)
             _shutdown(*self._shutdown_args)
@@ -299,10 +315,9 @@ class RemoteProposer(Proposer):
 
     def _warm_candidates(self, slot: WorkerSlot) -> list[Any]:
         """Sequences still in prefill, not yet known to any worker, routed to ``slot``."""
-        scheduler = getattr(self.engine, "scheduler", None)
         out = []
-        for seq in getattr(scheduler, "running", ()):
-            if seq.in_prefill and getattr(seq, "arm", "spec") == "spec" and seq.request_id not in self._assign:
+        for seq in self._prefilling:
+            if seq.in_prefill and seq.request_id not in self._assign:
                 if self._route(seq) is slot:
                     out.append(seq)
         return out
@@ -360,9 +375,8 @@ class RemoteProposer(Proposer):
 
     def _lost_to_deadline(self, count: int) -> None:
         self.metrics.add("draft_timeouts", count)
-        spec = getattr(self.engine, "spec", None)
-        if spec is not None:
-            spec.metrics.record_rejection("draft_timeout", self.method, count=count)
+        with self._lock:
+            self._faults["draft_timeout"] = self._faults.get("draft_timeout", 0) + count
 
     def _call_failed(self, slot: WorkerSlot, call: DraftCall, exc: Exception) -> None:
         """The worker could not take or answer the call: what it holds is unknown, so resend histories."""

@@ -1,9 +1,10 @@
 """The draft worker process: a Ray actor hosting a drafter on a CPU node.
 
 The actor builds the drafter with the ordinary method registry, against a
-small stand-in for the engine (:class:`WorkerEngine`): the CPU backend, a
-private KV pool for the drafter's own cache, and the target's vocabulary
-size and context length.  Weights are read from the worker node's disk (the
+:class:`~hyspec.engine.target.TargetContext` that holds no target model: the
+CPU backend, a private KV pool for the drafter's own cache, and the target's
+vocabulary size and context length (the target's vocabulary itself is
+compared through a fingerprint at the handshake).  Weights are read from the worker node's disk (the
 same path as on the target node, or the embedded default), so a CPU node
 needs the drafter files, not the target's.  Prompts are processed here too:
 shipping token ids costs 4 bytes a token, shipping a draft model's KV
@@ -22,7 +23,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from hyspec.remote.transport import RayHandle
@@ -66,25 +66,10 @@ def vocab_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-@dataclass
-class WorkerEngine:
-    """The part of an engine that proposer factories read, for a process without a target model."""
-
-    model_path: Path | None
-    tokenizer: Any
-    dtype: Any
-    device: Any
-    backend: Any
-    max_model_len: int
-    config: Any  # .vocab_size: the target's
-    pool: Any  # the drafter's private KVPool (None for weightless methods)
-
-
 def build_host(init: WorkerInit):
     """Load the drafter described by ``init`` on this process's CPU; return its DraftHost."""
-    import torch
-
     from hyspec.backends.probe import probe_cpu
+    from hyspec.engine.target import TargetContext
     from hyspec.backends.registry import backend_for
     from hyspec.kv.pool import KVPool
     from hyspec.model.config import ModelConfig, parse_dtype
@@ -105,11 +90,12 @@ def build_host(init: WorkerInit):
         cfg = ModelConfig.from_pretrained(model_dir)
         page = KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, 16)
         pool = KVPool.for_budget(init.kv_cache_bytes, page, "cpu")
+    # A worker holds no target model: only what a weightless or independent drafter needs.
     # Hypothesis drafts run up to 2k + 1 positions past the committed history.
-    engine = WorkerEngine(model_dir, tokenizer, dtype, torch.device("cpu"), backend,
-                          init.max_model_len + 2 * init.num_speculative_tokens + 2,
-                          SimpleNamespace(vocab_size=init.target_vocab_size), pool)
-    proposer = build_proposer(engine, spec)
+    target = TargetContext(backend=backend, pool=pool, vocab_size=init.target_vocab_size,
+                           max_model_len=init.max_model_len + 2 * init.num_speculative_tokens + 2, dtype=dtype,
+                           model_path=None, tokenizer=None)
+    proposer = build_proposer(target, spec)
     fingerprint = vocab_fingerprint(tokenizer) if tokenizer is not None else None
     log.info("draft worker ready: %s from %s", init.method, model_dir)
     return DraftHost(proposer, init.target_vocab_size, fingerprint)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -28,6 +28,9 @@ from hyspec.server.metrics import ServerMetrics
 from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList)
 from hyspec.server.serving import OpenAIServing
+
+if TYPE_CHECKING:
+    from hyspec.engine.engine import LLMEngine
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # Endpoint labels of the HTTP counter; any other path counts as "other" (fuzzers must not grow the label set).
@@ -45,7 +48,7 @@ _SSE_DOC = {"schema": {
 
 
 def create_app(
-    engine: Any,
+    engine: "LLMEngine | AsyncEngine | Mapping[str, Any]",
     *,
     api_key: str | None = None,
     served_model_name: str | None = None,

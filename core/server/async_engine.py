@@ -29,10 +29,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hyspec.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,7 @@ _ADD, _ABORT, _STOP = "add", "abort", "stop"
 
 
 class AsyncEngine:
-    def __init__(self, engine: Any, max_queue: int = 256):
+    def __init__(self, engine: "LLMEngine", max_queue: int = 256):
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.engine = engine

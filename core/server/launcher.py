@@ -11,15 +11,18 @@ import contextlib
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from hyspec.server.async_engine import AsyncEngine
 
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn.Server that first tells the engine to stop taking requests, then shuts down as usual."""
 
-    def __init__(self, config: uvicorn.Config, async_engine: Any):
+    def __init__(self, config: uvicorn.Config, async_engine: "AsyncEngine"):
         super().__init__(config)
         self.async_engine = async_engine
 

@@ -28,13 +28,16 @@ server app (the ``serve`` extra).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hyspec.server.async_engine import AsyncEngine, RequestStream
+
+if TYPE_CHECKING:
+    from hyspec.engine.engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class ServerMetrics:
         self.model_name = model_name
         engine = async_engine.engine
         #: hyspec_* request metrics are labelled by canary arm when the engine speculates
-        self.by_arm = getattr(engine, "spec", None) is not None
+        self.by_arm = bool(getattr(getattr(engine, "spec", None), "enabled", False))
         r, vm = self.registry, ["model_name"]
         hm = ["model_name", "arm"] if self.by_arm else vm
         self._ttft = [Histogram(name, "Time to first token (seconds, from request arrival).", labels,
@@ -153,7 +156,7 @@ class _EngineCollector(Collector):
             yield fam
 
 
-def _register_spec_metrics(engine: Any, registry: CollectorRegistry) -> Any:
+def _register_spec_metrics(engine: "LLMEngine", registry: CollectorRegistry) -> Any:
     """Let the speculative decoder add its metrics, when the engine has one that can."""
     spec = getattr(engine, "spec", None)
     register = getattr(spec, "register_prometheus", None)
@@ -162,7 +165,7 @@ def _register_spec_metrics(engine: Any, registry: CollectorRegistry) -> Any:
     return register(registry)
 
 
-def _register_dispatch_metrics(engine: Any, registry: CollectorRegistry) -> Any:
+def _register_dispatch_metrics(engine: "LLMEngine", registry: CollectorRegistry) -> Any:
     """Export a hybrid engine's dispatcher (``engine.spec.dispatcher``), read at scrape time."""
     dispatcher = getattr(getattr(engine, "spec", None), "dispatcher", None)
     if dispatcher is None or not callable(getattr(dispatcher, "snapshot", None)):

@@ -1,13 +1,11 @@
-"""The speculative step: choose a method and a budget, draft, verify, commit.
+"""Speculative decoding as the engine's strategy: choose a method and budget, draft, verify, commit.
 
-The engine calls, each step::
-
-    plan = spec.plan(scheduler)              # method (dispatcher) + budget (goodput controller)
-    sched = scheduler.schedule(plan.lookahead)
-    trees = spec.propose(plan, sched.decodes) # DraftTree per sequence, or none
-    ... one target forward over every prefill chunk, decode token and tree ...
-    spec.verify(tree_items, result)          # lossless verification + KV commit
-    spec.after_forward(...)                  # hidden states to proposers, metrics, controller
+:class:`SpecDecoder` implements :class:`~hyspec.spec.strategy.Speculation`;
+the step order and what crosses the seam are documented there and in
+``LLMEngine.step``.  Here: the dispatcher (hybrid) or the configured method
+picks the method, the goodput controller the budget; the proposer drafts;
+:func:`hyspec.spec.verify.verify` accepts losslessly; accepted nodes' KV is
+compacted into place; committed hidden states go back to every proposer.
 
 Failures never reach a request: a proposer that raises or returns garbage
 makes that step plain for the sequences concerned, counted by cause.
@@ -16,14 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hyspec.engine.model_runner import ALL_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
-from hyspec.errors import HyspecError, KVOwnershipError
+from hyspec.engine.step import RowKind, TargetRun
+from hyspec.engine.target import TargetContext
+from hyspec.errors import KVOwnershipError
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.config import SpeculativeConfig
 from hyspec.spec.controller import GoodputController
@@ -31,32 +29,26 @@ from hyspec.spec.methods import MethodSpec, build_proposer
 from hyspec.spec.metrics import SpecMetrics
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.quality import DraftQualityMonitor
+from hyspec.spec.strategy import NONE, Accepted, Drafts, Speculation, StepPlan
 from hyspec.spec.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import ACCEPTED, verify
 
+if TYPE_CHECKING:
+    from hyspec.dispatch.dispatcher import HybridDispatcher
+    from hyspec.engine.scheduler import Scheduler, SchedulerOutput
+
 log = logging.getLogger(__name__)
 
-NONE = "none"
 
-
-@dataclass
-class StepPlan:
-    method: str  # a loaded method, or "none"
-    budget: int  # draft nodes per sequence (chain length for chain methods); 0 = plain step
-    lookahead: int  # KV entries each decode reserves beyond its root
-    batch_size: int
-    reason: str = ""  # why the step is plain, for metrics ("budget_zero", "dispatcher", "load")
-
-
-class SpecDecoder:
-    def __init__(self, engine: Any, config: SpeculativeConfig, proposers: dict[str, Proposer],
-                 controller: GoodputController, dispatcher: Any | None):
-        self.engine = engine
+class SpecDecoder(Speculation):
+    def __init__(self, target: TargetContext, config: SpeculativeConfig, proposers: dict[str, Proposer],
+                 controller: GoodputController, dispatcher: "HybridDispatcher | None"):
+        self.target = target
         self.config = config
         self.proposers = proposers
         self.controller = controller
         self.dispatcher = dispatcher
-        self.metrics = SpecMetrics(model_name=engine.model_path.name)
+        self.metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
         self.quality = DraftQualityMonitor(config, self.metrics)
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
         self.needs_hidden = any(p.needs_hidden for p in proposers.values())
@@ -66,15 +58,11 @@ class SpecDecoder:
             from hyspec.dispatch.canary import Canary
 
             self._canary = Canary(canary_fraction)
-        self._committed_nodes: dict[str, list[int]] = {}  # request -> tree rows kept last step
-        self._draft_seconds = 0.0
-        self._verify_seconds = 0.0
-        self.last_plan: StepPlan | None = None
 
     # -- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, engine: Any, speculative_config: dict | str | SpeculativeConfig) -> "SpecDecoder":
+    def create(cls, target: TargetContext, speculative_config: dict | str | SpeculativeConfig) -> "SpecDecoder":
         if isinstance(speculative_config, SpeculativeConfig):
             cfg = speculative_config
         elif isinstance(speculative_config, str):
@@ -82,14 +70,14 @@ class SpecDecoder:
         else:
             cfg = SpeculativeConfig.from_dict(speculative_config)
         specs = _method_specs(cfg)
-        proposers = {s.method: build_proposer(engine, s) for s in specs}
+        proposers = {s.method: build_proposer(target, s) for s in specs}
         for proposer in proposers.values():
-            _optimize_modules(engine.backend, proposer)
+            _optimize_modules(target, proposer)
         controller = GoodputController(cfg)
         if cfg.controller.enabled and cfg.controller.profile_at_startup:
             from hyspec.spec.profiling import profile_cost_model
 
-            controller = GoodputController(cfg, profile_cost_model(engine))
+            controller = GoodputController(cfg, profile_cost_model(target))
         dispatcher = None
         if cfg.method == "hybrid":
             from hyspec.dispatch.dispatcher import HybridDispatcher
@@ -97,31 +85,23 @@ class SpecDecoder:
             h = cfg.hybrid
             dispatcher = HybridDispatcher(
                 h.rules_path, list(proposers), load_threshold=h.load_threshold,
-                load_resume_threshold=h.load_resume_threshold, speculative_fraction=h.speculative_fraction,
-                load_signal=h.load_signal, max_batch_size=engine.scheduler.config.max_num_seqs)
-        return cls(engine, cfg, proposers, controller, dispatcher)
+                load_resume_threshold=h.load_resume_threshold,
+                load_signal=h.load_signal, max_batch_size=target.max_num_seqs)
+        return cls(target, cfg, proposers, controller, dispatcher)
 
     # -- request lifecycle ------------------------------------------------------------------------
 
-    def on_add(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence) -> None:
         if self._canary is not None:
             seq.arm = self._canary.arm(seq.request_id)
 
-    def on_finish(self, seq: Sequence) -> None:
-        self._committed_nodes.pop(seq.request_id, None)
+    def release(self, seq: Sequence) -> None:
         for p in self.proposers.values():
             p.on_finish(seq)
 
-    def on_preempt(self, seq: Sequence) -> None:
-        for p in self.proposers.values():
-            p.on_preempt(seq)
-
-    def on_tokens(self, seq: Sequence, offered: int, kept: int) -> None:
-        """The engine appended ``kept`` of ``offered`` tokens (fewer when a stop rule cut the step)."""
-
     # -- planning ---------------------------------------------------------------------------------
 
-    def plan(self, scheduler) -> StepPlan:
+    def plan(self, scheduler: "Scheduler") -> StepPlan:
         running = scheduler.running
         decoding = [s for s in running if not s.in_prefill and s.arm == "spec"]
         batch = max(1, len(running))
@@ -147,7 +127,6 @@ class SpecDecoder:
         return self._remember(StepPlan(method, budget, budget, batch, "" if budget else "budget_zero"))
 
     def _remember(self, plan: StepPlan) -> StepPlan:
-        self.last_plan = plan
         if plan.reason == "budget_zero":
             self.metrics.record_rejection("budget_zero", plan.method)
         return plan
@@ -165,7 +144,7 @@ class SpecDecoder:
         return StepSignals(
             context_length=sum(lengths) / len(lengths),
             batch_size=len(running),
-            mem_usage=self.engine.pool.usage(),
+            mem_usage=self.target.pool.usage(),
             load=len(running) / scheduler.config.max_num_seqs,
             queue_depth=len(scheduler.waiting),
             remote_health=self.remote_health(),
@@ -174,16 +153,25 @@ class SpecDecoder:
         )
 
     def remote_health(self) -> float:
-        scores = [p.health() for p in self.proposers.values() if hasattr(p, "health")]
-        return min(scores) if scores else 1.0
+        return min((p.health() for p in self.proposers.values()), default=1.0)
 
     # -- drafting ---------------------------------------------------------------------------------
 
-    def propose(self, plan: StepPlan, decodes: list[Sequence]) -> dict[str, DraftTree]:
-        self._draft_seconds = 0.0
+    def draft(self, plan: StepPlan, scheduled: "SchedulerOutput") -> Drafts:
+        for seq in scheduled.preempted:
+            for p in self.proposers.values():
+                p.on_preempt(seq)
+        prefilling = [seq for seq, _ in scheduled.prefills if seq.arm == "spec"]
+        if prefilling:
+            for p in self.proposers.values():
+                p.on_prefill(prefilling)
         if plan.budget <= 0 or plan.method == NONE:
-            return {}
-        max_len = self.engine.max_model_len
+            return Drafts(plan)
+        trees, seconds = self._propose(plan, scheduled.decodes)
+        return Drafts(plan, trees, seconds)
+
+    def _propose(self, plan: StepPlan, decodes: list[Sequence]) -> tuple[dict[str, DraftTree], float]:
+        max_len = self.target.max_model_len
         requests = []
         for seq in decodes:
             if seq.arm != "spec":
@@ -196,7 +184,7 @@ class SpecDecoder:
             if budget >= 1:
                 requests.append(DraftRequest(seq, budget))
         if not requests:
-            return {}
+            return {}, 0.0
         proposer = self.proposers[plan.method]
         sampling = SamplingTensors.from_params([r.seq.params for r in requests])
         t0 = time.perf_counter()
@@ -205,14 +193,17 @@ class SpecDecoder:
         except KVOwnershipError as exc:
             log.warning("%s drafter wrote outside its KV pages (%s): plain step", plan.method, exc)
             self.metrics.record_rejection("kv_cache_mismatch", plan.method, count=len(requests))
-            return {}
+            return {}, 0.0
         except Exception:
             log.exception("%s drafter failed: this step decodes without speculation", plan.method)
             self.metrics.record_rejection("draft_unavailable", plan.method, count=len(requests))
-            return {}
-        self._draft_seconds = time.perf_counter() - t0
+            return {}, 0.0
+        finally:
+            for cause, count in proposer.take_faults().items():
+                self.metrics.record_rejection(cause, plan.method, count=count)
+        seconds = time.perf_counter() - t0
         trees: dict[str, DraftTree] = {}
-        vocab = self.engine.config.vocab_size
+        vocab = self.target.vocab_size
         unavailable = 0
         for req, tree in zip(requests, drafts if len(drafts) == len(requests) else []):
             if tree is None or tree.num_nodes < 2:
@@ -230,33 +221,34 @@ class SpecDecoder:
             self.metrics.record_rejection("draft_unavailable", plan.method, count=unavailable)
         n_tokens = sum(t.num_nodes - 1 for t in trees.values())
         if n_tokens:
-            self.controller.observe_draft_time(plan.method, n_tokens, self._draft_seconds)
-        return trees
+            self.controller.observe_draft_time(plan.method, n_tokens, seconds)
+        return trees, seconds
 
-    def tree_feed(self, seq: Sequence, tree: DraftTree) -> Feed:
-        n = tree.num_nodes
-        is_chain = bool((tree.parents == torch.arange(-1, n - 1)).all())
-        return Feed(seq.kv, tree.tokens.tolist(), seq.num_cached, depths=tree.depths.tolist(),
-                    tree_mask=None if is_chain else tree.ancestor_mask(), logits=ALL_LOGITS)
+    def abandon(self, drafts: Drafts, cause: str) -> Drafts:
+        self.metrics.record_rejection(cause, drafts.plan.method, count=len(drafts.trees))
+        return Drafts(drafts.plan)
 
     # -- verification and commit ------------------------------------------------------------------
 
-    def verify(self, items: list[tuple[int, Sequence]], trees: dict[str, DraftTree], result) -> dict[str, list[int]]:
+    def accept(self, run: TargetRun, drafts: Drafts) -> Accepted:
         """Verify every tree of the step in one call; commit accepted KV; return emitted tokens."""
-        seqs = [seq for _, seq in items]
-        batch = TreeBatch.from_trees([trees[s.request_id] for s in seqs], vocab_size=self.engine.config.vocab_size)
-        logits = torch.cat([result.feed_logits(i) for i, _ in items])
+        index = run.indices(RowKind.TREE)
+        if not index:
+            return Accepted()
+        seqs = [run.rows[i].seq for i in index]
+        trees = [drafts.trees[s.request_id] for s in seqs]
+        batch = TreeBatch.from_trees(trees, vocab_size=self.target.vocab_size)
+        logits = torch.cat([run.result.feed_logits(i) for i in index])
         sampling = SamplingTensors.from_params([s.params for s in seqs])
-        out = verify(logits, batch, sampling, [s.generator for s in seqs], ops=self.engine.backend.ops)
+        out = verify(logits, batch, sampling, [s.generator for s in seqs], ops=self.target.ops)
         emitted = out.emitted_tokens()
-        nodes = out.accepted_nodes.tolist()
-        counts = out.num_accepted.tolist()
-        for (feed_index, seq), path, n_acc in zip(items, nodes, counts):
+        kept_rows: dict[str, list[int]] = {}
+        for seq, tree, path, n_acc in zip(seqs, trees, out.accepted_nodes.tolist(), out.num_accepted.tolist()):
             kept = [0] + path[:n_acc]  # tree rows whose KV stays: root and accepted drafts
-            self._commit_kv(seq, trees[seq.request_id].num_nodes, kept)
-            self._committed_nodes[seq.request_id] = kept
-        self._record(out, batch, seqs)
-        return {s.request_id: toks for s, toks in zip(seqs, emitted)}
+            self._commit_kv(seq, tree.num_nodes, kept)
+            kept_rows[seq.request_id] = kept
+        self._record(out, batch, seqs, drafts, run.seconds)
+        return Accepted({s.request_id: toks for s, toks in zip(seqs, emitted)}, kept_rows)
 
     def _commit_kv(self, seq: Sequence, num_nodes: int, kept: list[int]) -> None:
         """Move the kept nodes' KV into depth order after the context; drop the rest.
@@ -268,16 +260,16 @@ class SpecDecoder:
         start = seq.kv.num_tokens - num_nodes
         moves = [(start + node, start + depth) for depth, node in enumerate(kept) if node != depth]
         if moves:
-            device = self.engine.device
+            device = self.target.device
             src = torch.tensor([seq.kv.slots(s, 1)[0] for s, _ in moves], dtype=torch.int64, device=device)
             dst = torch.tensor([seq.kv.slots(d, 1)[0] for _, d in moves], dtype=torch.int64, device=device)
-            for k_cache, v_cache in self.engine.layout.caches:
-                self.engine.backend.ops.compact_kv(k_cache, v_cache, src, dst)
+            for k_cache, v_cache in self.target.layout.caches:
+                self.target.ops.compact_kv(k_cache, v_cache, src, dst)
         seq.kv.truncate(start + len(kept))
 
-    def _record(self, out, batch: TreeBatch, seqs: list[Sequence]) -> None:
-        plan = self.last_plan
-        method = plan.method if plan else "unknown"
+    def _record(self, out, batch: TreeBatch, seqs: list[Sequence], drafts: Drafts, verify_seconds: float) -> None:
+        plan = drafts.plan
+        method = plan.method
         outcome = out.position_outcome
         accepted_per_pos = (outcome == ACCEPTED).sum(0).tolist()
         causes: dict[str, int] = {}
@@ -287,7 +279,7 @@ class SpecDecoder:
         n_draft = int((batch.num_nodes - 1).sum())
         n_acc = int(out.num_accepted.sum())
         self.metrics.record_step(method, "spec", len(seqs), n_draft, accepted_per_pos, causes,
-                                 self._draft_seconds, self._verify_seconds)
+                                 drafts.seconds, verify_seconds)
         proposer = self.proposers.get(method)
         if proposer is not None and proposer.builds_trees:
             self.controller.observe_tree_acceptance(method, plan.budget, out.num_accepted.tolist())
@@ -298,32 +290,26 @@ class SpecDecoder:
 
     # -- after the forward ------------------------------------------------------------------------
 
-    def set_verify_seconds(self, seconds: float) -> None:
-        self._verify_seconds = seconds
-
-    def after_forward(self, kinds: list[tuple[str, Sequence]], feeds: list[Feed], result, forward_seconds: float) -> None:
+    def observe(self, run: TargetRun, accepted: Accepted) -> None:
         """Hand committed hidden states to every proposer; feed the cost model."""
         if self.needs_hidden:
-            for i, ((kind, seq), feed) in enumerate(zip(kinds, feeds)):
-                first, n = result.inputs.token_rows[i]
-                if kind == "tree":
-                    rows = [first + r for r in self._committed_nodes.get(seq.request_id, [0])]
+            for i, (row, feed) in enumerate(zip(run.rows, run.feeds)):
+                first, n = run.result.inputs.token_rows[i]
+                if row.kind is RowKind.TREE:
+                    rows = [first + r for r in accepted.kept_rows.get(row.seq.request_id, [0])]
                 else:
                     rows = list(range(first, first + n))
-                index = torch.tensor(rows, dtype=torch.int64, device=result.hidden.device)
-                hidden = CommittedHidden(start=feed.start, final=result.hidden[index],
-                                         aux={layer: h[index] for layer, h in result.aux_hidden.items()})
+                index = torch.tensor(rows, dtype=torch.int64, device=run.result.hidden.device)
+                hidden = CommittedHidden(start=feed.start, final=run.result.hidden[index],
+                                         aux={layer: h[index] for layer, h in run.result.aux_hidden.items()})
                 for p in self.proposers.values():
                     if p.needs_hidden:
-                        p.on_commit(seq, hidden)
+                        p.on_commit(row.seq, hidden)
         for p in self.proposers.values():
-            observe = getattr(p, "observe_forward", None)  # remote drafters size their threads from it
-            if observe is not None:
-                observe(forward_seconds)
-        decode_only = all(kind in ("decode", "tree") for kind, _ in kinds)
-        if decode_only and kinds:
-            tokens_per_seq = max(len(f.tokens) for f in feeds)
-            self.controller.observe_step_time(len(feeds), tokens_per_seq, forward_seconds)
+            p.observe_forward(run.seconds)
+        if run.rows and all(row.kind.decodes for row in run.rows):
+            tokens_per_seq = max(len(f.tokens) for f in run.feeds)
+            self.controller.observe_step_time(len(run.feeds), tokens_per_seq, run.seconds)
 
     # -- metrics ----------------------------------------------------------------------------------
 
@@ -337,13 +323,13 @@ class SpecDecoder:
             self.dispatcher.close()
 
 
-def _optimize_modules(backend: Any, proposer: Proposer) -> None:
+def _optimize_modules(target: TargetContext, proposer: Proposer) -> None:
     """Let the backend prepare the drafter's torch modules (e.g. packed CPU weights)."""
     from torch import nn
 
     for value in vars(proposer).values():
         if isinstance(value, nn.Module):
-            backend.optimize_model(value)
+            target.backend.optimize_model(value)
 
 
 def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
@@ -360,16 +346,15 @@ def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
     return specs
 
 
-#: Methods a bare {"method": "hybrid"} loads, when their embedded drafter exists (ngram needs none).
-DEFAULT_HYBRID_METHODS = ("dflash", "mtp", "eagle", "eagle3", "dspark", "draft_model")
-
-
 def _default_hybrid_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
+    """A bare {"method": "hybrid"}: ngram (no weights) plus the registry's default methods whose
+    embedded drafter exists."""
     from hyspec.assets import DRAFTER_DIRS, assets_dir
+    from hyspec.spec.registry import default_hybrid_methods
 
     k = cfg.num_speculative_tokens
     specs = [MethodSpec("ngram", None, k, 1, 3, cfg)]
-    for method in DEFAULT_HYBRID_METHODS:
+    for method in default_hybrid_methods():
         if (assets_dir() / DRAFTER_DIRS[method] / "config.json").is_file():
             specs.append(MethodSpec(method, None, k, 1, 3, cfg))
     log.info("hybrid with no methods listed: loading %s", [s.method for s in specs])

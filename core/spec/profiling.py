@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
-
 import torch
 
 from hyspec.engine.model_runner import NO_LOGITS, Feed
+from hyspec.engine.target import TargetContext
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.spec.cost_model import CostModel
 
@@ -16,27 +15,29 @@ log = logging.getLogger(__name__)
 CONTEXT = 16  # tokens of context per profiled sequence: attention cost is small next to weights here
 
 
-def profile_cost_model(engine: Any, token_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> CostModel:
+def profile_cost_model(target: TargetContext, token_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> CostModel:
     """Time one verification step for (batch, tokens) on a grid that fits the pool and the batch limit."""
-    max_batch = engine.scheduler.config.max_num_seqs
+    runner, layout, pool = target.runner, target.layout, target.pool
+    if runner is None or layout is None or pool is None:
+        raise ValueError("profiling needs the target's runner, KV layout and pool (an engine's TargetContext)")
     per_seq = CONTEXT + max(token_counts)
-    fits = engine.pool.num_free * engine.layout.block_size // max(per_seq + engine.layout.block_size, 1)
-    batch_sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, min(max_batch, fits)))
-    vocab = engine.config.vocab_size
+    fits = pool.num_free * layout.block_size // max(per_seq + layout.block_size, 1)
+    batch_sizes = tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= max(1, min(target.max_num_seqs, fits)))
+    vocab = target.vocab_size
 
     @torch.inference_mode()
     def measure(batch: int, tokens: int) -> float:
-        kvs = [SequenceKV(engine.pool, engine.layout) for _ in range(batch)]
+        kvs = [SequenceKV(pool, layout) for _ in range(batch)]
         try:
             for kv in kvs:
                 kv.reserve(CONTEXT + tokens, reclaim=False)
             ids = torch.randint(0, vocab, (CONTEXT + tokens,)).tolist()
-            engine.runner.run([Feed(kv, ids[:CONTEXT], 0, logits=NO_LOGITS) for kv in kvs])  # untimed context
+            runner.run([Feed(kv, ids[:CONTEXT], 0, logits=NO_LOGITS) for kv in kvs])  # untimed context
             feeds = [Feed(kv, ids[CONTEXT:], CONTEXT) for kv in kvs]
-            engine.backend.synchronize()
+            target.backend.synchronize()
             t0 = time.perf_counter()
-            engine.runner.run(feeds)
-            engine.backend.synchronize()
+            runner.run(feeds)
+            target.backend.synchronize()
             return time.perf_counter() - t0
         finally:
             for kv in kvs:

@@ -89,6 +89,21 @@ class Proposer(ABC):
         """The target dropped ``seq``'s KV; it will be re-prefilled.  Default: forget it."""
         self.on_finish(seq)
 
+    def on_prefill(self, seqs: list[Sequence]) -> None:
+        """``seqs`` (speculating requests) have a prompt chunk in this step: a proposer may start
+        preparing them before their first draft (remote workers receive their history early)."""
+
+    def observe_forward(self, seconds: float) -> None:
+        """The step's target forward took ``seconds`` (remote drafters size their deadlines from it)."""
+
+    def health(self) -> float:
+        """How well the drafter's workers are doing, 0..1 (the dispatcher's ``remote_health``)."""
+        return 1.0
+
+    def take_faults(self) -> dict[str, int]:
+        """Faults since the last call, by rejection cause (e.g. ``draft_timeout``), counted by the strategy."""
+        return {}
+
     def close(self) -> None:
         """Release shared resources (threads, remote workers)."""
 

@@ -131,7 +131,7 @@ def test_injected_mismatch_is_loud_and_fails(tiny, tmp_path, capsys, monkeypatch
 
     def corrupting(llm, workload, repeats, peak):
         m = real(llm, workload, repeats, peak)
-        if llm.engine.spec is not None:
+        if llm.engine.spec.enabled:
             for repeat in m.outputs:
                 repeat[1][3] = (repeat[1][3] + 1) % llm.engine.config.vocab_size
         return m
@@ -161,7 +161,7 @@ def test_failed_configuration_exits_nonzero(tiny, capsys, monkeypatch):
     real = runs.run_workload
 
     def exploding(llm, workload, repeats, peak):
-        if llm.engine.spec is not None:
+        if llm.engine.spec.enabled:
             raise RuntimeError("engine blew up")
         return real(llm, workload, repeats, peak)
 

@@ -11,6 +11,7 @@ import torch
 from hyspec.drafters.dflash.checkpoint import load_drafter, save_drafter
 from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter, default_target_layers
 from hyspec.drafters.dflash.proposer import DFlashProposer, sample_block
+from hyspec.engine.target import TargetContext
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import KVPool
 from hyspec.model.loader import load_model
@@ -82,9 +83,10 @@ def test_paged_blocks_over_the_cached_context_equal_the_dense_blocks(target):
     cfg = drafter.config.layers
     pool = KVPool(64, KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                             torch.float32, 16))
-    engine = SimpleNamespace(config=target.config, device=torch.device("cpu"), pool=pool, dtype=torch.float32,
-                             backend=SimpleNamespace(ops=reference_ops()))
-    proposer = DFlashProposer(engine, drafter, BLOCK)
+    backend = SimpleNamespace(ops=reference_ops(), device=torch.device("cpu"))  # what a proposer reads of one
+    context = TargetContext(backend=backend, pool=pool, vocab_size=target.config.vocab_size, max_model_len=256,
+                            dtype=torch.float32, model=target)
+    proposer = DFlashProposer(context, drafter, BLOCK)
     captured = {}
     inner = proposer.select
     proposer.select = lambda live, hidden, sampling: captured.setdefault("h", []).append(hidden) or inner(

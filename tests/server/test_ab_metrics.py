@@ -106,6 +106,7 @@ def engine(tiny_model_dir):
 class _SpecWithoutDispatcher:
     """An engine.spec that speculates (so requests carry arms) and registers no metrics of its own."""
 
+    enabled = True
     dispatcher = None
 
     def register_prometheus(self, registry):

@@ -16,6 +16,8 @@ from tests.server.conftest import ENGINE_ARGS
 class FakeSpec:
     """Stands in for engine.spec: only what the server uses of it."""
 
+    enabled = True
+
     def __init__(self):
         self.registries = []
 

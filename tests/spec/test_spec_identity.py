@@ -7,6 +7,7 @@ import pytest
 
 from hyspec import LLM, SamplingParams
 from hyspec.errors import ConfigError
+from hyspec.spec.proposer import Proposer
 from tests.spec.conftest import PROMPTS
 from tests.spec.oracle_tree import OracleTreeProposer
 
@@ -87,11 +88,10 @@ def test_method_switch_mid_generation(target_dir, draft_dir, plain_outputs, tmp_
     assert decisions.get("ngram", 0) > 0 and decisions.get("draft_model", 0) > 0
 
 
-class _Exploding:
+class _Exploding(Proposer):
+    """Fails every other call and returns garbage every third; the lifecycle hooks are the base class's."""
+
     method = "ngram"
-    builds_trees = False
-    needs_hidden = False
-    aux_layers = ()
 
     def __init__(self, inner, fail_every=2):
         self.inner, self.calls, self.fail_every = inner, 0, fail_every
@@ -108,17 +108,6 @@ class _Exploding:
             return [DraftTree.chain(r.seq.last_token, [10**6, 5]) for r in requests]
         return self.inner.propose(requests, sampling)
 
-    def on_commit(self, *a):
-        pass
-
-    def on_finish(self, seq):
-        pass
-
-    def on_preempt(self, seq):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_failing_proposer_degrades_to_plain_and_counts(target_dir, plain_outputs):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,12 +27,16 @@ from hyspec.drafters.dflash.checkpoint import load_drafter
 from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
+from hyspec.engine.target import TargetContext
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops import OpTable
 from hyspec.ops.sampling import SamplingTensors, draw_uniforms
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from hyspec.spec.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,32 +72,32 @@ class DFlashProposer(Proposer):
     method = "dflash"
     needs_hidden = True
 
-    def __init__(self, engine, drafter: DFlashDrafter, max_tokens: int):
+    def __init__(self, target: TargetContext, drafter: DFlashDrafter, max_tokens: int):
         self.drafter = drafter
         self.aux_layers = drafter.config.target_layers
-        self.vocab_size = engine.config.vocab_size
-        self.device = engine.device
-        self.ops = engine.backend.ops
-        self.pool = engine.pool
+        self.vocab_size = target.vocab_size
+        self.device = target.device
+        self.ops = target.ops
+        self.pool = target.pool
         cfg = drafter.config.layers
         self.layout = self.pool.register(self.method, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-                                         engine.dtype)
+                                         target.dtype)
         self.max_tokens = min(max_tokens, drafter.block_size)
         self.states: DraftStates[_BlockState] = DraftStates(_BlockState.release)
         self.pool.add_reclaimer(self.states.reclaim)
 
     @classmethod
-    def from_spec(cls, engine, spec) -> "DFlashProposer":
+    def from_spec(cls, target: TargetContext, spec: "MethodSpec") -> "DFlashProposer":
         from hyspec.spec.methods import draft_dir
 
-        target = engine.model
+        model = target.require_model(cls.method)
 
         def build(config: DFlashConfig, section: dict[str, Any]):
-            return cls.build_drafter(config, section, target.embed_tokens.weight, target.lm_head_weight,
-                                     engine.backend.ops, engine.max_model_len + config.block_size + 8)
+            return cls.build_drafter(config, section, model.embed_tokens.weight, model.lm_head_weight,
+                                     target.ops, target.max_model_len + config.block_size + 8)
 
-        drafter = load_drafter(Path(draft_dir(spec)), cls.method, engine.config, build, engine.dtype, engine.device)
-        return cls(engine, drafter, spec.num_speculative_tokens)
+        drafter = load_drafter(Path(draft_dir(spec)), cls.method, model.config, build, target.dtype, target.device)
+        return cls(target, drafter, spec.num_speculative_tokens)
 
     @staticmethod
     def build_drafter(config: DFlashConfig, section: dict[str, Any], embed, lm_head, ops, max_positions):

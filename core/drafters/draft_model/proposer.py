@@ -17,6 +17,7 @@ import torch
 
 from hyspec.engine.model_runner import LAST_LOGITS, Feed, ModelRunner
 from hyspec.engine.sequence import Sequence
+from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import KVPool, OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
@@ -51,17 +52,18 @@ def check_same_tokenizer(target_dir: Path, draft_dir: Path, target_tok: Tokenize
 class DraftModelProposer(Proposer):
     method = "draft_model"
 
-    def __init__(self, engine, model_dir: str | Path, max_tokens: int):
+    def __init__(self, target: TargetContext, model_dir: str | Path, max_tokens: int):
         model_dir = Path(model_dir)
-        check_same_tokenizer(engine.model_path, model_dir, engine.tokenizer)
-        self.model = load_model(model_dir, dtype=engine.dtype, device=engine.device, ops=engine.backend.ops,
-                                max_positions=engine.max_model_len + 128)
+        if target.tokenizer is not None:  # a remote worker compares vocabularies by fingerprint instead
+            check_same_tokenizer(target.model_path, model_dir, target.tokenizer)
+        self.model = load_model(model_dir, dtype=target.dtype, device=target.device, ops=target.ops,
+                                max_positions=target.max_model_len + 128)
         cfg = self.model.config
-        self.target_vocab = engine.config.vocab_size
-        self.pool: KVPool = engine.pool
+        self.target_vocab = target.vocab_size
+        self.pool: KVPool = target.pool
         self.layout = self.pool.register("draft_model", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-                                         engine.dtype)
-        self.runner = ModelRunner(self.model, self.layout, engine.device)
+                                         target.dtype)
+        self.runner = ModelRunner(self.model, self.layout, target.device)
         self.max_tokens = max_tokens
         self._states: OrderedDict[str, _DraftState] = OrderedDict()  # least recently drafted first
         self.pool.add_reclaimer(self._reclaim)

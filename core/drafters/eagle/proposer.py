@@ -33,6 +33,7 @@ from hyspec.drafters.eagle.checkpoint import load_head
 from hyspec.drafters.eagle.tree import DynamicTrees, draft_logprobs
 from hyspec.engine.model_runner import NO_LOGITS, Feed, build_inputs
 from hyspec.engine.sequence import Sequence
+from hyspec.engine.target import TargetContext
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
@@ -86,25 +87,27 @@ class EagleProposer(Proposer):
     needs_hidden = True
     builds_trees = True
 
-    def __init__(self, engine, head_dir: str | Path, config: SpeculativeConfig):
+    def __init__(self, target: TargetContext, head_dir: str | Path, config: SpeculativeConfig):
         if config.speculative_token_tree is not None:
             log.warning("%s builds EAGLE-2 dynamic trees; speculative_token_tree only sizes them "
                         "(tree.budget/depth/topk = %s)", self.method, config.tree)
-        self.engine = engine
-        self.head = load_head(head_dir, engine.model, self.method, dtype=engine.dtype, device=engine.device,
-                              ops=engine.backend.ops, max_positions=engine.max_model_len + MAX_TREE_BUDGET + 2)
+        model = target.require_model(self.method)
+        self.vocab_size = target.vocab_size
+        self.dtype = target.dtype
+        self.head = load_head(head_dir, model, self.method, dtype=target.dtype, device=target.device,
+                              ops=target.ops, max_positions=target.max_model_len + MAX_TREE_BUDGET + 2)
         cfg = self.head.config
         self.aux_layers = tuple(sorted(set(cfg.target_aux_layers)))
         self._fusion_order = cfg.target_aux_layers
-        missing = [j for j in self.aux_layers if j >= engine.config.num_hidden_layers]
+        missing = [j for j in self.aux_layers if j >= model.config.num_hidden_layers]
         if missing:
             raise CheckpointError(f"the EAGLE-3 head reads target layers {list(missing)}, beyond the target's "
-                                  f"{engine.config.num_hidden_layers}")
+                                  f"{model.config.num_hidden_layers}")
         self.tree = config.tree
-        self.pool = engine.pool
+        self.pool = target.pool
         lc = cfg.layer
-        self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, engine.dtype)
-        self.device = engine.device
+        self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, target.dtype)
+        self.device = target.device
         self._states: OrderedDict[str, _HeadState] = OrderedDict()  # least recently drafted first
         self.pool.add_reclaimer(self._reclaim)
 
@@ -196,7 +199,7 @@ class EagleProposer(Proposer):
                              self.tree.depth, device=root_h.device)
         stochastic = None if all(r.greedy for r in reqs) else sampling.select(idx)
         self._grow(trees, [st for _, st in live], root_h, stochastic)
-        vocab = self.engine.config.vocab_size
+        vocab = self.vocab_size
         for i, (tokens, parents) in zip(idx, trees.select()):
             out[i] = DraftTree.from_parents(tokens, parents, vocab_size=vocab)
         return out
@@ -215,7 +218,7 @@ class EagleProposer(Proposer):
                 feats.append(prepared[2])
         if not live:
             return live, torch.empty(0)
-        h, rows = self._run(feeds, self.head.fuse(torch.cat(feats).to(self.engine.dtype)))
+        h, rows = self._run(feeds, self.head.fuse(torch.cat(feats).to(self.dtype)))
         for (_, st), feed in zip(live, feeds):
             st.fed += len(feed.tokens)
             # Keep only the root pair's feature, to re-feed it if nothing new arrives before the next draft.

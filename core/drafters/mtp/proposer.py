@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
@@ -29,12 +31,16 @@ from hyspec.drafters.mtp.checkpoint import is_mtp_checkpoint, load_mtp
 from hyspec.drafters.mtp.model import MTPDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
+from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from hyspec.spec.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -82,33 +88,33 @@ class MTPProposer(Proposer):
     needs_hidden = True
     aux_layers = ()  # conditions on CommittedHidden.final (after the final norm), as vLLM's DeepSeekMTP
 
-    def __init__(self, engine, drafter: MTPDrafter, max_tokens: int):
+    def __init__(self, target: TargetContext, drafter: MTPDrafter, max_tokens: int):
         self.drafter = drafter
-        self.vocab_size = engine.config.vocab_size
-        self.device = engine.device
-        self.pool = engine.pool
+        self.vocab_size = target.vocab_size
+        self.device = target.device
+        self.pool = target.pool
         block = drafter.config.block
-        self.layouts = [self.pool.register(f"mtp.{m}", 1, block.num_key_value_heads, block.head_dim, engine.dtype)
+        self.layouts = [self.pool.register(f"mtp.{m}", 1, block.num_key_value_heads, block.head_dim, target.dtype)
                         for m in range(drafter.num_modules)]
         self.max_tokens = max_tokens
         self.states: DraftStates[_MTPState] = DraftStates(_MTPState.release)
         self.pool.add_reclaimer(self.states.reclaim)
 
     @classmethod
-    def from_spec(cls, engine, spec) -> "MTPProposer":
+    def from_spec(cls, target: TargetContext, spec: "MethodSpec") -> "MTPProposer":
         from hyspec.spec.methods import draft_dir
 
         if getattr(spec.config, "speculative_token_tree", None) is not None:
             raise ConfigError("speculative_token_tree", "hyspec's mtp drafts chains; static token trees are "
                                                         "not implemented for it (remove the key)")
+        model = target.require_model(cls.method)
         path = spec.model
-        if path is None and is_mtp_checkpoint(engine.model_path):
-            path = engine.model_path  # DeepSeek layout: the modules live in the target's checkpoint
+        if path is None and is_mtp_checkpoint(target.model_path):
+            path = target.model_path  # DeepSeek layout: the modules live in the target's checkpoint
         path = Path(path if path is not None else draft_dir(spec))
-        target = engine.model
-        drafter = load_mtp(path, engine.config, target.embed_tokens.weight, target.lm_head_weight, engine.dtype,
-                           engine.device, ops=engine.backend.ops, max_positions=engine.max_model_len + 64)
-        return cls(engine, drafter, spec.num_speculative_tokens)
+        drafter = load_mtp(path, model.config, model.embed_tokens.weight, model.lm_head_weight, target.dtype,
+                           target.device, ops=target.ops, max_positions=target.max_model_len + 64)
+        return cls(target, drafter, spec.num_speculative_tokens)
 
     def max_budget(self) -> int:
         return self.max_tokens
