@@ -7,13 +7,14 @@ loads only when it is used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hyspec.spec import registry
 from hyspec.spec.proposer import Proposer
 
 if TYPE_CHECKING:
     from hyspec.engine.target import TargetContext
+    from hyspec.spec.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class MethodSpec:
     num_speculative_tokens: int
     prompt_lookup_min: int
     prompt_lookup_max: int
-    config: Any  # the whole SpeculativeConfig (tree, remote, ... sections)
+    config: "SpeculativeConfig"  # the whole config (tree, remote, ... sections)
 
 
 Factory = registry.Factory  # (target, spec) -> proposer
@@ -33,7 +34,7 @@ Factory = registry.Factory  # (target, spec) -> proposer
 
 def build_proposer(target: "TargetContext", spec: MethodSpec) -> Proposer:
     """``spec.method``'s proposer from its registered factory (remote placement wraps it in a RemoteProposer)."""
-    if getattr(spec.config, "draft_placement", "local") == "remote":
+    if spec.config.draft_placement == "remote":
         # Drafts come from Ray CPU workers; the local proposer is built only as the failover path.
         from hyspec.remote.factory import build_remote_proposer
 

@@ -104,7 +104,7 @@ class MTPProposer(Proposer):
     def from_spec(cls, target: TargetContext, spec: "MethodSpec") -> "MTPProposer":
         from hyspec.spec.methods import draft_dir
 
-        if getattr(spec.config, "speculative_token_tree", None) is not None:
+        if spec.config.speculative_token_tree is not None:
             raise ConfigError("speculative_token_tree", "hyspec's mtp drafts chains; static token trees are "
                                                         "not implemented for it (remove the key)")
         model = target.require_model(cls.method)
