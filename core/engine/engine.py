@@ -255,7 +255,8 @@ class LLMEngine:
         tokens: dict[str, list[int]] = {}
         if plain:
             seqs = [run.rows[i].seq for i in plain]
-            sampled = sample_next_tokens(torch.cat([run.result.feed_logits(i) for i in plain]), seqs)
+            sampled = sample_next_tokens(torch.cat([run.result.feed_logits(i) for i in plain]), seqs,
+                                         self.backend.ops)
             tokens.update((seq.request_id, [tok]) for seq, tok in zip(seqs, sampled))
         accepted: Accepted = self.spec.accept(run, drafts)
         tokens.update(accepted.tokens)

@@ -11,23 +11,20 @@ if TYPE_CHECKING:
     from hyspec.ops import OpTable
 
 
-def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence], ops: "OpTable | None" = None) -> list[int]:
+def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence], ops: "OpTable") -> list[int]:
     """``logits [R, V]`` (row r belongs to ``seqs[r]``) -> one token per row.
 
     Greedy rows take the argmax; the others sample from the processed
     distribution (temperature, top-k, top-p, min-p) with their own generator,
     so a seeded request draws the same numbers whatever shares its batch.
-    The draw is the op table's ``sample`` (the engine passes its backend's
-    table; None = the reference ops).
+    The draw is the op table's ``sample`` (the engine passes its backend's table).
     """
     if all(s.params.greedy for s in seqs):
         from hyspec.ops.sampling import greedy
 
         return greedy(logits).tolist()
-    from hyspec.ops import reference_ops
     from hyspec.ops.sampling import SamplingTensors, process_logits
 
-    ops = ops or reference_ops()
     st = SamplingTensors.from_params([s.params for s in seqs], device=logits.device)
     probs = process_logits(logits, st.temperature, st.top_k, st.top_p, st.min_p)
     return ops.sample(probs, [s.generator for s in seqs]).tolist()
