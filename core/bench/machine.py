@@ -125,7 +125,8 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     embed = getattr(model, "embed_tokens", None)
     embed_weight = getattr(embed, "weight", None)
     # Tied: an lm_head module holding the same Parameter, hyspec's CausalLM's ``lm_head_weight`` (no
-    # lm_head module), or another parameter on the same storage (the CPU backend's packed logits head).
+    # lm_head module), or another parameter on the same storage (a packed copy sharing it, where a
+    # backend keeps one inside the model).
     heads = (getattr(getattr(model, "lm_head", None), "weight", None), getattr(model, "lm_head_weight", None))
     tied = embed_weight is not None and (any(h is embed_weight for h in heads) or any(
         p is not embed_weight and _storage(p) == _storage(embed_weight) for p in model.parameters()))

@@ -158,8 +158,9 @@ def test_decode_weight_bytes_skips_an_untied_input_embedding():
 
 
 def test_a_cpu_packed_tied_model_counts_its_shared_head_once():
-    """hyspec's CausalLM ties without an lm_head module; the CPU backend adds a packed logits head
-    holding the same storage: parameters and decode bytes must count that matrix once."""
+    """hyspec's CausalLM ties without an lm_head module, and the CPU backend packs its linear layers
+    (the lm_head's packed copy lives in the op table's cache, outside the model): parameters and decode
+    bytes must count the tied matrix once."""
     from hyspec.backends.registry import get_backend
     from hyspec.bench.machine import unique_parameter_count
     from hyspec.model.config import ModelConfig
