@@ -162,9 +162,8 @@ class SpecDecoder(Speculation):
             for p in self.proposers.values():
                 p.on_preempt(seq)
         prefilling = [seq for seq, _ in scheduled.prefills if seq.arm == "spec"]
-        if prefilling:
-            for p in self.proposers.values():
-                p.on_prefill(prefilling)
+        for p in self.proposers.values():  # every step, empty too: what a proposer holds is this step's
+            p.on_prefill(prefilling)
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
         trees, seconds = self._propose(plan, scheduled.decodes)

@@ -90,8 +90,9 @@ class Proposer(ABC):
         self.on_finish(seq)
 
     def on_prefill(self, seqs: list[Sequence]) -> None:
-        """``seqs`` (speculating requests) have a prompt chunk in this step: a proposer may start
-        preparing them before their first draft (remote workers receive their history early)."""
+        """``seqs`` (speculating requests, maybe none) have a prompt chunk in this step, called every
+        step before drafting: a proposer may start preparing them before their first draft (remote
+        workers receive their history early)."""
 
     def observe_forward(self, seconds: float) -> None:
         """The step's target forward took ``seconds`` (remote drafters size their deadlines from it)."""

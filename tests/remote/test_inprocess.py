@@ -390,3 +390,32 @@ def test_collector_shutdown_on_the_health_thread_does_not_wait_on_a_lock_it_hold
     thread.join(timeout=10)
     assert returned.is_set() and not thread.is_alive(), "the shutdown waited on the lock its own thread held"
     assert closed.wait(10), "the deferred shutdown never closed the worker"
+
+
+def test_a_prefilling_request_is_warmed_on_a_worker_with_the_next_draft_call(fresh_metrics):
+    """The strategy tells proposers which requests prefill this step (Proposer.on_prefill); the remote
+    proposer sends such a request's history, budget 0, with the call it makes for the decoding ones."""
+    llm, rp = fresh_metrics
+    engine = llm.engine
+    updates = []
+    real = rp._build_call
+
+    def spy(slot, idx, requests):
+        call = real(slot, idx, requests)
+        updates.extend((u.rid, u.budget, len(u.tokens)) for u in call.updates)
+        return call
+
+    rp._build_call = spy
+    try:
+        engine.add_request(PROMPTS[0], GREEDY, request_id="warm-a")
+        while not any(rid == "warm-a" and budget > 0 for rid, budget, _ in updates):
+            engine.step()  # until "warm-a" decodes and drafts remotely
+        engine.add_request(PROMPTS[1], GREEDY, request_id="warm-b")
+        engine.step()  # warm-b's prompt is prefilled in the step warm-a drafts in
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        rp._build_call = real
+    warm = [(budget, n) for rid, budget, n in updates if rid == "warm-b"]
+    assert warm and warm[0] == (0, len(engine.tokenizer.encode(PROMPTS[1]))), updates
+    engine.pool.assert_all_free()
