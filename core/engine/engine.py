@@ -212,9 +212,9 @@ class LLMEngine:
         # 3. run: one target forward over every row
         run, drafts = self._run_target(scheduled, drafts)
         # 4. accept: sample plain rows, verify trees; the strategy learns from the step
-        accepted = self._accept(run, drafts)
+        tokens = self._accept(run, drafts)
         # 5. emit
-        return self._emit_step(run, accepted)
+        return self._emit_step(run, tokens)
 
     def _run_target(self, scheduled: SchedulerOutput, drafts: Drafts) -> tuple[TargetRun, Drafts]:
         try:
