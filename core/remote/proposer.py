@@ -17,6 +17,7 @@ lost to the deadline, and everything else in :class:`RemoteMetrics`.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import logging
@@ -110,6 +111,12 @@ class RemoteProposer(Proposer):
         self.monitor.start()
         self._shutdown_args = (self.monitor, list(handles), fallback)
         self._finalizer = weakref.finalize(self, _shutdown_soon, *self._shutdown_args)
+        # At interpreter exit the health thread must stop before Ray shuts down: Ray's own exit hook
+        # was registered by ray.init (before this proposer existed), and exit hooks run last-in
+        # first-out, so this one runs first. weakref.finalize's exit hook may predate ray.init and run
+        # after it (seen: the health thread's ray.wait on a dead session, then SIGSEGV at exit).
+        self._close_at_exit = _closer(weakref.ref(self))
+        atexit.register(self._close_at_exit)
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -236,6 +243,7 @@ class RemoteProposer(Proposer):
         return faults
 
     def close(self) -> None:
+        atexit.unregister(self._close_at_exit)
         if self._finalizer.detach() is not None:  # not closed yet (by an earlier close or the collector)
             _shutdown(*self._shutdown_args)
 
@@ -397,6 +405,16 @@ class RemoteProposer(Proposer):
         level = logging.DEBUG if key in self._warned else logging.WARNING
         self._warned.add(key)
         log.log(level, msg, *args)
+
+
+def _closer(ref: "weakref.ReferenceType[RemoteProposer]"):
+    """An exit hook that closes the proposer if it is still alive (it holds only a weak reference)."""
+    def close_at_exit() -> None:
+        proposer = ref()
+        if proposer is not None:
+            proposer.close()
+
+    return close_at_exit
 
 
 def _shutdown_soon(monitor: HealthMonitor, handles: list[WorkerHandle], fallback: Proposer | None) -> None:

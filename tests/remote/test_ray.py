@@ -137,3 +137,24 @@ def test_hybrid_methods_each_get_a_worker_on_the_node(ray_engine, target_dir, dr
         assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
     finally:
         llm.engine.spec.close()
+
+
+def test_a_script_that_drafted_on_ray_exits_cleanly(target_dir, draft_dir, tmp_path):
+    """Three lines of user code and the end of the script: the health thread stops before Ray shuts down
+    (it used to outlive it, log "a Ray object whose owner is unknown" and die with SIGSEGV, exit 139)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "remote_exit.py"
+    script.write_text(
+        "from hyspec import LLM, SamplingParams\n"
+        f"llm = LLM({str(target_dir)!r}, dtype='float32', kv_cache_bytes=8 << 20, speculative_config={{\n"
+        f"    'method': 'draft_model', 'model': {str(draft_dir)!r}, 'num_speculative_tokens': 3,\n"
+        "    'draft_placement': 'remote'})\n"
+        "out = llm.generate(['def add(a, b):'], SamplingParams(temperature=0, max_tokens=8))\n"
+        "print(len(out[0].outputs[0].token_ids))\n")
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "8"
+    assert "owner is unknown" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
