@@ -49,6 +49,32 @@ class CPUBackend(Backend):
             return model
         return optimize_for_cpu(model)
 
+    def quantization_kernels(self) -> tuple[str, ...]:
+        try:
+            from hyspec.cpu_ops.quantized_linear import int4_kernel_available, int8_kernel_available
+        except ImportError:
+            return ()
+        return tuple(kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok)
+
+    def quantized_linear(self, w, bias):
+        """torch's CPU int4 (group-wise) / int8 (per-row) weight-only kernels: hyspec.cpu_ops.quantized_linear."""
+        try:
+            from hyspec.cpu_ops.quantized_linear import quantized_linear
+        except ImportError:
+            return None
+        return quantized_linear(w, bias)
+
+    def quantized_head(self, weight, w):
+        """The ``logits`` op (hyspec.cpu_ops.packed_linear.packed_logits) multiplies by ``w``'s codes from now on."""
+        try:
+            from hyspec.cpu_ops.quantized_linear import QUANTIZED_HEADS, quantized_linear
+        except ImportError:
+            return None
+        head = quantized_linear(w, None) if "logits" in self.ops.native_ops() else None
+        if head is not None:
+            QUANTIZED_HEADS.register(weight, head)
+        return head
+
     def memory_stats(self) -> MemoryStats:
         mem = host_memory()
         if mem is None:

@@ -158,7 +158,8 @@ def _backend_report(name: str, capabilities) -> BackendReport:
     sources = backend.ops.sources
     # every method runs on the reference ops, so each runs wherever a backend does
     return BackendReport(name=name, capabilities=capabilities, methods=tuple(DRAFTING_METHODS),
-                         op_sources=tuple(sources.items()), ops_note=getattr(backend, "ops_note", None))
+                         op_sources=tuple(sources.items()), ops_note=getattr(backend, "ops_note", None),
+                         quantization=tuple(backend.quantization_kernels()))
 
 
 def _platform() -> tuple[tuple[str, str], ...]:

@@ -219,6 +219,7 @@ class BackendReport:
     methods: tuple[str, ...]  # drafting methods that run here (empty when unavailable)
     op_sources: tuple[tuple[str, str], ...]  # (op, "reference" | backend source); empty when unavailable
     ops_note: str | None = None  # why the backend's own ops are not in use, if they are not
+    quantization: tuple[str, ...] = ()  # weight-only kernels it computes with: "int4", "int8"
 
     @property
     def available(self) -> bool:
@@ -239,6 +240,7 @@ class BackendReport:
             "ops": dict(self.op_sources) if self.op_sources else None,
             "native_ops": list(self.native_ops),
             "ops_note": self.ops_note,
+            "quantization": list(self.quantization),
         }
 
 

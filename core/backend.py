@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
 from hyspec.ops import OpTable
+
+if TYPE_CHECKING:
+    from hyspec.model.quant import GroupQuantized
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,20 @@ class Backend(ABC):
         (the lm-head matmul is the ``logits`` op).  The default changes nothing.
         """
         return model
+
+    def quantization_kernels(self) -> tuple[str, ...]:
+        """Weight-only kinds this backend computes with (``"int4"``, ``"int8"``); the probe reports them."""
+        return ()
+
+    def quantized_linear(self, w: "GroupQuantized", bias: "torch.Tensor | None") -> "torch.nn.Module | None":
+        """A drop-in ``nn.Linear`` computing with the codes of ``w`` (hyspec.model.quant), or None when this
+        backend has no kernel for it (the loader then keeps dequantized weights, or errors when asked for it)."""
+        return None
+
+    def quantized_head(self, weight: "torch.Tensor", w: "GroupQuantized") -> "torch.nn.Module | None":
+        """Let the ``logits`` op multiply by ``w``'s codes wherever it is given the dense lm_head ``weight``
+        (tied embeddings keep the dense table for the lookup); the module it uses, or None when it cannot."""
+        return None
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op where work is synchronous)."""

@@ -1,4 +1,5 @@
-"""CPU fast paths: packed linear weights (oneDNN bf16 / MKL fp32) and the ONNX Runtime drafter.
+"""CPU fast paths: packed linear weights (oneDNN bf16 / MKL fp32), int4 / int8 weight-only linears
+(``quantized_linear.py``: GGUF Q4 / Q8 codes as stored) and the ONNX Runtime drafter.
 
 The op table's one CPU op is ``logits`` (``cpu_op_overrides``): the lm-head
 matmul against a copy of the weight packed once (``packed_linear.packed_logits``).
@@ -11,11 +12,12 @@ CPU draft workers.
 
 
 def cpu_op_overrides() -> dict:
-    """``logits`` through packed weights where this CPU and torch build can pack (fp32 / bf16)."""
+    """``logits`` through packed (fp32 / bf16) or quantized (int8) weights where this CPU and torch build can."""
     import torch
 
     from hyspec.cpu_ops.packed_linear import packed_logits, packing_available
+    from hyspec.cpu_ops.quantized_linear import int8_kernel_available
 
-    if packing_available(torch.float32) or packing_available(torch.bfloat16):
+    if packing_available(torch.float32) or packing_available(torch.bfloat16) or int8_kernel_available():
         return {"logits": packed_logits}
     return {}

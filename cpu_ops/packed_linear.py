@@ -154,14 +154,21 @@ PACKED_HEADS = PackedHeads()
 
 
 def packed_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [..., H], [V, H] -> [..., V] fp32
-    """The CPU backend's ``logits`` op: the matmul against a packed copy of ``weight`` (made once per weight).
+    """The CPU backend's ``logits`` op: the matmul against a packed copy of ``weight`` (made once per weight),
+    or against its quantized stand-in where the loader registered one (``quantized_linear.QUANTIZED_HEADS``).
 
     Falls back to the reference (``F.linear(...).float()``) where packing does
     not apply: a tensor off the CPU, mixed or unpackable dtypes, or autograd
     (training needs the gradient F.linear gives).
     """
-    if (weight.device.type != "cpu" or hidden.device.type != "cpu" or hidden.dtype != weight.dtype
-            or torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    training = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if not training and hidden.device.type == "cpu":
+        from hyspec.cpu_ops.quantized_linear import QUANTIZED_HEADS
+
+        quantized = QUANTIZED_HEADS.get(weight)  # the loader kept this head's codes (GGUF Q8_0, --quantization)
+        if quantized is not None:
+            return quantized(hidden).float()
+    if (weight.device.type != "cpu" or hidden.device.type != "cpu" or hidden.dtype != weight.dtype or training
             or not packing_available(weight.dtype)):
         return F.linear(hidden, weight).float()
     return PACKED_HEADS.get(weight)(hidden)

@@ -117,7 +117,8 @@ def measure_copy_bandwidth(num_bytes: int, device: torch.device, repeats: int = 
 
 
 def decode_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights one plain decode step reads: every parameter once, except an untied input embedding.
+    """Bytes of weights one plain decode step reads: every parameter and persistent buffer (quantized codes and
+    scales) once, except an untied input embedding.
 
     An input embedding only reads one row per token; when it is tied to the
     lm_head the shared matrix is read in full by the lm_head and counted once.
@@ -130,8 +131,13 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     heads = (getattr(getattr(model, "lm_head", None), "weight", None), getattr(model, "lm_head_weight", None))
     tied = embed_weight is not None and (any(h is embed_weight for h in heads) or any(
         p is not embed_weight and _storage(p) == _storage(embed_weight) for p in model.parameters()))
+    # A quantized lm_head (hyspec.model.quantize_model) is read instead of the dense tied matrix.
+    report = getattr(model, "quantization", None)
+    head_bytes = getattr(report, "head_bytes", 0) or 0
+    if head_bytes:
+        tied = False
     seen: set[tuple[int, int]] = set()
-    total = 0
+    total = head_bytes
     for p in model.parameters():
         if _storage(p) in seen:
             continue
@@ -139,6 +145,11 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
         if p is embed_weight and not tied:
             continue
         total += p.numel() * p.element_size()
+    for module in model.modules():  # quantized linears keep their codes and scales as buffers
+        for name, buf in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set and _storage(buf) not in seen:
+                seen.add(_storage(buf))
+                total += buf.numel() * buf.element_size()
     return total
 
 

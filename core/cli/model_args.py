@@ -19,6 +19,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="speculative decoding config as JSON text or a JSON file")
     parser.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto (default: auto / $HYSPEC_BACKEND)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
+                        help="weight-only kernels: int4 (group 32) / int8 for every linear, or none (dense); "
+                             "default: the checkpoint's own (a GGUF's Q4_0/Q4_1/Q8_0 codes where the backend "
+                             "has kernels, dequantized elsewhere)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
 
@@ -28,6 +32,8 @@ def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if getattr(args, "tokenizer", None):
         out["tokenizer"] = args.tokenizer
+    if getattr(args, "quantization", None):
+        out["quantization"] = args.quantization
     if getattr(args, "kv_cache_bytes", None):
         out["kv_cache_bytes"] = args.kv_cache_bytes
     return out

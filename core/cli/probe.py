@@ -108,6 +108,9 @@ def _details(b) -> list[str]:
     rows += [("native ops", native), ("reference ops", reference)]
     if b.ops_note:
         rows.append(("ops note", b.ops_note))
+    if b.available:
+        rows.append(("quantization", (" ".join(b.quantization) + " weight-only (GGUF Q4_0/Q4_1 as int4, Q8_0 as int8)")
+                     if b.quantization else "none: quantized checkpoints are dequantized"))
     rows.append(("methods", " ".join(b.methods)))
     return [b.name] + [f"  {key:<14} {value}" for key, value in rows] + [""]
 

@@ -79,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plus hyspec's keys); default: plain decoding")
     parser.add_argument("--backend", default="auto", help="auto (NPU > CUDA > CPU), npu, cuda or cpu")
     parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
+                        help="weight-only kernels (default: the checkpoint's own, a GGUF's Q4/Q8 codes)")
     parser.add_argument("--max-model-len", type=_positive_int, metavar="N",
                         help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=64, metavar="N",
@@ -107,7 +109,8 @@ def engine_args(args: argparse.Namespace) -> dict:
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_bytes": args.kv_cache_bytes, "memory_fraction": args.memory_fraction,
             "speculative_config": args.speculative_config,
-            **({"tokenizer": args.tokenizer} if args.tokenizer else {})}
+            **({"tokenizer": args.tokenizer} if args.tokenizer else {}),
+            **({"quantization": args.quantization} if getattr(args, "quantization", None) else {})}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ class LLMEngine:
         max_num_batched_tokens: int = 1024,
         speculative_config: dict | str | None = None,
         tokenizer: str | Path | None = None,
+        quantization: str | None = None,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -86,8 +87,11 @@ class LLMEngine:
             raise ConfigError("max_model_len", f"{max_model_len} exceeds the model's max_position_embeddings "
                                                f"({cfg.max_position_embeddings}) and it has no RoPE scaling")
         self.max_model_len = max_model_len
+        # quantization: None keeps a GGUF's Q4 / Q8 codes where the backend has kernels (quantize_model.py)
         self.model = load_model(path, dtype=dtype, device=self.device, ops=self.backend.ops,
-                                max_positions=max_model_len + 64)  # + room for draft positions past the end
+                                max_positions=max_model_len + 64,  # + room for draft positions past the end
+                                quantization=quantization, backend=self.backend)
+        self.quantization = self.model.quantization
         self.model = self.backend.optimize_model(self.model)
         self.config = self.model.config
         self.dtype = self.model.embed_tokens.weight.dtype

@@ -31,6 +31,7 @@ class LLM:
         backend: str = "auto",
         dtype: str = "auto",
         max_model_len: int | None = None,
+        quantization: str | None = None,
         **engine_args: Any,
     ):
         if model is None:
@@ -38,7 +39,7 @@ class LLM:
 
             model = default_model()
         self.engine = LLMEngine(model, backend=backend, dtype=dtype, max_model_len=max_model_len,
-                                speculative_config=speculative_config, **engine_args)
+                                speculative_config=speculative_config, quantization=quantization, **engine_args)
         self.tokenizer = self.engine.tokenizer
 
     def get_tokenizer(self):

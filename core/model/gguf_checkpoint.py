@@ -186,6 +186,24 @@ class GGUFCheckpoint:
         t = self._get(name)
         return QuantizedTensor(name, t.tensor_type.name, self.shape(name), t.data)
 
+    def group_quantized(self, name: str):
+        """The tensor as codes + scales + zeros in Hugging Face row order (q/k rows un-interleaved, exactly:
+        a row permutation), or None when its GGML type is not a group type (F32, F16, K-quants, ...)."""
+        from hyspec.model.quant import from_gguf, permute_rows
+
+        t = self._get(name)
+        w = from_gguf(t.tensor_type.name, t.data, self.shape(name), name)
+        proj = name.split(".")[-2]
+        if w is not None and self.architecture == "llama" and proj in self._heads:
+            if self._heads[proj] is None:
+                raise CheckpointError(f"{self.path.name}: GGUF metadata lacks llama.attention.head_count")
+            w = permute_rows(w, unpermute_rope_rows(torch.arange(w.shape[0]), self._heads[proj]))
+        return w
+
+    def tensor_type(self, name: str) -> str:
+        """The GGML type a tensor is stored in (Q4_1, Q8_0, F32, ...)."""
+        return self._get(name).tensor_type.name
+
     def tensor_types(self) -> dict[str, int]:
         """How many tensors the file stores in each GGML type."""
         counts: dict[str, int] = {}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape
 from hyspec.ops import OpTable
+
+if TYPE_CHECKING:
+    from hyspec.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +33,16 @@ def load_model(
     device: str | torch.device = "cpu",
     ops: OpTable | None = None,
     max_positions: int | None = None,
+    quantization: str | None = None,
+    backend: "Backend | None" = None,
 ) -> CausalLM:
     """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``,
-    or build and fill it from one GGUF file (``path`` ending in ``.gguf``)."""
+    or build and fill it from one GGUF file (``path`` ending in ``.gguf``).
+
+    With a ``backend``, its quantized kernels take the linears ``quantization`` asks for
+    (hyspec.model.quantize_model: by default a GGUF's own Q4 / Q8 codes); the report of what
+    was quantized is ``model.quantization``.  Without one the model is dense.
+    """
     path = Path(path)
     cfg = ModelConfig.from_pretrained(path)
     torch_dtype = resolve_dtype(cfg, dtype)
@@ -46,7 +57,16 @@ def load_model(
     from hyspec.model.rope import cos_sin_cache
 
     model.cos_sin = cos_sin_cache(cfg, model.max_positions)
-    return model.to(device).eval().requires_grad_(False)
+    model = model.to(device).eval().requires_grad_(False)
+    model.quantization = None
+    if backend is not None:
+        from hyspec.model.quantize_model import check_quantization, quantize_model
+
+        model.quantization = quantize_model(model, ckpt, check_quantization(quantization), backend, torch_dtype)
+        log.info("%s: %s", path.name, model.quantization.summary())
+    elif quantization not in (None, "none"):
+        raise CheckpointError(f"quantization={quantization!r} needs a backend to compute with it")
+    return model
 
 
 def open_checkpoint(path: Path) -> SafetensorsCheckpoint | GGUFCheckpoint:

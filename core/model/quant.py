@@ -1,0 +1,142 @@
+"""Weight-only quantized matrices, vendor-neutral: what the loader hands a backend's kernels.
+
+A :class:`GroupQuantized` matrix ``[N, K]`` stores integer codes ``q`` and, per
+row and per group of ``group_size`` columns, a ``scale`` and a ``zero``:
+
+    w[n, k] = (q[n, k] - offset) * scale[n, k // G] + zero[n, k // G]
+
+with ``offset`` 8 for 4-bit codes (0..15) and 0 for 8-bit codes (-128..127).
+That is torch's group-wise int4 convention, and llama.cpp's blocks map onto
+it exactly:
+
+* Q4_0 (``w = d * (q - 8)``): scale ``d``, zero 0;
+* Q4_1 (``w = d * q + m``): scale ``d``, zero ``m + 8 d`` (computed in fp32,
+  where the sum of two fp16 values is exact unless their exponents are more
+  than 13 apart: :func:`from_gguf` checks it and reports the tensor);
+* Q8_0 (``w = d * q``, q int8): scale ``d``, zero 0, offset 0.
+
+The codes are the file's own; a backend that computes with them reads 4.5 or
+8.5 bits a weight instead of 16.  Where a backend's kernel wants another
+layout (per-channel int8 scales, bf16 scales) it converts, and says how exact
+the conversion is (hyspec.cpu_ops.quantized_linear).
+
+:func:`quantize` makes the same structure from a dense bf16/fp32 matrix
+(``--quantization int4|int8``): asymmetric min/max int4 per group of 32,
+symmetric per-row int8.  :func:`dequantize` is the reference every kernel is
+tested against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hyspec.errors import CheckpointError
+
+#: GGML block types hyspec can keep quantized, and the bits of their codes.
+GGUF_GROUP_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+_GGUF_BLOCK = 32  # the block (group) size of Q4_0, Q4_1 and Q8_0
+
+
+@dataclass
+class GroupQuantized:
+    """An ``[N, K]`` matrix as integer codes with group-wise scales and zeros (see the module docstring)."""
+
+    q: torch.Tensor  # [N, K] uint8 codes 0..15 (bits 4) or int8 -128..127 (bits 8)
+    scale: torch.Tensor  # [N, K // group_size] fp32
+    zero: torch.Tensor  # [N, K // group_size] fp32
+    group_size: int
+    bits: int
+    source: str  # where the codes came from: a GGML type (Q4_1 ...) or "int4" / "int8" (quantized here)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.q.shape[0]), int(self.q.shape[1])
+
+    @property
+    def offset(self) -> int:
+        return 8 if self.bits == 4 else 0
+
+    def storage_bytes(self) -> int:
+        """Bytes a kernel reads per use: the packed codes plus one scale and one zero per group."""
+        n, k = self.shape
+        return n * k * self.bits // 8 + 2 * self.scale.numel() * 2
+
+
+def dequantize(w: GroupQuantized) -> torch.Tensor:
+    """The reference values ``[N, K]`` in fp32, computed as the module docstring's formula says."""
+    n, k = w.shape
+    codes = w.q.to(torch.float32).view(n, k // w.group_size, w.group_size) - w.offset
+    return (codes * w.scale[..., None] + w.zero[..., None]).view(n, k)
+
+
+def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized | None:
+    """Row-wise concatenation (fused q/k/v and gate/up); None when the parts are not alike."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
+        return None
+    sources = sorted({p.source for p in parts})
+    return GroupQuantized(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
+                          torch.cat([p.zero for p in parts]), first.group_size, first.bits, "+".join(sources))
+
+
+def permute_rows(w: GroupQuantized, rows: torch.Tensor) -> GroupQuantized:
+    """The same matrix with its rows reordered (llama.cpp's q/k RoPE order back to Hugging Face's)."""
+    return GroupQuantized(w.q[rows], w.scale[rows], w.zero[rows], w.group_size, w.bits, w.source)
+
+
+def from_gguf(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str = "") -> GroupQuantized | None:
+    """A GGUF tensor's raw blocks as codes + scales + zeros, exactly; None for types not in GGUF_GROUP_TYPES."""
+    if qtype not in GGUF_GROUP_TYPES:
+        return None
+    n, k = shape
+    if k % _GGUF_BLOCK:
+        raise CheckpointError(f"{name}: {qtype} tensor with {k} columns is not a whole number of blocks")
+    raw = np.ascontiguousarray(blocks).reshape(n, k // _GGUF_BLOCK, -1)
+    d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16).astype(np.float32)).view(n, -1)
+    if qtype == "Q8_0":
+        codes = torch.from_numpy(raw[..., 2:].copy().view(np.int8)).reshape(n, k)
+        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 8, qtype)
+    start = 4 if qtype == "Q4_1" else 2
+    packed = torch.from_numpy(raw[..., start:].copy())  # [n, blocks, 16]: element j low nibble, j + 16 high
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(n, k)
+    if qtype == "Q4_0":
+        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 4, qtype)
+    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16).astype(np.float32)).view(n, -1)
+    zero = m + 8 * d
+    # fp32 holds m + 8d exactly unless the exponents are far apart; then w's formula rounds once more
+    exact = (zero.double() == m.double() + 8 * d.double()).all()
+    if not bool(exact):
+        import logging
+
+        logging.getLogger(__name__).info("%s: Q4_1 zero m + 8d rounded in fp32 for some blocks", name)
+    return GroupQuantized(codes, d, zero, _GGUF_BLOCK, 4, qtype)
+
+
+def quantize(w: torch.Tensor, bits: int, group_size: int = 32) -> GroupQuantized:
+    """Weight-only quantization of a dense ``[N, K]`` matrix: int4 asymmetric per group, int8 symmetric per row.
+
+    int4: per group, ``scale = (max - min) / 15`` and codes ``round((w - min) / scale)``, so the group's
+    range maps onto 0..15 (``zero = min + 8 scale`` in the stored convention).  int8: one group per row,
+    ``scale = absmax / 127``.  Both round to nearest; the error is at most half a step per weight.
+    """
+    w = w.detach().to(torch.float32)
+    n, k = w.shape
+    if bits == 8:
+        scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        codes = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
+        return GroupQuantized(codes, scale, torch.zeros_like(scale), k, 8, "int8")
+    if bits != 4:
+        raise ValueError(f"weight-only quantization supports 4 or 8 bits, not {bits}")
+    if k % group_size:
+        raise ValueError(f"int4 quantization needs columns ({k}) divisible by the group size ({group_size})")
+    groups = w.view(n, k // group_size, group_size)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    return GroupQuantized(codes, scale, lo + 8 * scale, group_size, 4, "int4")
+
+
+__all__ = ["GGUF_GROUP_TYPES", "GroupQuantized", "concat_rows", "dequantize", "from_gguf", "permute_rows",
+           "quantize"]

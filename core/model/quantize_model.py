@@ -1,0 +1,159 @@
+"""Put quantized weights into a loaded model where the backend has kernels for them.
+
+``quantization`` (vLLM's argument name) says what is asked:
+
+* ``None`` (the default) -- the checkpoint's own quantization: a GGUF's Q4_0 /
+  Q4_1 / Q8_0 tensors stay as their codes wherever the backend computes with
+  them; a tensor of another type, or one the backend has no kernel for, is
+  dequantized, and one log line names each such type.  Safetensors
+  checkpoints stay dense.  Asking for ``dtype=float32`` keeps everything
+  dense too: it means "the file's values, computed in fp32".
+* ``"none"`` -- dequantize everything (the reference numerics).
+* ``"int4"`` -- every decoder linear in group-wise int4 (a GGUF's Q4 codes as
+  they are, anything else quantized here, group 32), the lm_head in int8 (as
+  llama.cpp's Q4 files keep the output matrix at 8 bits or more).
+* ``"int8"`` -- every linear and the lm_head in per-row int8.
+
+A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
+error naming the backend; the default falls back to dense weights instead.
+
+The backend side is two methods of :class:`hyspec.backend.Backend`:
+``quantized_linear(w, bias)`` (a module, or None: no kernel) and
+``quantized_head(weight, w)`` (registers a quantized stand-in for the
+lm_head matmul and returns it, or None).  This module stays vendor-neutral.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hyspec.errors import ConfigError
+from hyspec.model.quant import GroupQuantized, concat_rows, quantize
+
+if TYPE_CHECKING:
+    from hyspec.backend import Backend
+    from hyspec.model.llama import CausalLM
+
+log = logging.getLogger(__name__)
+
+QUANTIZATION_CHOICES = ("none", "int4", "int8")
+
+
+@dataclass
+class QuantizationReport:
+    """What the pass did: modules per kind (``int4 (Q4_1)``, ``dense``) and why anything stayed dense."""
+
+    mode: str | None
+    linears: Counter = field(default_factory=Counter)
+    head: str = "dense"
+    head_bytes: int = 0  # what a quantized lm_head reads per use (0: the dense matrix is read)
+    fallbacks: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [f"{n} {kind}" for kind, n in sorted(self.linears.items())]
+        return f"linears: {', '.join(parts) or 'none'}; lm_head: {self.head}"
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "linears": dict(self.linears), "lm_head": self.head,
+                "lm_head_bytes": self.head_bytes, "fallbacks": self.fallbacks}
+
+
+def check_quantization(quantization: str | None) -> str | None:
+    if quantization is not None and quantization not in QUANTIZATION_CHOICES:
+        raise ConfigError("quantization", f"unknown quantization {quantization!r}; choose one of "
+                                          f"{', '.join(QUANTIZATION_CHOICES)} (or leave it unset: the checkpoint's own)")
+    return quantization
+
+
+def _sources(model: "CausalLM") -> list[tuple[str, list[str], nn.Module]]:
+    """(module path, checkpoint tensor names it fuses, the module) for every decoder linear."""
+    out = []
+    for i, layer in enumerate(model.layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out.append((f"layers.{i}.self_attn.qkv_proj", [a + "q_proj", a + "k_proj", a + "v_proj"], layer.self_attn.qkv_proj))
+        out.append((f"layers.{i}.self_attn.o_proj", [a + "o_proj"], layer.self_attn.o_proj))
+        out.append((f"layers.{i}.mlp.gate_up_proj", [m + "gate_proj", m + "up_proj"], layer.mlp.gate_up_proj))
+        out.append((f"layers.{i}.mlp.down_proj", [m + "down_proj"], layer.mlp.down_proj))
+    return out
+
+
+def _stored(ckpt, names: list[str], bits: int | None) -> tuple[GroupQuantized | None, str]:
+    """The fused matrix as the GGUF stores it (None: some part is not a group type / differs), and its types."""
+    group = getattr(ckpt, "group_quantized", None)
+    types = "+".join(sorted({ckpt.tensor_type(n + ".weight") for n in names})) if group else "dense"
+    if group is None:
+        return None, types
+    parts = [group(n + ".weight") for n in names]
+    if any(p is None or (bits is not None and p.bits != bits) for p in parts):
+        return None, types
+    return concat_rows(parts), types
+
+
+def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "Backend",
+                   dtype: torch.dtype) -> QuantizationReport:
+    """Swap the decoder's linears (and the lm_head's matmul) for the backend's quantized kernels, in place."""
+    report = QuantizationReport(quantization)
+    if quantization == "none" or (quantization is None and (dtype == torch.float32
+                                                            or not hasattr(ckpt, "group_quantized"))):
+        report.linears["dense"] = len(_sources(model))
+        return report
+    demanded = {"int4": 4, "int8": 8}.get(quantization)
+    no_kernel: Counter = Counter()
+    for path, names, module in _sources(model):
+        w, types = _stored(ckpt, names, demanded)
+        if w is None and demanded is not None:  # quantize here from the file's exact (dequantized) values
+            dense = torch.cat([ckpt.get(n + ".weight").to(torch.float32) for n in names])
+            w = quantize(dense, demanded)
+        if w is None:
+            no_kernel[types] += 1
+            report.linears["dense"] += 1
+            continue
+        replacement = backend.quantized_linear(w, module.bias)
+        if replacement is None:
+            if demanded is not None:
+                raise ConfigError("quantization", f"the {backend.name} backend has no {quantization} kernel for "
+                                                  f"{path} ({w.shape[0]}x{w.shape[1]}, group {w.group_size})")
+            no_kernel[w.source] += 1
+            report.linears["dense"] += 1
+            continue
+        _set_submodule(model, path, replacement)
+        report.linears[f"int{w.bits} ({w.source})"] += 1
+    for types, n in no_kernel.items():
+        msg = f"{n} linear(s) stored as {types}: no {backend.name} kernel computes with them; dequantized"
+        report.fallbacks.append(msg)
+        log.info(msg)
+    report.head = _quantize_head(model, ckpt, demanded, backend, report)
+    return report
+
+
+def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Backend",
+                   report: QuantizationReport) -> str:
+    name = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
+    w = ckpt.group_quantized(name) if hasattr(ckpt, "group_quantized") else None
+    if demanded is not None and (w is None or w.bits != 8):
+        w = quantize(ckpt.get(name).to(torch.float32), 8)  # the head stays 8-bit even for int4 (see above)
+    if w is None:
+        return "dense"
+    head = backend.quantized_head(model.lm_head_weight, w)
+    if head is None:
+        if demanded is not None:
+            raise ConfigError("quantization", f"the {backend.name} backend has no int{w.bits} kernel for the lm_head")
+        msg = f"lm_head stored as {w.source}: no {backend.name} kernel computes with it; dequantized"
+        report.fallbacks.append(msg)
+        log.info(msg)
+        return "dense"
+    report.head_bytes = sum(b.numel() * b.element_size() for b in head.buffers())
+    return f"int{w.bits} ({w.source})"
+
+
+def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent_path), name, module)
+
+
+__all__ = ["QUANTIZATION_CHOICES", "QuantizationReport", "check_quantization", "quantize_model"]

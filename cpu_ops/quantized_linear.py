@@ -1,0 +1,181 @@
+"""Weight-only int4 / int8 linear layers on the CPU, on torch's own kernels.
+
+A :class:`~hyspec.model.quant.GroupQuantized` matrix (GGUF Q4_0 / Q4_1 / Q8_0
+codes, or ``--quantization int4|int8``) becomes one of:
+
+* :class:`Int4Linear` -- ``torch.ops.aten._weight_int4pack_mm_for_cpu``:
+  group-wise 4-bit codes, ``w = (q - 8) * scale + zero`` per group, exactly
+  llama.cpp's Q4_0 / Q4_1 arithmetic.  The codes are repacked bit for bit.
+  Activations, scales and zeros are **bf16**: torch's x86 kernel is vectorised
+  (AVX2 / AVX-512) for bf16 only, its fp16 / fp32 variants are scalar loops
+  ten times slower.  So the fp16 scales of the file are rounded to bf16 (a
+  relative error below 2^-9 per scale, 2^-9 per weight at most; the output is
+  rounded to bf16 anyway, as every bf16 matmul's is); the measured effect is
+  in tests/test_cpu_ops_quantized.py and the bench's identity report.
+* :class:`Int8Linear` -- ``torch.ops.aten._weight_int8pack_mm``: 8-bit codes
+  with one scale per output row.  Q8_0 has a scale per 32 weights, so its
+  values are requantized per row (round to nearest of the file's values:
+  at most half a row step per weight); int8 from ``--quantization`` is per row
+  already.
+
+Both kernels compute every output row from its own input row in a fixed order
+(torch tiles rows by 4 and accumulates along K sequentially), so verifying
+n tokens in one forward gives the same logits as n one-token steps: checked
+by tests/test_cpu_ops_quantized.py, as for the packed dense linears.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import torch
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from hyspec.model.quant import GroupQuantized, dequantize
+
+log = logging.getLogger(__name__)
+
+#: The activation dtype the kernels run in (see the module docstring).
+KERNEL_DTYPE = torch.bfloat16
+
+
+@functools.cache
+def int4_kernel_available() -> bool:
+    """Whether this torch build has the CPU int4 kernel and it runs (one tiny pack and multiply)."""
+    try:
+        codes = torch.zeros(16, 32, dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        sz = torch.ones(1, 16, 2, dtype=KERNEL_DTYPE)
+        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.ones(1, 32, dtype=KERNEL_DTYPE), packed, 32, sz)
+    except (AttributeError, RuntimeError) as exc:
+        log.info("CPU int4 kernel unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return False
+    return True
+
+
+@functools.cache
+def int8_kernel_available() -> bool:
+    """Whether this torch build has the CPU weight-only int8 kernel and it runs."""
+    try:
+        torch.ops.aten._weight_int8pack_mm(torch.ones(1, 8, dtype=KERNEL_DTYPE), torch.ones(8, 8, dtype=torch.int8),
+                                           torch.ones(8, dtype=KERNEL_DTYPE))
+    except (AttributeError, RuntimeError) as exc:
+        log.info("CPU int8 kernel unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return False
+    return True
+
+
+def kernel_for(w: GroupQuantized) -> str | None:
+    """``"int4"`` / ``"int8"`` when this CPU can compute with ``w`` as stored, else None (dequantize it)."""
+    n, k = w.shape
+    if w.bits == 4 and int4_kernel_available() and n % 16 == 0 and k % w.group_size == 0 \
+            and w.group_size in (32, 64, 128, 256):
+        return "int4"
+    if w.bits == 8 and int8_kernel_available():
+        return "int8"
+    return None
+
+
+class Int4Linear(nn.Module):
+    """``nn.Linear`` at inference over group-wise int4 codes (``weight`` is not kept: it is the codes)."""
+
+    def __init__(self, w: GroupQuantized, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = w.shape
+        self.group_size, self.source = w.group_size, w.source
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1))
+        # [K // G, N, 2]: (scale, zero) per group and output column, the kernel's layout
+        self.register_buffer("scales_zeros", torch.stack([w.scale.t(), w.zero.t()], dim=-1).to(KERNEL_DTYPE).contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(KERNEL_DTYPE), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 g{self.group_size} ({self.source})"
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` at inference over int8 codes with one scale per output row."""
+
+    def __init__(self, w: GroupQuantized, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = w.shape
+        self.source = w.source
+        codes, scale = per_row_int8(w)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scale.to(KERNEL_DTYPE))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(KERNEL_DTYPE), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(KERNEL_DTYPE)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row ({self.source})"
+
+
+def per_row_int8(w: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes ``[N, K]`` and one scale per row: ``w``'s own when it has one group a row, else requantized
+    (round to nearest) from its exact values."""
+    if w.bits == 8 and w.group_size == w.shape[1] and not bool(w.zero.any()):
+        return w.q.to(torch.int8).contiguous(), w.scale.view(-1)
+    values = dequantize(w)
+    scale = (values.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round(values / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    return codes.contiguous(), scale
+
+
+def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None) -> nn.Module | None:
+    """The CPU module computing with ``w`` (None when no kernel here takes it)."""
+    kind = kernel_for(w)
+    if kind == "int4":
+        return Int4Linear(w, bias)
+    if kind == "int8":
+        return Int8Linear(w, bias)
+    return None
+
+
+class QuantizedHeads:
+    """lm_head weights (a tied embedding's too) that have a quantized stand-in, keyed weakly on the tensor.
+
+    The ``logits`` op receives the dense weight (``CausalLM.lm_head_weight``, which the
+    embedding lookup keeps using); where the loader registered a quantized copy of it
+    the CPU ``logits`` op multiplies by that instead, for the target and every
+    drafter that shares its head alike.
+    """
+
+    def __init__(self) -> None:
+        self._heads: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._lock = threading.Lock()
+
+    def register(self, weight: torch.Tensor, head: nn.Module) -> None:
+        with self._lock:
+            self._heads[weight] = head
+
+    def get(self, weight: torch.Tensor) -> nn.Module | None:
+        return self._heads.get(weight)
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+
+#: The CPU backend's quantized lm_heads.
+QUANTIZED_HEADS = QuantizedHeads()
+
+
+__all__ = ["Int4Linear", "Int8Linear", "KERNEL_DTYPE", "QUANTIZED_HEADS", "int4_kernel_available",
+           "int8_kernel_available", "kernel_for", "per_row_int8", "quantized_linear"]
