@@ -37,7 +37,8 @@ def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None)
     from hyspec import LLM
 
     extra = {} if settings.kv_cache_bytes is None else {"kv_cache_bytes": settings.kv_cache_bytes}
-    return LLM(str(model), speculative_config=spec, backend=settings.backend, dtype=settings.dtype, **extra)
+    return LLM(str(model), speculative_config=spec, backend=settings.backend, dtype=settings.dtype,
+               quantization=settings.quantization, **extra)
 
 
 def close_llm(llm: Any) -> None:

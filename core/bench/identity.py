@@ -46,15 +46,21 @@ class IdentityVerdict:
 class ReferenceLogits:
     """The target's next-token logits after a prefix; the model loads on first use (only at divergences)."""
 
-    def __init__(self, model_path: Path, dtype: torch.dtype):
+    def __init__(self, model_path: Path, dtype: torch.dtype, backend: Any = None, quantization: str | None = None):
         self.model_path, self.dtype = model_path, dtype
+        self.backend, self.quantization = backend, quantization  # with a backend: its kernels, as the engine's
         self._model = None
 
     def __call__(self, prefix: Sequence[int]) -> torch.Tensor:  # -> [V]
         if self._model is None:
             from hyspec.model.loader import load_model
 
-            self._model = load_model(self.model_path, dtype=self.dtype)
+            if self.backend is None:
+                self._model = load_model(self.model_path, dtype=self.dtype)
+            else:
+                self._model = self.backend.optimize_model(load_model(
+                    self.model_path, dtype=self.dtype, ops=self.backend.ops, device=self.backend.device,
+                    quantization=self.quantization, backend=self.backend))
         model = self._model
         with torch.inference_mode():
             hidden = model.forward_dense(torch.tensor([list(prefix)])).hidden[0, -1:]

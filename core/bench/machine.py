@@ -159,13 +159,17 @@ def _storage(p: torch.Tensor) -> tuple[int, int]:
 
 
 def unique_parameter_count(model: torch.nn.Module) -> int:
-    """Parameters counted once per storage (a tied or packed-and-shared weight is one tensor)."""
+    """Parameters counted once per storage (a tied or packed-and-shared weight is one tensor); a quantized
+    linear (codes in buffers, no ``weight`` parameter) counts its ``in_features x out_features``."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for p in model.parameters():
         if _storage(p) not in seen:
             seen.add(_storage(p))
             total += p.numel()
+    for m in model.modules():
+        if hasattr(m, "in_features") and not isinstance(getattr(m, "weight", None), torch.nn.Parameter):
+            total += m.in_features * m.out_features
     return total
 
 

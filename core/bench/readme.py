@@ -31,7 +31,7 @@ def _x(value: float | None) -> str:
 
 
 def _identity(row: dict[str, Any]) -> str:
-    if row["engine"] == "transformers":
+    if row["engine"] != "hyspec":
         return "–"
     if row["method"] == "none":
         return "reference"
@@ -46,26 +46,31 @@ def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") ->
     out = [heading, "",
            f"Measured with `{command}` on **{doc['machine_label']}** ({doc['created_utc'][:10]}, hyspec "
            f"{doc['hyspec_version']}). Target: `{model['name']}` ({model['parameters'] / 1e6:.1f}M parameters, "
-           f"{model['dtype']}); {data['num_prompts']} {data['name']} prompts, {s['max_tokens']} generated tokens "
+           f"{model['dtype']}" + (f"; {model['quantization']['summary']}" if model.get("quantization") else "")
+           + f"); {data['num_prompts']} {data['name']} prompts, {s['max_tokens']} generated tokens "
            f"per request (EOS ignored on every side), tokens/s is the median of {s['repeats']} runs "
-           f"(min–max). The transformers peers ran in the same process on the same weights and prompts.", "",
-           "| configuration | batch | T | tokens/s | × hyspec plain | × transformers generate "
+           f"(min–max). The transformers peers ran in the same process on the same weights and prompts"
+           + ("; llama.cpp (llama-cpp-python) in a child process on the same GGUF, prompt token ids, token "
+              "count and thread count" if any(p.startswith("llamacpp") for p in s.get("peers", ())) else "")
+           + ".", "",
+           "| configuration | batch | T | tokens/s | × hyspec plain | × transformers generate | × llama.cpp "
            "| mean acceptance length | TTFT (ms) | peak RSS (MiB) | token-identical |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     notes: list[str] = []
     for r in doc["results"]:
         if r["status"] != OK:
             if r["reason"] not in notes:
                 notes.append(r["reason"])
             out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {r['status']} "
-                       f"[^{notes.index(r['reason']) + 1}] | | | | | | |")
+                       f"[^{notes.index(r['reason']) + 1}] | | | | | | | |")
             continue
         t = r["tokens_per_s"]
         acc = (r.get("acceptance") or {}).get("mean_acceptance_length")
         ttft = None if r["ttft_s"] is None else r["ttft_s"]["median"] * 1e3
         out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {t['median']:.1f} "
                    f"({t['min']:.1f}–{t['max']:.1f}) | {_x(r['speedup_vs_plain'])} "
-                   f"| {_x(r['speedup_vs_peers'].get('hf_generate'))} | {'–' if acc is None else f'{acc:.2f}'} "
+                   f"| {_x(r['speedup_vs_peers'].get('hf_generate'))} "
+                   f"| {_x(r['speedup_vs_peers'].get('llamacpp'))} | {'–' if acc is None else f'{acc:.2f}'} "
                    f"| {'–' if ttft is None else f'{ttft:.1f}'} | {r['peak_rss_bytes'] / 2**20:.0f} "
                    f"| {_identity(r)} |")
     bw = doc["bandwidth"]

@@ -11,7 +11,8 @@ from typing import Any
 from hyspec.bench.result import OK, SKIPPED
 
 RED, BOLD, RESET = "\033[31;1m", "\033[1m", "\033[0m"
-PEER_SHORT = {"hf_generate": "×HF gen", "hf_prompt_lookup": "×HF lookup", "hf_assisted": "×HF assist"}
+PEER_SHORT = {"hf_generate": "×HF gen", "hf_prompt_lookup": "×HF lookup", "hf_assisted": "×HF assist",
+              "llamacpp": "×llama.cpp", "llamacpp_prompt_lookup": "×lcpp lookup"}
 IDENTITY_TEXT = {"identical": "yes", "near_tie": "near-tie", "mismatch": "MISMATCH", "not_applicable": "n/a (T>0)"}
 
 
@@ -29,7 +30,7 @@ def _rate(row: dict[str, Any]) -> str:
 
 
 def _identity(row: dict[str, Any]) -> str:
-    if row["engine"] == "transformers":
+    if row["engine"] != "hyspec":
         agreement = row.get("agreement_with_hyspec_plain")
         return "-" if agreement is None else {"identical": "same", "near_tie": "near-tie",
                                               "mismatch": "differs (info)"}.get(agreement["status"], "-")
@@ -46,6 +47,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
     return [
         f"{BOLD}hyspec bench{RESET}: {doc['machine_label']}",
         f"model {model['name']} ({model['parameters'] / 1e6:.1f}M parameters, {model['dtype']}, "
+        + (f"{model['quantization']['summary']}, " if model.get("quantization") else "") +
         f"{model['decode_weight_bytes'] / 2**20:.1f} MiB read per decode step)",
         f"prompts {data['name']}: {data['num_prompts']} (mean {pt['mean']:.0f} tokens"
         + (f", {data['truncated']} left-truncated" if data["truncated"] else "") + f"); {s['max_tokens']} tokens "
@@ -60,7 +62,9 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
     red, bold, reset = (RED, BOLD, RESET) if color else ("", "", "")
     lines = [line.replace(BOLD, bold).replace(RESET, reset) for line in _header(doc)]
     priced = doc["settings"].get("price_per_hour") is not None
-    columns = ["configuration", "bs", "T", "tok/s (min-max)", "×plain", *PEER_SHORT.values(), "acc.len",
+    asked = set(doc["settings"].get("peers") or PEER_SHORT)
+    shown = [p for p in PEER_SHORT if p in asked]  # a column per peer that was asked for
+    columns = ["configuration", "bs", "T", "tok/s (min-max)", "×plain", *(PEER_SHORT[p] for p in shown), "acc.len",
                "TTFT ms", "peak MiB", "of BW limit", *(["$/Mtok"] if priced else []), "identical"]
     table, notes, colors = [], [], []
     for r in doc["results"]:
@@ -73,7 +77,7 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
             continue
         acc = r.get("acceptance") or {}
         cells = base + [_rate(r), _num(r["speedup_vs_plain"], ".2f")]
-        cells += [_num(r["speedup_vs_peers"].get(p), ".2f") for p in PEER_SHORT]
+        cells += [_num(r["speedup_vs_peers"].get(p), ".2f") for p in shown]
         cells += [_num(acc.get("mean_acceptance_length"), ".2f"),
                   _num(None if r["ttft_s"] is None else r["ttft_s"]["median"] * 1e3, ".1f"),
                   _mib(r["peak_rss_bytes"]), _num(r["bandwidth_ratio"], ".0%")]

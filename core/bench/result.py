@@ -12,18 +12,22 @@ from typing import Any, Iterable
 
 from hyspec.bench.identity import MISMATCH, NEAR_TIE, IdentityVerdict
 from hyspec.bench.measure import Measurement
-from hyspec.bench.settings import PEER_LABELS, PEERS, PLAIN
+from hyspec.bench.settings import ALL_PEERS, LLAMACPP_PEERS, PEER_LABELS, PLAIN
 from hyspec.bench.stats import cost_per_million_tokens, ratio
 
 SCHEMA_VERSION = 1
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
-HYSPEC, TRANSFORMERS = "hyspec", "transformers"
+HYSPEC, TRANSFORMERS, LLAMACPP = "hyspec", "transformers", "llama.cpp"
+
+
+def peer_engine(peer: str) -> str:
+    return LLAMACPP if peer in LLAMACPP_PEERS else TRANSFORMERS
 GOAL_BATCH_SIZES = (1, 4, 16, 32)
 
 
 @dataclass
 class Row:
-    engine: str  # hyspec | transformers
+    engine: str  # hyspec | transformers | llama.cpp
     method: str  # a hyspec method ("none" = plain decoding) or a peer name
     batch_size: int
     temperature: float
@@ -41,7 +45,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        if self.engine == TRANSFORMERS:
+        if self.engine != HYSPEC:
             return PEER_LABELS.get(self.method, self.method)
         return "hyspec plain" if self.method == PLAIN else f"hyspec {self.method}"
 
@@ -80,8 +84,8 @@ def derive(rows: list[dict[str, Any]], decode_weight_bytes: int | None, copy_byt
         plain = _find(rows, HYSPEC, PLAIN, bs, temp)
         r["speedup_vs_plain"] = ratio(rate, _rate(plain) if plain else None)
         r["speedup_vs_peers"] = {}
-        for peer in PEERS:
-            other = _find(rows, TRANSFORMERS, peer, bs, temp)
+        for peer in ALL_PEERS:
+            other = _find(rows, peer_engine(peer), peer, bs, temp)
             r["speedup_vs_peers"][peer] = ratio(rate, _rate(other) if other else None)
         limit = (bs * copy_bytes_per_s / decode_weight_bytes
                  if decode_weight_bytes and copy_bytes_per_s else None)
@@ -135,12 +139,32 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         detail += f"; not measured at batch size {', '.join(map(str, missing))}"
     out.append(_goal("hybrid >= 0.95x plain decoding at every batch size in {1, 4, 16, 32}", 0.95,
                      min(hybrid.values()) if hybrid else None, detail, complete=not missing))
+    out += _llamacpp_goals(rows, plain1, best, best_name)
     limit = plain1.get("bandwidth_limit_tokens_per_s") if plain1 else None
     out.append(_goal("plain decoding within 2x of the memory-bandwidth limit (batch 1)", 0.5,
                      plain1.get("bandwidth_ratio") if plain1 else None,
                      f"{_described(plain1, 'hyspec plain')} vs a limit of "
                      + ("-" if limit is None else f"{limit:.1f} tok/s")))
     return out
+
+
+def _llamacpp_goals(rows: list[dict[str, Any]], plain1: dict[str, Any] | None, best: dict[str, Any] | None,
+                    best_name: str) -> list[dict[str, Any]]:
+    """The CPU goals against llama.cpp on its own GGUF (only when the llama.cpp peers were asked for)."""
+    lc = _find(rows, LLAMACPP, "llamacpp", 1, 0.0)
+    lookup = _find(rows, LLAMACPP, "llamacpp_prompt_lookup", 1, 0.0)
+    if lc is None and lookup is None:
+        return []
+    lc_rate, lookup_rate = (_rate(lc) if lc else None), (_rate(lookup) if lookup else None)
+    plain_rate, best_rate = (_rate(plain1) if plain1 else None), (_rate(best) if best else None)
+    return [
+        _goal("hyspec plain decoding >= 1.0x llama.cpp plain (batch 1)", 1.0, ratio(plain_rate, lc_rate),
+              f"{_described(plain1, 'hyspec plain')} vs {_described(lc, 'llama.cpp')}"),
+        _goal("best method >= 2x llama.cpp plain (batch 1)", 2.0, ratio(best_rate, lc_rate),
+              f"{best_name} vs {_described(lc, 'llama.cpp')}"),
+        _goal("best method >= 2x llama.cpp prompt lookup (batch 1)", 2.0, ratio(best_rate, lookup_rate),
+              f"{best_name} vs {_described(lookup, 'llama.cpp prompt lookup')}"),
+    ]
 
 
 def identity_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, ReferenceLog
 from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
                                   unique_parameter_count)
 from hyspec.bench.measure import Workload
-from hyspec.bench.prompts import HUMANEVAL, build_prompt_set, humaneval_prompts, read_prompt_file
-from hyspec.bench.result import FAILED, HYSPEC, OK, SKIPPED, TRANSFORMERS, Document, Row
+from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
+from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
 from hyspec.bench.settings import DRAFTER_METHODS, METHODS, PLAIN, BenchSettings
 from hyspec.errors import HyspecError
 
@@ -56,12 +56,17 @@ def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
     from hyspec.model.config import ModelConfig
     from hyspec.model.tokenizer import Tokenizer
 
-    texts = humaneval_prompts() if settings.prompts_file is None else read_prompt_file(settings.prompts_file)
-    name = HUMANEVAL if settings.prompts_file is None else str(settings.prompts_file)
+    chat = settings.prompts_file is not None and str(settings.prompts_file) == CHAT
+    if not chat:  # a bad prompt file is reported before anything of the model is read
+        texts = humaneval_prompts() if settings.prompts_file is None else read_prompt_file(settings.prompts_file)
+        name = HUMANEVAL if settings.prompts_file is None else str(settings.prompts_file)
     cfg = ModelConfig.from_pretrained(model)
     tokenizer = Tokenizer(model)
-    return build_prompt_set(texts, name, tokenizer.encode, settings.num_prompts,
-                            cfg.max_position_embeddings - max_tokens), cfg
+    encode = tokenizer.encode
+    if chat:
+        texts, name = chat_prompts(tokenizer.apply_chat_template), CHAT
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 (the template has them)
+    return build_prompt_set(texts, name, encode, settings.num_prompts, cfg.max_position_embeddings - max_tokens), cfg
 
 
 class BenchRunner:
@@ -96,7 +101,7 @@ class BenchRunner:
             bandwidth = measure_copy_bandwidth(s.bandwidth_bytes, backend.device)
             rows, reference, model_info, judge = self._plain(model, workloads)
             dtype = model_info.pop("_dtype")
-            logits = ReferenceLogits(model, dtype)
+            logits = ReferenceLogits(model, dtype, backend, s.quantization)  # the engine's kernels and weights
             self.judge = judge
             loaded = dict(drafters)
             for method in methods:
@@ -138,7 +143,9 @@ class BenchRunner:
         self._tick("hyspec plain: loading")
         llm = build_llm(model, self.settings, None)  # no reference without it: errors propagate
         engine = llm.engine
+        quant = engine.quantization
         info = {"dtype": str(engine.dtype).replace("torch.", ""), "_dtype": engine.dtype,
+                "quantization": None if quant is None else {**quant.to_dict(), "summary": quant.summary()},
                 "parameters": unique_parameter_count(engine.model),
                 "decode_weight_bytes": decode_weight_bytes(engine.model)}
         rows, reference = [], {}
@@ -167,7 +174,8 @@ class BenchRunner:
             return None
         self._tick("hyspec plain: measuring the near-tie rule")
         s = self.settings
-        llm = LLM(str(model), backend=s.backend, dtype=s.dtype, kv_cache_bytes=1 << 30, memory_fraction=0.1)
+        llm = LLM(str(model), backend=s.backend, dtype=s.dtype, quantization=s.quantization, kv_cache_bytes=1 << 30,
+                  memory_fraction=0.1)
         widest = max(greedy, key=lambda w: w.batch_size)
         return TeacherForcedJudge(llm, widest.prompts, reference[widest.key()], chunk=s.num_speculative_tokens + 1)
 
@@ -212,7 +220,56 @@ class BenchRunner:
 
     def _peers(self, model: Path, workloads: list[Workload], assistant: Path | None, reference: dict,
                logits: ReferenceLogits, dtype, device) -> list[Row]:
-        peers = self.settings.peers
+        from hyspec.bench.settings import LLAMACPP_PEERS
+
+        lc = [p for p in self.settings.peers if p in LLAMACPP_PEERS]
+        return (self._hf_peers(model, workloads, assistant, reference, logits, dtype, device)
+                + (self._llamacpp_peers(lc, model, workloads, reference, logits, dtype) if lc else []))
+
+    def _llamacpp_peers(self, peers: list[str], model: Path, workloads: list[Workload], reference: dict,
+                        logits: ReferenceLogits, dtype) -> list[Row]:
+        """llama.cpp on the same GGUF, in a child process (hyspec.bench.llamacpp_peer)."""
+        from hyspec.bench.llamacpp_peer import LlamaCppPeer, llamacpp_missing, resolve_python
+        from hyspec.bench.peers import PeerUnavailable
+
+        import torch
+
+        self._tick("llama.cpp: checking")
+        python = resolve_python(self.settings.llamacpp_python)
+        reason, _ = llamacpp_missing(python)
+        peer = None
+        if reason is None:
+            try:
+                longest = max(len(p) for w in workloads for p in w.prompts)
+                peer = LlamaCppPeer(python, model, torch.get_num_threads(), self.settings.num_speculative_tokens,
+                                    n_ctx=longest + self.settings.max_tokens + 16)
+            except PeerUnavailable as exc:
+                reason = str(exc)
+        if peer is None:
+            return [row for p in peers for row in self._skip(LLAMACPP, p, workloads, reason)]
+        rows = []
+        for name in peers:
+            for w in workloads:
+                self._tick(f"{name} bs {w.batch_size} T {w.temperature:g}")
+                try:
+                    m = peer.run(name, w, self.settings.repeats)
+                except PeerUnavailable as exc:
+                    rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, SKIPPED, str(exc)))
+                except Exception as exc:  # the peer's own failure (a crash, a timeout): its column says so
+                    rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, FAILED,
+                                    f"llama.cpp failed: {type(exc).__name__}: {exc}"))
+                else:
+                    agreement = check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype)
+                    rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, OK, measurement=m,
+                                    agreement=agreement))
+                self.bar.update(1)
+        return rows
+
+    def _hf_peers(self, model: Path, workloads: list[Workload], assistant: Path | None, reference: dict,
+                  logits: ReferenceLogits, dtype, device) -> list[Row]:
+        from hyspec.bench.settings import PEERS
+
+        peers = [p for p in self.settings.peers if p in PEERS]
         if not peers:
             return []
         from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing

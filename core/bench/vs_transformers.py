@@ -16,15 +16,9 @@ from typing import Any
 
 import torch
 
-#: Chat turns and code heads: what the default model is asked in practice.  Not HumanEval (the benchmark).
-CHAT_PROMPTS = (
-    "Write a Python function that checks whether a number is prime.",
-    "What is the capital of France, and what is it known for?",
-    "Explain the difference between a list and a tuple in Python.",
-    "Give me three tips for writing clear emails.",
-    "How do I reverse a string in JavaScript?",
-    "Summarize the water cycle in two sentences.",
-)
+from hyspec.bench.prompts import CHAT_PROMPTS  # chat turns: what the default model is asked in practice
+
+#: Code heads (not HumanEval, the benchmark).
 CODE_PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "import os\n\n\ndef list_python_files(root):\n",

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 # no torch at import: `hyspec --help` must stay fast (settings is torch-free)
-from hyspec.bench.settings import METHODS, PEERS, QUICK
+from hyspec.bench.settings import ALL_PEERS, METHODS, QUICK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(METHODS)} (plain 'none' always runs); default: all, "
                         f"those without a drafter shown as skipped; --quick: {','.join(QUICK.methods or ())}")
     w.add_argument("--peers", default=None, metavar="LIST",
-                   help=f"comma list of {', '.join(PEERS)}, or 'none' (default: all)")
+                   help=f"comma list of {', '.join(ALL_PEERS)}, or 'none' (default: all; the llama.cpp ones "
+                        "need llama-cpp-python, see --llamacpp-python)")
+    w.add_argument("--llamacpp-python", default=None, metavar="PYTHON",
+                   help="a Python interpreter that has llama-cpp-python (e.g. a separate venv's bin/python); "
+                        "default: $HYSPEC_LLAMACPP_PYTHON, else this one")
     w.add_argument("--prompts", type=Path, default=None, metavar="FILE",
-                   help="JSONL with a 'prompt' field, or text with one prompt per line (default: HumanEval)")
+                   help="JSONL with a 'prompt' field, text with one prompt per line, or 'chat' (16 built-in chat "
+                        "turns through the model's chat template); default: HumanEval")
     w.add_argument("--num-prompts", type=int, default=None, help="prompts per configuration (default 32; quick 6)")
     w.add_argument("--batch-sizes", default=None, metavar="LIST", help="e.g. 1,4,16,32 (the default; quick 1)")
     w.add_argument("--temperatures", default=None, metavar="LIST", help="e.g. 0,0.8 (default 0)")
@@ -49,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine")
     e.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto")
     e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (peers use the same)")
+    e.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
+                   help="hyspec's weight-only kernels (default: the checkpoint's own: a GGUF's Q4/Q8 codes)")
     e.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="draft tokens per step for every method and peer (default 4)")
     e.add_argument("--speculative-config-extra", default=None, metavar="JSON|PATH",
@@ -87,11 +94,12 @@ def _settings(args: argparse.Namespace):
     if args.methods is not None:
         given.add("methods")
         values["methods"] = parse_list(args.methods, str, "--methods")
-    peers = PEERS
+    peers = ALL_PEERS
     if args.peers is not None:
         peers = () if args.peers.strip() == "none" else parse_list(args.peers, str, "--peers")
-    base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, prompts_file=args.prompts,
-                         drafters=parse_drafters(args.drafter), peers=peers,
+    base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, quantization=args.quantization,
+                         prompts_file=args.prompts,
+                         drafters=parse_drafters(args.drafter), peers=peers, llamacpp_python=args.llamacpp_python,
                          num_speculative_tokens=args.num_speculative_tokens,
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),

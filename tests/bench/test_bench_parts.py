@@ -226,7 +226,7 @@ def test_speedups_bandwidth_and_goals():
     ngram = rows[1]
     assert ngram["speedup_vs_plain"] == pytest.approx(3.0)
     assert ngram["speedup_vs_peers"] == {"hf_generate": pytest.approx(6.0), "hf_prompt_lookup": pytest.approx(2.5),
-                                         "hf_assisted": None}
+                                         "hf_assisted": None, "llamacpp": None, "llamacpp_prompt_lookup": None}
     assert rows[0]["bandwidth_limit_tokens_per_s"] == pytest.approx(150.0)
     assert rows[3]["bandwidth_limit_tokens_per_s"] == pytest.approx(600.0)
     assert rows[0]["bandwidth_ratio"] == pytest.approx(100 / 150)

@@ -58,7 +58,8 @@ def test_quick_run_table_json_and_plots(quick_run):
     # every hyspec method and peer at both batch sizes (temperature 0), nothing else
     assert {(r["engine"], r["method"]) for r in doc["results"]} == {
         ("hyspec", m) for m in ("none", "ngram", "draft_model", "eagle", "mtp")} | {
-        ("transformers", p) for p in ("hf_generate", "hf_prompt_lookup", "hf_assisted")}
+        ("transformers", p) for p in ("hf_generate", "hf_prompt_lookup", "hf_assisted")} | {
+        ("llama.cpp", p) for p in ("llamacpp", "llamacpp_prompt_lookup")}
     assert all(r["temperature"] == 0 and r["batch_size"] in (1, 2) for r in doc["results"])
 
     # token identity: checked and true for the speculative methods that ran
@@ -105,7 +106,11 @@ def test_quick_run_table_json_and_plots(quick_run):
         row = rows_of(doc, peer, "transformers")[(2, 0.0)]
         assert row["status"] == "skipped" and "batch size 1 only" in row["reason"]
 
-    assert [g["target"] for g in doc["goals"]] == [1.3, 2.5, 2.0, 0.95, 0.5]
+    # llama.cpp: not installed here (or the tiny target is no GGUF): skipped with the reason, goals not met
+    for peer in ("llamacpp", "llamacpp_prompt_lookup"):
+        row = rows_of(doc, peer, "llama.cpp")[(1, 0.0)]
+        assert row["status"] == "skipped" and ("llama-cpp-python" in row["reason"] or "GGUF" in row["reason"])
+    assert [g["target"] for g in doc["goals"]] == [1.3, 2.5, 2.0, 0.95, 1.0, 2.0, 2.0, 0.5]
     for name in ("speedup.png", "acceptance.png", "bandwidth.png"):
         path = out / "plots" / name
         assert path.is_file() and path.stat().st_size > 1000
