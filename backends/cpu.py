@@ -54,23 +54,38 @@ class CPUBackend(Backend):
             from hyspec.cpu_ops.quantized_linear import int4_kernel_available, int8_kernel_available
         except ImportError:
             return ()
-        return tuple(kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok)
+        from hyspec.cpu_ops.qgemm import library
 
-    def quantized_linear(self, w, bias):
-        """torch's CPU int4 (group-wise) / int8 (per-row) weight-only kernels: hyspec.cpu_ops.quantized_linear."""
+        kinds = [kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok]
+        if library() is not None:
+            kinds.append("gguf-blocks-fp32")  # hyspec's exact kernel over Q4_0/Q4_1/Q8_0 blocks (cpu_ops/qgemm.c)
+        return tuple(kinds)
+
+    def quantized_linear(self, w, bias, dtype):
+        """fp32 activations: hyspec's exact kernel over the GGML blocks (cpu_ops/qgemm.c); bf16: torch's int4
+        (group-wise) / int8 (per-row) kernels.  See hyspec.cpu_ops.quantized_linear."""
         try:
             from hyspec.cpu_ops.quantized_linear import quantized_linear
         except ImportError:
             return None
-        return quantized_linear(w, bias)
+        return quantized_linear(w, bias, dtype)
 
-    def quantized_head(self, weight, w):
+    def quantized_activation_dtype(self):
+        """fp32 where hyspec's exact block kernel builds: the weights stay 4.5 / 8.5 bits either way, and on an
+        AVX2 CPU the fp32 step measured as fast as torch's bf16 int4 one (20.1 vs 19.4 tok/s, SmolLM2)."""
+        try:
+            from hyspec.cpu_ops.qgemm import library
+        except ImportError:
+            return None
+        return torch.float32 if library() is not None else None
+
+    def quantized_head(self, weight, w, dtype):
         """The ``logits`` op (hyspec.cpu_ops.packed_linear.packed_logits) multiplies by ``w``'s codes from now on."""
         try:
             from hyspec.cpu_ops.quantized_linear import QUANTIZED_HEADS, quantized_linear
         except ImportError:
             return None
-        head = quantized_linear(w, None) if "logits" in self.ops.native_ops() else None
+        head = quantized_linear(w, None, dtype) if "logits" in self.ops.native_ops() else None
         if head is not None:
             QUANTIZED_HEADS.register(weight, head)
         return head

@@ -55,12 +55,20 @@ class Backend(ABC):
         """Weight-only kinds this backend computes with (``"int4"``, ``"int8"``); the probe reports them."""
         return ()
 
-    def quantized_linear(self, w: "GroupQuantized", bias: "torch.Tensor | None") -> "torch.nn.Module | None":
-        """A drop-in ``nn.Linear`` computing with the codes of ``w`` (hyspec.model.quant), or None when this
-        backend has no kernel for it (the loader then keeps dequantized weights, or errors when asked for it)."""
+    def quantized_linear(self, w: "GroupQuantized", bias: "torch.Tensor | None",
+                         dtype: "torch.dtype") -> "torch.nn.Module | None":
+        """A drop-in ``nn.Linear`` computing with the codes of ``w`` (hyspec.model.quant) on activations of
+        ``dtype``, or None when this backend has no kernel for it (the loader then keeps dequantized
+        weights, or errors when asked for it)."""
         return None
 
-    def quantized_head(self, weight: "torch.Tensor", w: "GroupQuantized") -> "torch.nn.Module | None":
+    def quantized_activation_dtype(self) -> "torch.dtype | None":
+        """The activation dtype ``dtype="auto"`` means for a quantized checkpoint computed with its codes
+        (None: the checkpoint's own, as for dense weights)."""
+        return None
+
+    def quantized_head(self, weight: "torch.Tensor", w: "GroupQuantized",
+                       dtype: "torch.dtype") -> "torch.nn.Module | None":
         """Let the ``logits`` op multiply by ``w``'s codes wherever it is given the dense lm_head ``weight``
         (tied embeddings keep the dense table for the lookup); the module it uses, or None when it cannot."""
         return None

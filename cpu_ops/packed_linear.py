@@ -66,8 +66,10 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # the same Parameter objects when given them: what is keyed on the weight (a quantized lm_head
+        # registered by the loader, hyspec.cpu_ops.quantized_linear.QUANTIZED_HEADS) still finds it
+        self.weight = _frozen(weight)
+        self.bias = None if bias is None else _frozen(bias)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self._matmul = _packed_matmul(self.weight, self.bias)
 
@@ -81,6 +83,12 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}, packed"
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    if isinstance(t, nn.Parameter) and not t.requires_grad:
+        return t
+    return nn.Parameter(t.detach(), requires_grad=False)
 
 
 def _packed_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -109,7 +117,7 @@ class PackedLogits(nn.Module):
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
-        self.inner = PackedLinear(weight, None)
+        self.inner = PackedLinear(weight.detach(), None)  # an alias, never the key of PackedHeads itself
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.inner(hidden).float()

@@ -81,6 +81,8 @@ def kernel_for(w: GroupQuantized) -> str | None:
 class Int4Linear(nn.Module):
     """``nn.Linear`` at inference over group-wise int4 codes (``weight`` is not kept: it is the codes)."""
 
+    kernel = "torch int4, bf16"
+
     def __init__(self, w: GroupQuantized, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = w.shape
@@ -105,6 +107,8 @@ class Int4Linear(nn.Module):
 
 class Int8Linear(nn.Module):
     """``nn.Linear`` at inference over int8 codes with one scale per output row."""
+
+    kernel = "torch int8, bf16"
 
     def __init__(self, w: GroupQuantized, bias: torch.Tensor | None):
         super().__init__()
@@ -139,8 +143,20 @@ def per_row_int8(w: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.contiguous(), scale
 
 
-def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None) -> nn.Module | None:
-    """The CPU module computing with ``w`` (None when no kernel here takes it)."""
+def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
+                     dtype: torch.dtype = KERNEL_DTYPE) -> nn.Module | None:
+    """The CPU module computing with ``w`` on activations of ``dtype`` (None when no kernel here takes it).
+
+    fp32 activations go to hyspec's own kernel over the GGML blocks (qgemm.c: exact weights, fp32
+    sums) when it builds here; everything else to torch's bf16 kernels.
+    """
+    if dtype == torch.float32:
+        from hyspec.cpu_ops.qgemm import BlockLinear, library
+        from hyspec.model.quant import encode_blocks
+
+        encoded = encode_blocks(w) if library() is not None else None
+        if encoded is not None:
+            return BlockLinear(encoded[0], encoded[1], w.shape[1], bias, w.source)
     kind = kernel_for(w)
     if kind == "int4":
         return Int4Linear(w, bias)

@@ -143,11 +143,16 @@ def test_a_q4_1_gguf_keeps_its_codes_by_default_and_speculation_is_identical(tin
     from hyspec import LLM
     from hyspec.cpu_ops.quantized_linear import QUANTIZED_HEADS
 
+    from hyspec.cpu_ops.qgemm import BlockLinear, library
+
     _, path = tiny_files["Q4_1"]
     plain = LLM(str(path), kv_cache_bytes=4 << 20)
     report = plain.engine.quantization
     assert report.linears == {"int4 (Q4_1)": 8} and report.head == "int4 (Q4_1)", report.to_dict()
-    assert type(plain.engine.model.layers[0].mlp.down_proj) is Int4Linear
+    # auto: fp32 activations over the file's blocks where hyspec's kernel builds, else torch's bf16 kernels
+    exact = library() is not None
+    assert plain.engine.dtype == (torch.float32 if exact else torch.bfloat16)
+    assert type(plain.engine.model.layers[0].mlp.down_proj) is (BlockLinear if exact else Int4Linear)
     assert QUANTIZED_HEADS.get(plain.engine.model.lm_head_weight) is not None
     spec = LLM(str(path), kv_cache_bytes=4 << 20, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert _greedy(spec) == _greedy(plain)
@@ -156,12 +161,13 @@ def test_a_q4_1_gguf_keeps_its_codes_by_default_and_speculation_is_identical(tin
 
 
 @needs_int4
-def test_float32_means_the_files_values_and_stays_dense(tiny_files):
+def test_bf16_uses_torchs_int4_kernel(tiny_files):
     from hyspec import LLM
 
     _, path = tiny_files["Q4_1"]
-    llm = LLM(str(path), dtype="float32", kv_cache_bytes=4 << 20)
-    assert llm.engine.quantization.linears == {"dense": 8}
+    llm = LLM(str(path), dtype="bfloat16", kv_cache_bytes=4 << 20)
+    assert llm.engine.quantization.kernels == {"torch int4, bf16": 8}, llm.engine.quantization.to_dict()
+    assert type(llm.engine.model.layers[1].self_attn.qkv_proj) is Int4Linear
 
 
 @needs_int4
@@ -205,7 +211,7 @@ def test_demanded_quantization_without_a_kernel_is_an_error(tiny_files, monkeypa
     from hyspec import LLM
     from hyspec.backends.cpu import CPUBackend
 
-    monkeypatch.setattr(CPUBackend, "quantized_linear", lambda self, w, bias: None)
+    monkeypatch.setattr(CPUBackend, "quantized_linear", lambda self, w, bias, dtype: None)
     src, path = tiny_files["Q4_1"]
     with pytest.raises(ConfigError, match="the cpu backend has no int4 kernel for layers.0.self_attn.qkv_proj"):
         LLM(str(src), kv_cache_bytes=4 << 20, quantization="int4")

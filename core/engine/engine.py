@@ -42,6 +42,7 @@ from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from hyspec.spec.strategy import Accepted, Drafts, NoSpeculation, Speculation
@@ -87,7 +88,10 @@ class LLMEngine:
             raise ConfigError("max_model_len", f"{max_model_len} exceeds the model's max_position_embeddings "
                                                f"({cfg.max_position_embeddings}) and it has no RoPE scaling")
         self.max_model_len = max_model_len
-        # quantization: None keeps a GGUF's Q4 / Q8 codes where the backend has kernels (quantize_model.py)
+        # quantization: None keeps a GGUF's Q4 / Q8 codes where the backend has kernels (quantize_model.py),
+        # and "auto" then means the activation dtype the backend computes those codes in best
+        if dtype in (None, "auto") and quantization != "none" and is_gguf(path):
+            dtype = self.backend.quantized_activation_dtype() or dtype
         self.model = load_model(path, dtype=dtype, device=self.device, ops=self.backend.ops,
                                 max_positions=max_model_len + 64,  # + room for draft positions past the end
                                 quantization=quantization, backend=self.backend)

@@ -21,8 +21,9 @@ layout (per-channel int8 scales, bf16 scales) it converts, and says how exact
 the conversion is (hyspec.cpu_ops.quantized_linear).
 
 :func:`quantize` makes the same structure from a dense bf16/fp32 matrix
-(``--quantization int4|int8``): asymmetric min/max int4 per group of 32,
-symmetric per-row int8.  :func:`dequantize` is the reference every kernel is
+(``--quantization int4|int8``): llama.cpp's Q4_1 (asymmetric min/max) and
+Q8_0 (symmetric) per group of 32 with fp16 scales, so :func:`encode_blocks`
+can write any of them as GGML blocks for a kernel that reads those.  :func:`dequantize` is the reference every kernel is
 tested against.
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ class GroupQuantized:
     group_size: int
     bits: int
     source: str  # where the codes came from: a GGML type (Q4_1 ...) or "int4" / "int8" (quantized here)
+    blocks: torch.Tensor | None = None  # [N, bytes per row] uint8: the GGML blocks these values are (if known)
+    block_type: str | None = None  # their GGML type: Q4_0, Q4_1 or Q8_0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -77,13 +80,40 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized | None:
     if any(p.bits != first.bits or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
         return None
     sources = sorted({p.source for p in parts})
+    same_blocks = all(p.blocks is not None and p.block_type == first.block_type for p in parts)
     return GroupQuantized(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
-                          torch.cat([p.zero for p in parts]), first.group_size, first.bits, "+".join(sources))
+                          torch.cat([p.zero for p in parts]), first.group_size, first.bits, "+".join(sources),
+                          torch.cat([p.blocks for p in parts]) if same_blocks else None,
+                          first.block_type if same_blocks else None)
 
 
 def permute_rows(w: GroupQuantized, rows: torch.Tensor) -> GroupQuantized:
     """The same matrix with its rows reordered (llama.cpp's q/k RoPE order back to Hugging Face's)."""
-    return GroupQuantized(w.q[rows], w.scale[rows], w.zero[rows], w.group_size, w.bits, w.source)
+    return GroupQuantized(w.q[rows], w.scale[rows], w.zero[rows], w.group_size, w.bits, w.source,
+                          None if w.blocks is None else w.blocks[rows].contiguous(), w.block_type)
+
+
+def encode_blocks(w: GroupQuantized) -> tuple[str, torch.Tensor] | None:
+    """``w`` as GGML blocks ``[N, bytes per row]`` (Q4_1 for 4-bit codes, Q8_0 for 8-bit), when its group size is
+    32 and its scales (and ``zero - 8 scale`` offsets) are fp16 values; None otherwise."""
+    if w.blocks is not None:
+        return w.block_type, w.blocks
+    n, k = w.shape
+    if w.group_size != _GGUF_BLOCK:
+        return None
+    d = w.scale.to(torch.float16)
+    if w.bits == 8:
+        if bool(w.zero.any()) or not torch.equal(d.float(), w.scale):
+            return None
+        codes = w.q.to(torch.int8).view(n, k // 32, 32).view(torch.uint8)
+        return "Q8_0", torch.cat([d.view(n, -1, 1).view(torch.uint8), codes], dim=-1).reshape(n, -1)
+    m = (w.zero - 8 * w.scale).to(torch.float16)
+    if not (torch.equal(d.float(), w.scale) and torch.equal(m.float() + 8 * d.float(), w.zero)):
+        return None
+    q = w.q.to(torch.uint8).view(n, k // 32, 32)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    return "Q4_1", torch.cat([d.view(n, -1, 1).view(torch.uint8), m.view(n, -1, 1).view(torch.uint8), nibbles],
+                             dim=-1).reshape(n, -1)
 
 
 def from_gguf(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str = "") -> GroupQuantized | None:
@@ -94,15 +124,16 @@ def from_gguf(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str 
     if k % _GGUF_BLOCK:
         raise CheckpointError(f"{name}: {qtype} tensor with {k} columns is not a whole number of blocks")
     raw = np.ascontiguousarray(blocks).reshape(n, k // _GGUF_BLOCK, -1)
+    kept = torch.from_numpy(raw.reshape(n, -1).copy())  # the file's bytes, for kernels that read them as they are
     d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16).astype(np.float32)).view(n, -1)
     if qtype == "Q8_0":
         codes = torch.from_numpy(raw[..., 2:].copy().view(np.int8)).reshape(n, k)
-        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 8, qtype)
+        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 8, qtype, kept, qtype)
     start = 4 if qtype == "Q4_1" else 2
     packed = torch.from_numpy(raw[..., start:].copy())  # [n, blocks, 16]: element j low nibble, j + 16 high
     codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(n, k)
     if qtype == "Q4_0":
-        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 4, qtype)
+        return GroupQuantized(codes, d, torch.zeros_like(d), _GGUF_BLOCK, 4, qtype, kept, qtype)
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16).astype(np.float32)).view(n, -1)
     zero = m + 8 * d
     # fp32 holds m + 8d exactly unless the exponents are far apart; then w's formula rounds once more
@@ -111,32 +142,35 @@ def from_gguf(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str 
         import logging
 
         logging.getLogger(__name__).info("%s: Q4_1 zero m + 8d rounded in fp32 for some blocks", name)
-    return GroupQuantized(codes, d, zero, _GGUF_BLOCK, 4, qtype)
+    return GroupQuantized(codes, d, zero, _GGUF_BLOCK, 4, qtype, kept, qtype)
 
 
 def quantize(w: torch.Tensor, bits: int, group_size: int = 32) -> GroupQuantized:
-    """Weight-only quantization of a dense ``[N, K]`` matrix: int4 asymmetric per group, int8 symmetric per row.
+    """Weight-only quantization of a dense ``[N, K]`` matrix, group-wise, llama.cpp's Q4_1 / Q8_0 formats.
 
-    int4: per group, ``scale = (max - min) / 15`` and codes ``round((w - min) / scale)``, so the group's
-    range maps onto 0..15 (``zero = min + 8 scale`` in the stored convention).  int8: one group per row,
-    ``scale = absmax / 127``.  Both round to nearest; the error is at most half a step per weight.
+    int4: per group, ``d = (max - min) / 15`` and ``m = min`` (both rounded to fp16, as a GGUF stores
+    them), codes ``round((w - m) / d)`` clamped to 0..15.  int8: per group, ``d = absmax / 127`` (fp16),
+    codes ``round(w / d)``.  The codes are chosen against the fp16 scales, so the error is at most half
+    a step per weight (plus the fp16 rounding of ``m``).
     """
     w = w.detach().to(torch.float32)
     n, k = w.shape
-    if bits == 8:
-        scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        codes = torch.round(w / scale).clamp(-128, 127).to(torch.int8)
-        return GroupQuantized(codes, scale, torch.zeros_like(scale), k, 8, "int8")
-    if bits != 4:
+    if bits not in (4, 8):
         raise ValueError(f"weight-only quantization supports 4 or 8 bits, not {bits}")
     if k % group_size:
-        raise ValueError(f"int4 quantization needs columns ({k}) divisible by the group size ({group_size})")
+        raise ValueError(f"int{bits} quantization needs columns ({k}) divisible by the group size ({group_size})")
     groups = w.view(n, k // group_size, group_size)
+    tiny = torch.finfo(torch.float16).tiny
+    if bits == 8:
+        d = (groups.abs().amax(dim=-1) / 127).clamp_min(tiny).to(torch.float16).float()
+        codes = torch.round(groups / d[..., None]).clamp(-128, 127).to(torch.int8).view(n, k)
+        return GroupQuantized(codes, d, torch.zeros_like(d), group_size, 8, "int8")
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
-    scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round((groups - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
-    return GroupQuantized(codes, scale, lo + 8 * scale, group_size, 4, "int4")
+    d = ((hi - lo) / 15).clamp_min(tiny).to(torch.float16).float()
+    m = lo.to(torch.float16).float()
+    codes = torch.round((groups - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    return GroupQuantized(codes, d, m + 8 * d, group_size, 4, "int4")
 
 
-__all__ = ["GGUF_GROUP_TYPES", "GroupQuantized", "concat_rows", "dequantize", "from_gguf", "permute_rows",
-           "quantize"]
+__all__ = ["GGUF_GROUP_TYPES", "GroupQuantized", "concat_rows", "dequantize", "encode_blocks", "from_gguf",
+           "permute_rows", "quantize"]

@@ -6,8 +6,8 @@
   Q4_1 / Q8_0 tensors stay as their codes wherever the backend computes with
   them; a tensor of another type, or one the backend has no kernel for, is
   dequantized, and one log line names each such type.  Safetensors
-  checkpoints stay dense.  Asking for ``dtype=float32`` keeps everything
-  dense too: it means "the file's values, computed in fp32".
+  checkpoints stay dense.  The activation dtype picks the kernel (the CPU:
+  torch's bf16 kernels for bf16, hyspec's exact fp32 kernel for float32).
 * ``"none"`` -- dequantize everything (the reference numerics).
 * ``"int4"`` -- every decoder linear in group-wise int4 (a GGUF's Q4 codes as
   they are, anything else quantized here, group 32), the lm_head in int8 (as
@@ -18,8 +18,8 @@ A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
 
 The backend side is two methods of :class:`hyspec.backend.Backend`:
-``quantized_linear(w, bias)`` (a module, or None: no kernel) and
-``quantized_head(weight, w)`` (registers a quantized stand-in for the
+``quantized_linear(w, bias, dtype)`` (a module for activations of ``dtype``, or None: no kernel) and
+``quantized_head(weight, w, dtype)`` (registers a quantized stand-in for the
 lm_head matmul and returns it, or None).  This module stays vendor-neutral.
 """
 from __future__ import annotations
@@ -50,16 +50,18 @@ class QuantizationReport:
 
     mode: str | None
     linears: Counter = field(default_factory=Counter)
+    kernels: Counter = field(default_factory=Counter)  # the backend's kernel per quantized linear (its ``kernel``)
     head: str = "dense"
     head_bytes: int = 0  # what a quantized lm_head reads per use (0: the dense matrix is read)
     fallbacks: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{n} {kind}" for kind, n in sorted(self.linears.items())]
-        return f"linears: {', '.join(parts) or 'none'}; lm_head: {self.head}"
+        kernels = f" [{', '.join(sorted(self.kernels))}]" if self.kernels else ""
+        return f"linears: {', '.join(parts) or 'none'}{kernels}; lm_head: {self.head}"
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "linears": dict(self.linears), "lm_head": self.head,
+        return {"mode": self.mode, "linears": dict(self.linears), "kernels": dict(self.kernels), "lm_head": self.head,
                 "lm_head_bytes": self.head_bytes, "fallbacks": self.fallbacks}
 
 
@@ -98,8 +100,7 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
                    dtype: torch.dtype) -> QuantizationReport:
     """Swap the decoder's linears (and the lm_head's matmul) for the backend's quantized kernels, in place."""
     report = QuantizationReport(quantization)
-    if quantization == "none" or (quantization is None and (dtype == torch.float32
-                                                            or not hasattr(ckpt, "group_quantized"))):
+    if quantization == "none" or (quantization is None and not hasattr(ckpt, "group_quantized")):
         report.linears["dense"] = len(_sources(model))
         return report
     demanded = {"int4": 4, "int8": 8}.get(quantization)
@@ -113,7 +114,7 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             no_kernel[types] += 1
             report.linears["dense"] += 1
             continue
-        replacement = backend.quantized_linear(w, module.bias)
+        replacement = backend.quantized_linear(w, module.bias, dtype)
         if replacement is None:
             if demanded is not None:
                 raise ConfigError("quantization", f"the {backend.name} backend has no {quantization} kernel for "
@@ -123,23 +124,24 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             continue
         _set_submodule(model, path, replacement)
         report.linears[f"int{w.bits} ({w.source})"] += 1
+        report.kernels[getattr(replacement, "kernel", type(replacement).__name__)] += 1
     for types, n in no_kernel.items():
         msg = f"{n} linear(s) stored as {types}: no {backend.name} kernel computes with them; dequantized"
         report.fallbacks.append(msg)
         log.info(msg)
-    report.head = _quantize_head(model, ckpt, demanded, backend, report)
+    report.head = _quantize_head(model, ckpt, demanded, backend, report, dtype)
     return report
 
 
 def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Backend",
-                   report: QuantizationReport) -> str:
+                   report: QuantizationReport, dtype: torch.dtype) -> str:
     name = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
     w = ckpt.group_quantized(name) if hasattr(ckpt, "group_quantized") else None
     if demanded is not None and (w is None or w.bits != 8):
         w = quantize(ckpt.get(name).to(torch.float32), 8)  # the head stays 8-bit even for int4 (see above)
     if w is None:
         return "dense"
-    head = backend.quantized_head(model.lm_head_weight, w)
+    head = backend.quantized_head(model.lm_head_weight, w, dtype)
     if head is None:
         if demanded is not None:
             raise ConfigError("quantization", f"the {backend.name} backend has no int{w.bits} kernel for the lm_head")

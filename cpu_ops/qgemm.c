@@ -1,0 +1,207 @@
+/*
+ * y[m, n] = sum_k x[m, k] * w[n, k] over llama.cpp's own blocks (Q4_0, Q4_1, Q8_0), fp32 activations.
+ *
+ * Built at first use by hyspec.cpu_ops.qgemm (gcc -O3 -march=native -fopenmp) and called through
+ * ctypes.  The weights are read as the GGUF stores them, 32 per block:
+ *   Q4_0  fp16 d, 16 bytes of nibbles       w = d * (q - 8)
+ *   Q4_1  fp16 d, fp16 m, 16 bytes nibbles  w = d * q + m
+ *   Q8_0  fp16 d, 32 int8                   w = d * q
+ * (element j of a 4-bit block is the low nibble of byte j, element j + 16 its high nibble).
+ *
+ * The file's values are used as they are (fp16 scales read exactly, no requantization) and the
+ * activations stay fp32.  Per block, sum_k x_k w_k = d * sum_k q_k x_k + m * sum_k x_k, so codes are
+ * never scaled one by one; all sums are fp32 in a fixed order (see rows_block), so the result differs
+ * from an fp32 product with the dequantized matrix only by rounding (tests/test_cpu_ops_qgemm.py).  Nothing depends on how many rows share a call
+ * or which thread computes them: a row's result is the same alone or in a batch, which is what
+ * lets speculative verification reproduce plain decoding bit for bit.
+ *
+ * Threads: OpenMP over blocks of four output rows.  Loaded after torch, the process's libgomp.so.1
+ * is torch's own, so the kernel shares torch's thread pool instead of competing with it.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define HYSPEC_AVX2 1
+#endif
+
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+static const int BLOCK_BYTES[3] = {18, 20, 34};
+
+int hyspec_qgemm_version(void) { return 1; }
+
+#ifdef HYSPEC_AVX2
+const char *hyspec_qgemm_isa(void) { return "avx2+fma+f16c"; }
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline float hsum(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* l0+l4 ... */
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                  /* +l2+l6 ... */
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+/* the 32 codes of one block as four vectors of eight floats (q for Q4_0 / Q4_1, signed q for Q8_0) */
+static inline __attribute__((always_inline)) void codes(const int qtype, const uint8_t *b, __m256 c[4]) {
+    if (qtype == Q8_0) {
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2)), hi = _mm_loadu_si128((const __m128i *)(b + 18));
+        c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+        c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+        return;
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + (qtype == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+}
+
+/* Output rows n0 .. n0+NB-1 (NB <= 4), two at a time, against every row of x.  Per block,
+ *   sum_k x_k w_k = d * (sum_k q_k x_k) + m * (sum_k x_k)      (Q4_0: m = -8 d; Q8_0: m = 0)
+ * so the codes are never scaled one by one: eight lanes of q*x per block are scaled by d into a
+ * vector accumulator, and m times the block's precomputed sum of x (xs) goes into a scalar one.
+ * The result is hsum(vector) + scalar, in that order. */
+static inline __attribute__((always_inline)) void rows_block(const int qtype, const float *x, const float *xs,
+                                                             int64_t M, int64_t K, const uint8_t *w, int64_t n0,
+                                                             int NB, float *y, int64_t N) {
+    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    for (int i = 0; i < NB; i += 2) {
+        const int two = NB - i >= 2;
+        const uint8_t *w0 = w + (n0 + i) * G * bs, *w1 = two ? w0 + G * bs : w0;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xr = x + m * K, *xsr = xs + m * G;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int64_t g = 0; g < G; g++) {
+                const __m256 x0 = _mm256_loadu_ps(xr + 32 * g), x1 = _mm256_loadu_ps(xr + 32 * g + 8);
+                const __m256 x2 = _mm256_loadu_ps(xr + 32 * g + 16), x3 = _mm256_loadu_ps(xr + 32 * g + 24);
+                __m256 c[4];
+                const uint8_t *b0 = w0 + g * bs, *b1 = w1 + g * bs;
+                codes(qtype, b0, c);
+                __m256 p = _mm256_fmadd_ps(c[1], x1, _mm256_mul_ps(c[0], x0));
+                p = _mm256_fmadd_ps(c[3], x3, _mm256_fmadd_ps(c[2], x2, p));
+                float d = f16(b0);
+                a0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d), a0);
+                if (qtype != Q8_0) s0 = __builtin_fmaf(qtype == Q4_1 ? f16(b0 + 2) : -8.0f * d, xsr[g], s0);
+                codes(qtype, b1, c);
+                p = _mm256_fmadd_ps(c[1], x1, _mm256_mul_ps(c[0], x0));
+                p = _mm256_fmadd_ps(c[3], x3, _mm256_fmadd_ps(c[2], x2, p));
+                d = f16(b1);
+                a1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d), a1);
+                if (qtype != Q8_0) s1 = __builtin_fmaf(qtype == Q4_1 ? f16(b1 + 2) : -8.0f * d, xsr[g], s1);
+            }
+            y[m * N + n0 + i] = hsum(a0) + s0;
+            if (two) y[m * N + n0 + i + 1] = hsum(a1) + s1;
+        }
+    }
+}
+
+/* xs[m, g]: the sum of block g of row m, in a fixed order */
+static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
+    for (int64_t i = 0; i < M * (K / 32); i++) {
+        const float *b = x + i * 32;
+        const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8)),
+                                       _mm256_add_ps(_mm256_loadu_ps(b + 16), _mm256_loadu_ps(b + 24)));
+        xs[i] = hsum(v);
+    }
+}
+
+#else /* portable: the same sums in the same order, without vectors */
+const char *hyspec_qgemm_isa(void) { return "portable"; }
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal */
+            int e = -1;
+            uint32_t m = man;
+            do { e++; m <<= 1; } while (!(m & 0x400));
+            bits = sign | (uint32_t)(127 - 15 - e) << 23 | (m & 0x3FF) << 13;
+        }
+    } else if (exp == 31) bits = sign | 0x7F800000u | man << 13;
+    else bits = sign | (exp + 112) << 23 | man << 13;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float hsum8(const float v[8]) {
+    const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+static void rows_block(const int qtype, const float *x, const float *xs, int64_t M, int64_t K, const uint8_t *w,
+                       int64_t n0, int NB, float *y, int64_t N) {
+    const int64_t G = K / 32, bs = BLOCK_BYTES[qtype];
+    for (int i = 0; i < NB; i++)
+        for (int64_t m = 0; m < M; m++) {
+            float a[8] = {0}, sc = 0.0f;
+            for (int64_t g = 0; g < G; g++) {
+                const uint8_t *b = w + ((n0 + i) * G + g) * bs;
+                float c[32];
+                if (qtype == Q8_0)
+                    for (int j = 0; j < 32; j++) c[j] = (float)(int8_t)b[2 + j];
+                else {
+                    const uint8_t *qs = b + (qtype == Q4_1 ? 4 : 2);
+                    for (int j = 0; j < 16; j++) { c[j] = (float)(qs[j] & 0x0F); c[j + 16] = (float)(qs[j] >> 4); }
+                }
+                const float *xr = x + m * K + g * 32, d = f16(b);
+                for (int j = 0; j < 8; j++) {
+                    float p = c[j] * xr[j];
+                    p = __builtin_fmaf(c[8 + j], xr[8 + j], p);
+                    p = __builtin_fmaf(c[16 + j], xr[16 + j], p);
+                    p = __builtin_fmaf(c[24 + j], xr[24 + j], p);
+                    a[j] = __builtin_fmaf(p, d, a[j]);
+                }
+                if (qtype != Q8_0) sc = __builtin_fmaf(qtype == Q4_1 ? f16(b + 2) : -8.0f * d, xs[m * G + g], sc);
+            }
+            y[m * N + n0 + i] = hsum8(a) + sc;
+        }
+}
+
+static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
+    for (int64_t i = 0; i < M * (K / 32); i++) {
+        const float *b = x + i * 32;
+        float v[8];
+        for (int j = 0; j < 8; j++) v[j] = (b[j] + b[8 + j]) + (b[16 + j] + b[24 + j]);
+        xs[i] = hsum8(v);
+    }
+}
+#endif
+
+/* x [M, K] fp32, w [N, K / 32 blocks], y [M, N] fp32; K a multiple of 32.  Returns 0, -1 on bad arguments,
+ * -2 when out of memory. */
+int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
+    if (qtype < 0 || qtype > 2 || K % 32 || M < 0 || N < 0) return -1;
+    float *xs = malloc(sizeof(float) * (size_t)(M * (K / 32) + 1));
+    if (!xs) return -2;
+    block_sums(x, M, K, xs);
+    const int64_t nblocks = (N + 3) / 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t n0 = b * 4;
+        const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
+        /* constant qtypes: each case is compiled for its own block format (no branch in the inner loop) */
+        switch (qtype) {
+            case Q4_0: rows_block(Q4_0, x, xs, M, K, w, n0, NB, y, N); break;
+            case Q4_1: rows_block(Q4_1, x, xs, M, K, w, n0, NB, y, N); break;
+            default: rows_block(Q8_0, x, xs, M, K, w, n0, NB, y, N); break;
+        }
+    }
+    free(xs);
+    return 0;
+}
