@@ -18,6 +18,11 @@ def cpu_op_overrides() -> dict:
     from hyspec.cpu_ops.packed_linear import packed_logits, packing_available
     from hyspec.cpu_ops.quantized_linear import int8_kernel_available
 
+    overrides = {}
     if packing_available(torch.float32) or packing_available(torch.bfloat16) or int8_kernel_available():
-        return {"logits": packed_logits}
-    return {}
+        overrides["logits"] = packed_logits
+    from hyspec.cpu_ops import paged_attention
+
+    if paged_attention.library() is not None:  # fp32 caches from the pages; other dtypes: the reference op
+        overrides["attention"] = paged_attention.paged_attention
+    return overrides

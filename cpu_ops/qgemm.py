@@ -7,55 +7,24 @@ kernel here reads the GGUF's blocks as they are, dequantizes every weight
 exactly, accumulates in fp32, and keeps every row independent of the batch
 (see qgemm.c).
 
-Building: ``cc -O3 -march=native -fopenmp -shared`` into
-``$HYSPEC_CACHE_DIR`` (default ``~/.cache/hyspec``)/kernels, keyed on the
-source, the compiler and this CPU's flags, so a machine builds it once (under
-a second) and a different CPU never loads another's build.  No compiler, or a
-failed build: :func:`library` returns None with the reason logged once, and
-the CPU backend uses torch's kernels instead.  ``HYSPEC_QGEMM=0`` turns it off.
+Built once per machine by hyspec.cpu_ops.native.  No compiler, or a failed
+build: :func:`library` returns None with the reason logged once, and the CPU
+backend uses torch's kernels instead.  ``HYSPEC_QGEMM=0`` turns it off.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("qgemm.c")
 QTYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("HYSPEC_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                               os.path.expanduser("~/.cache"), "hyspec")
-    return Path(root) / "kernels"
-
-
-def _cpu_key() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.machine() + platform.processor()
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 @functools.cache
@@ -64,38 +33,15 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("HYSPEC_QGEMM", "1") == "0":
         log.info("hyspec qgemm kernel disabled by HYSPEC_QGEMM=0")
         return None
-    cc = _compiler()
-    if cc is None:
-        log.info("hyspec qgemm kernel unavailable: no C compiler (cc/gcc) on PATH; using torch's kernels")
-        return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + cc.encode() + _cpu_key().encode()).hexdigest()[:16]
-    target = cache_dir() / f"qgemm-{key}.so"
-    if not target.is_file():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                out = Path(tmp) / target.name
-                done = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11",
-                                       "-o", str(out), str(SOURCE)], capture_output=True, text=True, timeout=120)
-                if done.returncode != 0:
-                    log.warning("hyspec qgemm kernel failed to build (%s); using torch's kernels: %s", cc,
-                                (done.stderr.strip().splitlines() or ["no message"])[-1])
-                    return None
-                out.replace(target)  # atomic: a concurrent builder never loads half a file
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("hyspec qgemm kernel cannot be built: %s: %s; using torch's kernels", type(exc).__name__, exc)
-            return None
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        log.warning("hyspec qgemm kernel cannot be loaded (%s); using torch's kernels", exc)
+    from hyspec.cpu_ops.native import load
+
+    lib = load("qgemm.c")
+    if lib is None:
         return None
     lib.hyspec_qgemm.restype = ctypes.c_int
     lib.hyspec_qgemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
     lib.hyspec_qgemm_isa.restype = ctypes.c_char_p
-    log.info("hyspec qgemm kernel: %s (%s)", target, lib.hyspec_qgemm_isa().decode())
     return lib
 
 

@@ -87,7 +87,7 @@ def test_no_compiler_falls_back_to_torchs_kernels(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "LIB None" in done.stdout and "ACT None" in done.stdout
-    assert "qgemm kernel cannot be built" in done.stdout or "failed to build" in done.stdout, done.stdout
+    assert "qgemm kernel cannot be built" in done.stdout, done.stdout
 
 
 @needs_kernel

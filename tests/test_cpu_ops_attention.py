@@ -1,0 +1,65 @@
+"""The CPU backend's paged attention (cpu_ops/paged_attention.c) against the reference op, and the property it
+exists for: a query row's output is the same in a decode step and inside a verification batch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyspec.cpu_ops.paged_attention import library, paged_attention
+from hyspec.cuda_ops.cases import paged_attention_case
+from hyspec.ops import reference_ops
+from hyspec.ops.attention import AttentionMetadata
+
+REF = reference_ops()
+needs_kernel = pytest.mark.skipif(library() is None, reason="no C compiler here: the attention kernel cannot build")
+
+SCENARIOS = {  # (context_lens, query_lens, block_size, tree)
+    "decode": ([70, 40, 5], [1, 1, 1], 16, False),
+    "prefill": ([0, 13], [33, 20], 16, False),
+    "ragged": ([0, 30, 7, 64], [9, 1, 4, 2], 32, False),
+    "tree": ([20, 70, 0], [8, 1, 13], 16, True),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3)], ids=["mha", "gqa3"])
+def test_matches_the_reference(scenario, heads):
+    ctx, qlens, block_size, tree = SCENARIOS[scenario]
+    case = paged_attention_case(ctx, qlens, *heads, 64, block_size, torch.float32, tree=tree, seed=len(scenario))
+    expected = REF.attention(*case.args())
+    actual = paged_attention(*case.args())
+    # fp32, another summation order than SDPA's: a few ulps of the output's scale
+    torch.testing.assert_close(actual, expected, atol=2e-6, rtol=1e-5)
+
+
+def _meta(table: torch.Tensor, qlen: int, seq_len: int) -> AttentionMetadata:
+    return AttentionMetadata(query_start_loc=torch.tensor([0, qlen], dtype=torch.int32),
+                             seq_lens=torch.tensor([seq_len], dtype=torch.int32), block_tables=table,
+                             slot_mapping=torch.zeros(qlen, dtype=torch.int64),
+                             positions=torch.arange(seq_len - qlen, seq_len), tree_mask=None,
+                             query_lens=[qlen], seq_lens_host=[seq_len])
+
+
+@needs_kernel
+def test_a_row_is_the_same_in_a_decode_step_and_in_a_verification():
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(16, 16, 3, 64), torch.randn(16, 16, 3, 64)
+    table = torch.randperm(16)[:8].to(torch.int32)[None]
+    q = torch.randn(5, 9, 64)
+    verify = paged_attention(q, k_cache, v_cache, _meta(table, 5, 100), 0.125)  # 5 rows at positions 95..99
+    for i in range(5):
+        decode = paged_attention(q[i:i + 1].contiguous(), k_cache, v_cache, _meta(table, 1, 96 + i), 0.125)
+        assert torch.equal(decode, verify[i:i + 1]), i
+
+
+def test_other_dtypes_run_the_reference():
+    case = paged_attention_case([10], [2], 4, 2, 32, 16, torch.bfloat16, seed=1)
+    assert torch.equal(paged_attention(*case.args()), REF.attention(*case.args()))
+
+
+@needs_kernel
+def test_the_cpu_backend_uses_it():
+    from hyspec.backends.registry import get_backend
+
+    assert "attention" in get_backend("cpu").ops.native_ops()
