@@ -101,7 +101,7 @@ class LlamaCppPeer:
             rates.append(generated / rep["seconds"])
             ttfts += rep["ttfts"]
             outputs.append(rep["outputs"])
-        peak = MemoryPeak(answer.get("max_rss_bytes"), None, "getrusage high-water mark of the llama.cpp worker")
+        peak = MemoryPeak(answer.get("max_rss_bytes"), None, "VmHWM of the llama.cpp worker process")
         return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated, ttft_s=Spread.of(ttfts),
                            outputs=outputs, peak=peak,
                            notes=[f"llama-cpp-python {self.info.get('version')}, {self.threads} threads"])

@@ -39,6 +39,19 @@ def _generate(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float
     return out, first
 
 
+def _peak_rss_bytes() -> int:
+    """This process's resident high-water mark.  VmHWM, not getrusage: ru_maxrss survives exec, so a child
+    started by a large parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 def main() -> int:
     job = json.load(sys.stdin)
     import llama_cpp
@@ -66,8 +79,7 @@ def main() -> int:
         repeats.append({"seconds": time.perf_counter() - start, "outputs": outputs, "ttfts": ttfts})
     info = {"version": getattr(llama_cpp, "__version__", None),
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    json.dump({"repeats": repeats, "info": info, "max_rss_bytes": rss}, sys.stdout)
+    json.dump({"repeats": repeats, "info": info, "max_rss_bytes": _peak_rss_bytes()}, sys.stdout)
     return 0
 
 
