@@ -109,7 +109,9 @@ def _details(b) -> list[str]:
     if b.ops_note:
         rows.append(("ops note", b.ops_note))
     if b.available:
-        rows.append(("quantization", (" ".join(b.quantization) + " weight-only (GGUF Q4_0/Q4_1 as int4, Q8_0 as int8)")
+        legend = {"int4": "int4 (group-wise)", "int8": "int8 (per row)",
+                  "gguf-blocks-fp32": "gguf-blocks-fp32 (Q4_0/Q4_1/Q8_0 as stored, fp32 math)"}
+        rows.append(("quantization", ", ".join(legend.get(k, k) for k in b.quantization)
                      if b.quantization else "none: quantized checkpoints are dequantized"))
     rows.append(("methods", " ".join(b.methods)))
     return [b.name] + [f"  {key:<14} {value}" for key, value in rows] + [""]
