@@ -28,7 +28,7 @@
 #endif
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
-enum { MANY_ROWS = 4 }; /* from this many rows of x, rows_block_many (codes converted once per block) */
+enum { MANY_ROWS = 2 }; /* from this many rows of x, rows_block_many (codes converted once per chunk) */
 enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
 static const int BLOCK_BYTES[3] = {18, 20, 34};
 
@@ -111,35 +111,58 @@ static inline __attribute__((always_inline)) void rows_block(const int qtype, co
 /* The same sums as rows_block for many rows of x (prefill): each block's codes are converted once and
  * used for every row, whose accumulators live in acc / sc between blocks.  Every (output, row) pair
  * goes through exactly the operations rows_block does, in the same order: the results are equal. */
+/* R rows of x (a compile-time count, so the accumulators stay in registers) against one output row */
+static inline __attribute__((always_inline)) void one_row_r(const int qtype, const int R, const float *x,
+                                                            const float *xs, int64_t K, const uint8_t *wr,
+                                                            float *y, int64_t N) {
+    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    __m256 acc[8];
+    float sc[8];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        sc[r] = 0.0f;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *b = wr + g * bs;
+        __m256 c[4];
+        codes(qtype, b, c);
+        const float d = f16(b), mn = qtype == Q4_1 ? f16(b + 2) : -8.0f * d;
+        const __m256 vd = _mm256_set1_ps(d);
+        for (int r = 0; r < R; r++) {
+            const float *xg = x + r * K + 32 * g;
+            __m256 p = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(c[0], _mm256_loadu_ps(xg)));
+            p = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24), _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16), p));
+            acc[r] = _mm256_fmadd_ps(p, vd, acc[r]);
+            if (qtype != Q8_0) sc[r] = __builtin_fmaf(mn, xs[r * G + g], sc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + sc[r];
+}
+
+/* The same sums as rows_block for many rows of x (verification, prefill): each block's codes are
+ * converted once per chunk of up to eight rows.  Every (output, row) pair goes through exactly the
+ * operations rows_block does, in the same order: the results are equal. */
 static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xs,
                                                                   int64_t M, int64_t K, const uint8_t *w, int64_t n0,
-                                                                  int NB, float *y, int64_t N, __m256 *acc,
-                                                                  float *sc) {
+                                                                  int NB, float *y, int64_t N) {
     const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
     /* rows of x in chunks that stay in the L1/L2 cache while the output rows of this block pass over them */
     for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-        const int64_t m1 = M - m0 < ROW_CHUNK ? M : m0 + ROW_CHUNK;
+        const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
+        const float *xc = x + m0 * K, *xsc = xs + m0 * G;
         for (int i = 0; i < NB; i++) {
             const uint8_t *wr = w + (n0 + i) * G * bs;
-            for (int64_t m = m0; m < m1; m++) {
-                acc[m - m0] = _mm256_setzero_ps();
-                sc[m - m0] = 0.0f;
+            float *yc = y + m0 * N + n0 + i;
+            switch (R) {
+                case 1: one_row_r(qtype, 1, xc, xsc, K, wr, yc, N); break;
+                case 2: one_row_r(qtype, 2, xc, xsc, K, wr, yc, N); break;
+                case 3: one_row_r(qtype, 3, xc, xsc, K, wr, yc, N); break;
+                case 4: one_row_r(qtype, 4, xc, xsc, K, wr, yc, N); break;
+                case 5: one_row_r(qtype, 5, xc, xsc, K, wr, yc, N); break;
+                case 6: one_row_r(qtype, 6, xc, xsc, K, wr, yc, N); break;
+                case 7: one_row_r(qtype, 7, xc, xsc, K, wr, yc, N); break;
+                default: one_row_r(qtype, 8, xc, xsc, K, wr, yc, N); break;
             }
-            for (int64_t g = 0; g < G; g++) {
-                const uint8_t *b = wr + g * bs;
-                __m256 c[4];
-                codes(qtype, b, c);
-                const float d = f16(b), mn = qtype == Q4_1 ? f16(b + 2) : -8.0f * d;
-                const __m256 vd = _mm256_set1_ps(d);
-                for (int64_t m = m0; m < m1; m++) {
-                    const float *xg = x + m * K + 32 * g;
-                    __m256 p = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(c[0], _mm256_loadu_ps(xg)));
-                    p = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24), _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16), p));
-                    acc[m - m0] = _mm256_fmadd_ps(p, vd, acc[m - m0]);
-                    if (qtype != Q8_0) sc[m - m0] = __builtin_fmaf(mn, xs[m * G + g], sc[m - m0]);
-                }
-            }
-            for (int64_t m = m0; m < m1; m++) y[m * N + n0 + i] = hsum(acc[m - m0]) + sc[m - m0];
         }
     }
 }
@@ -230,32 +253,19 @@ int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
     block_sums(x, M, K, xs);
     const int64_t nblocks = (N + 3) / 4;
 #ifdef HYSPEC_AVX2
-    if (M >= MANY_ROWS) { /* prefill: codes converted once per block for all rows (same results) */
-        int failed = 0;
-#pragma omp parallel
-        {
-            __m256 *acc = aligned_alloc(32, sizeof(__m256) * ROW_CHUNK);
-            float *sc = malloc(sizeof(float) * ROW_CHUNK);
-            if (!acc || !sc) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
-#pragma omp for schedule(static)
-                for (int64_t b = 0; b < nblocks; b++) {
-                    const int64_t n0 = b * 4;
-                    const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
-                    switch (qtype) {
-                        case Q4_0: rows_block_many(Q4_0, x, xs, M, K, w, n0, NB, y, N, acc, sc); break;
-                        case Q4_1: rows_block_many(Q4_1, x, xs, M, K, w, n0, NB, y, N, acc, sc); break;
-                        default: rows_block_many(Q8_0, x, xs, M, K, w, n0, NB, y, N, acc, sc); break;
-                    }
-                }
+    if (M >= MANY_ROWS) { /* verification, prefill: codes converted once per chunk of rows (same results) */
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < nblocks; b++) {
+            const int64_t n0 = b * 4;
+            const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
+            switch (qtype) {
+                case Q4_0: rows_block_many(Q4_0, x, xs, M, K, w, n0, NB, y, N); break;
+                case Q4_1: rows_block_many(Q4_1, x, xs, M, K, w, n0, NB, y, N); break;
+                default: rows_block_many(Q8_0, x, xs, M, K, w, n0, NB, y, N); break;
             }
-            free(acc);
-            free(sc);
         }
         free(xs);
-        return failed ? -2 : 0;
+        return 0;
     }
 #endif
 #pragma omp parallel for schedule(static)
