@@ -244,6 +244,21 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
 }
 #endif
 
+/* one block of output rows: rows_block_many and rows_block give equal results, the first is faster for many rows */
+static inline __attribute__((always_inline)) void output_rows(const int qtype, int many, const float *x,
+                                                              const float *xs, int64_t M, int64_t K, const uint8_t *w,
+                                                              int64_t n0, int NB, float *y, int64_t N) {
+#ifdef HYSPEC_AVX2
+    if (many) {
+        rows_block_many(qtype, x, xs, M, K, w, n0, NB, y, N);
+        return;
+    }
+#else
+    (void)many; /* the portable path computes row by row either way */
+#endif
+    rows_block(qtype, x, xs, M, K, w, n0, NB, y, N);
+}
+
 /* x [M, K] fp32, w [N, K / 32 blocks], y [M, N] fp32; K a multiple of 32.  Returns 0, -1 on bad arguments,
  * -2 when out of memory. */
 int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
@@ -252,31 +267,16 @@ int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
     if (!xs) return -2;
     block_sums(x, M, K, xs);
     const int64_t nblocks = (N + 3) / 4;
-#ifdef HYSPEC_AVX2
-    if (M >= MANY_ROWS) { /* verification, prefill: codes converted once per chunk of rows (same results) */
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < nblocks; b++) {
-            const int64_t n0 = b * 4;
-            const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
-            switch (qtype) {
-                case Q4_0: rows_block_many(Q4_0, x, xs, M, K, w, n0, NB, y, N); break;
-                case Q4_1: rows_block_many(Q4_1, x, xs, M, K, w, n0, NB, y, N); break;
-                default: rows_block_many(Q8_0, x, xs, M, K, w, n0, NB, y, N); break;
-            }
-        }
-        free(xs);
-        return 0;
-    }
-#endif
+    const int many = M >= MANY_ROWS; /* verification, prefill: codes converted once per chunk of rows */
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblocks; b++) {
         const int64_t n0 = b * 4;
         const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
         /* constant qtypes: each case is compiled for its own block format (no branch in the inner loop) */
         switch (qtype) {
-            case Q4_0: rows_block(Q4_0, x, xs, M, K, w, n0, NB, y, N); break;
-            case Q4_1: rows_block(Q4_1, x, xs, M, K, w, n0, NB, y, N); break;
-            default: rows_block(Q8_0, x, xs, M, K, w, n0, NB, y, N); break;
+            case Q4_0: output_rows(Q4_0, many, x, xs, M, K, w, n0, NB, y, N); break;
+            case Q4_1: output_rows(Q4_1, many, x, xs, M, K, w, n0, NB, y, N); break;
+            default: output_rows(Q8_0, many, x, xs, M, K, w, n0, NB, y, N); break;
         }
     }
     free(xs);
