@@ -40,6 +40,9 @@ class DrafterRecipe(ABC):
     """How one method is trained and saved."""
 
     method: str
+    #: the trainer passes option ``token_counts`` (how often each target token is to be predicted in the
+    #: training windows) when the user gave none: a recipe with a reduced draft vocabulary chooses from it
+    wants_token_counts: bool = False
 
     def aux_layers(self, target_cfg: ModelConfig) -> tuple[int, ...]:
         """Target layers whose residual stream the drafter reads (besides the final hidden)."""

@@ -35,7 +35,7 @@ from hyspec.train.base import DrafterRecipe
 from hyspec.train.data import BatchSampler, Corpus, DataStats, Windows, load_corpus, pack_windows, sample_prompts
 from hyspec.train.features import FeatureSource, HiddenCache
 from hyspec.train.registry import resolve_recipe
-from hyspec.train.selfgen import cached_generate
+from hyspec.train.selfgen import cached_generate, read_prompt_records
 from hyspec.train.workspace import LOG_FILE, Workspace, check_out_dir
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # Settings that change the trained weights: a checkpoint resumes only under the same values.
 _RUN_KEYS = ("method", "steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup", "weight_decay",
              "grad_clip", "seed", "options", "precision", "target_dtype", "self_generate",
-             "self_generate_temperature", "prompt_len", "max_tokens")
+             "self_generate_temperature", "self_generate_prompts", "prompt_len", "max_tokens", "holdout")
 
 
 @dataclass
@@ -66,13 +66,15 @@ class TrainConfig:
     resume: bool = False
     overwrite: bool = False
     self_generate: int = 0  # > 0: train on this many target continuations of prompts cut from the data
-    self_generate_temperature: float = 0.0  # 0 = greedy (the default)
+    self_generate_temperature: float | tuple[float, ...] = 0.0  # 0 = greedy (the default); a tuple cycles over prompts
+    self_generate_prompts: Path | None = None  # JSONL of whole prompts (hyspec.train.instructions) instead of cut ones
     prompt_len: int = 64
     self_generate_cache: Path | None = None  # default OUT.partial/self_generated.pt; share one across methods
     cache_hidden: bool = False
     max_tokens: int | None = None  # None: enough text for one pass over all steps
     precision: str = "auto"
     target_dtype: str = "auto"
+    holdout: int = 0  # windows kept out of training; scored at every checkpoint (per-position accuracy)
     checkpoint_every: int = 100
     log_every: int = 10
     work_dir: Path | None = None
@@ -83,6 +85,11 @@ class TrainConfig:
         self.target, self.out = Path(self.target), Path(self.out)
         self.work_dir = None if self.work_dir is None else Path(self.work_dir)
         self.self_generate_cache = None if self.self_generate_cache is None else Path(self.self_generate_cache)
+        self.self_generate_prompts = None if self.self_generate_prompts is None else Path(self.self_generate_prompts)
+        if not isinstance(self.self_generate_temperature, (int, float)):
+            self.self_generate_temperature = tuple(float(t) for t in self.self_generate_temperature)
+            if not self.self_generate_temperature:
+                raise ConfigError("--self-generate-temperature", "needs at least one value")
         for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every", "prompt_len"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -99,20 +106,28 @@ class TrainConfig:
             raise ConfigError("--min-lr-ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         if self.weight_decay < 0 or self.grad_clip <= 0:
             raise ConfigError("--weight-decay/--grad-clip", "weight decay must be >= 0 and grad clip > 0")
-        if self.self_generate < 0 or self.self_generate_temperature < 0:
+        temps = (self.self_generate_temperature,) if isinstance(self.self_generate_temperature, (int, float)) \
+            else self.self_generate_temperature
+        if self.self_generate < 0 or any(not (t >= 0 and math.isfinite(t)) for t in temps):
             raise ConfigError("--self-generate", "count and temperature must be >= 0")
-        if self.self_generate and self.prompt_len >= self.seq_len:
+        if isinstance(self.holdout, bool) or not isinstance(self.holdout, int) or self.holdout < 0:
+            raise ConfigError("--holdout", f"must be a non-negative integer, got {self.holdout!r}")
+        if (self.self_generate or self.self_generate_prompts) and self.prompt_len >= self.seq_len:
             raise ConfigError("--prompt-len",
                               f"must be shorter than --seq-len ({self.seq_len}) to leave room to generate")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ConfigError("--max-tokens", f"must be positive, got {self.max_tokens}")
         if self.precision not in PRECISIONS:
             raise ConfigError("--precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if not self.data:
+        if not self.data and self.self_generate_prompts is None:
             raise ConfigError("--data", "no data given (files, folders, 'stdlib' or 'humaneval')")
 
     def run_settings(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _RUN_KEYS}
+        settings = {k: getattr(self, k) for k in _RUN_KEYS}
+        settings["self_generate_prompts"] = None if self.self_generate_prompts is None else str(self.self_generate_prompts)
+        if isinstance(settings["self_generate_temperature"], tuple):
+            settings["self_generate_temperature"] = list(settings["self_generate_temperature"])
+        return settings
 
 
 @dataclass
@@ -180,8 +195,13 @@ class _Meter:
         return means
 
 
-def _load_corpus(cfg: TrainConfig, tokenizer: Tokenizer, vocab_size: int) -> Corpus:
-    if cfg.self_generate:
+def _load_corpus(cfg: TrainConfig, tokenizer: Tokenizer, vocab_size: int) -> Corpus | None:
+    if not cfg.data:  # --self-generate-prompts alone: no text besides the prompts
+        return None
+    if cfg.self_generate_prompts is not None:
+        # text mixed in with the generated windows: as many tokens as those hold unless --max-tokens says
+        max_tokens = cfg.max_tokens or max(1 << 16, (cfg.self_generate or 1024) * cfg.seq_len)
+    elif cfg.self_generate:
         # Only prompts are needed: a bounded amount of text gives plenty of variety, and a cap that does
         # not depend on --steps/--batch-size lets runs of several methods share one --self-generate-cache.
         max_tokens = cfg.max_tokens or max(1 << 16, 8 * cfg.self_generate * cfg.prompt_len)
@@ -195,17 +215,50 @@ def _load_corpus(cfg: TrainConfig, tokenizer: Tokenizer, vocab_size: int) -> Cor
     return corpus
 
 
-def _windows(cfg: TrainConfig, corpus: Corpus, ws: Workspace) -> Windows:
-    if not cfg.self_generate:
+def _windows(cfg: TrainConfig, corpus: Corpus | None, stats: DataStats, tokenizer: Tokenizer,
+             ws: Workspace) -> Windows:
+    if cfg.self_generate_prompts is not None:
+        prompts = read_prompt_records(cfg.self_generate_prompts, tokenizer, cfg.prompt_len)
+        if cfg.self_generate:
+            prompts = prompts[: cfg.self_generate]
+    elif not cfg.self_generate:
+        assert corpus is not None
         return pack_windows(corpus, cfg.seq_len)
-    prompts = sample_prompts(corpus, cfg.self_generate, cfg.prompt_len, cfg.seed)
+    else:
+        assert corpus is not None
+        prompts = sample_prompts(corpus, cfg.self_generate, cfg.prompt_len, cfg.seed)
+    pad_id = corpus.pad_id if corpus is not None else (tokenizer.eos_token_id or 0)
     cache_file = cfg.self_generate_cache or ws.folder / "self_generated.pt"
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     windows = cached_generate(cache_file, cfg.target, target_key(cfg.target), prompts,
-                              cfg.seq_len, cfg.self_generate_temperature, cfg.seed, corpus.pad_id,
+                              cfg.seq_len, cfg.self_generate_temperature, cfg.seed, pad_id,
                               cfg.target_dtype, cfg.progress)
-    corpus.stats.self_generated = corpus.stats.windows = len(windows)
+    stats.self_generated = len(windows)
+    if cfg.self_generate_prompts is not None and corpus is not None:  # real text, teacher-forced, mixed in
+        text = pack_windows(corpus, cfg.seq_len)
+        windows = Windows(ids=torch.cat([windows.ids, text.ids]), loss_mask=torch.cat([windows.loss_mask,
+                                                                                        text.loss_mask]))
+    stats.windows = len(windows)
     return windows
+
+
+def predicted_token_counts(windows: Windows, vocab_size: int) -> torch.Tensor:  # [V] int64
+    """How often each token is one the drafter must predict (the next token at a counted position):
+    what a reduced draft vocabulary is chosen from."""
+    nxt = windows.ids[:, 1:][windows.loss_mask[:, :-1]]
+    return torch.bincount(nxt, minlength=vocab_size)[:vocab_size]
+
+
+def split_holdout(windows: Windows, count: int, seed: int) -> tuple[Windows, Windows | None]:
+    """(training windows, held-out windows): ``count`` windows drawn by ``seed``, never trained on."""
+    if count == 0:
+        return windows, None
+    if count >= len(windows):
+        raise HyspecError(f"--holdout {count} leaves no training window (the data has {len(windows)})")
+    perm = torch.randperm(len(windows), generator=torch.Generator().manual_seed(seed * 7919 + 1))
+    held, kept = perm[:count].sort().values, perm[count:].sort().values
+    return (Windows(ids=windows.ids[kept], loss_mask=windows.loss_mask[kept]),
+            Windows(ids=windows.ids[held], loss_mask=windows.loss_mask[held]))
 
 
 def _optimizer(recipe: DrafterRecipe, drafter: torch.nn.Module,
@@ -231,16 +284,27 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
         raise HyspecError(f"{ws.folder} holds a checkpoint of an earlier run: pass --resume to continue it "
                           "or --overwrite to start over")
     corpus = _load_corpus(cfg, tokenizer, target_cfg.vocab_size)
+    stats = corpus.stats if corpus is not None else DataStats(sources=[str(cfg.self_generate_prompts)])
     target = load_model(cfg.target, dtype=cfg.target_dtype)
+    options = dict(cfg.options)
+    counts_from_data = recipe.wants_token_counts and options.get("token_counts") is None
+    if counts_from_data:  # stand-in counts until the windows exist: the options are checked before any folder is made
+        options["token_counts"] = [1] * target_cfg.vocab_size
     torch.manual_seed(cfg.seed)
-    drafter = recipe.build(target, dict(cfg.options))
+    drafter = recipe.build(target, options)
     optimizer, params = _optimizer(recipe, drafter, cfg)
     ws.open()
     try:
         t_data = time.time()
-        windows = _windows(cfg, corpus, ws)
+        windows = _windows(cfg, corpus, stats, tokenizer, ws)
         t_data = time.time() - t_data
         settings = {**cfg.run_settings(), "target": target_key(cfg.target), "data": windows.fingerprint()}
+        windows, heldout = split_holdout(windows, cfg.holdout, cfg.seed)
+        if counts_from_data:  # e.g. EAGLE-3's reduced vocabulary: the tokens the training data asks it to predict
+            options["token_counts"] = predicted_token_counts(windows, target_cfg.vocab_size).tolist()
+            torch.manual_seed(cfg.seed)
+            drafter = recipe.build(target, options)
+            optimizer, params = _optimizer(recipe, drafter, cfg)
         state = ws.load_checkpoint() if cfg.resume else None
         if state is not None:
             changed = sorted(k for k in settings if state["settings"].get(k) != settings[k])
@@ -251,8 +315,9 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
             optimizer.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"])
             print(f"train-draft: resuming {cfg.method} at step {state['step']}/{cfg.steps} from {ws.checkpoint}")
-        result = _loop(cfg, recipe, target, drafter, optimizer, params, windows, ws, settings, state, callback)
-        _write_output(cfg, recipe, target_cfg, drafter, ws, corpus.stats, windows, result,
+        result = _loop(cfg, recipe, target, drafter, optimizer, params, windows, heldout, ws, settings, state,
+                       callback)
+        _write_output(cfg, recipe, target_cfg, drafter, ws, stats, windows, result,
                       {"windows_s": round(t_data, 2), "total_s": round(time.time() - t_start, 2)},
                       resumed_from=None if state is None else int(state["step"]))
         ws.publish(keep_work=cfg.keep_work)
@@ -266,7 +331,7 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
 
 
 def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, params, windows: Windows,
-          ws: Workspace, settings: dict[str, Any], state: dict[str, Any] | None,
+          heldout: Windows | None, ws: Workspace, settings: dict[str, Any], state: dict[str, Any] | None,
           callback: StepCallback | None) -> TrainResult:
     from tqdm.auto import tqdm
 
@@ -278,6 +343,7 @@ def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, p
                                        cfg.target_dtype]).encode()).hexdigest()
         cache = HiddenCache(ws.folder / "hidden", windows, target.config.hidden_size, aux_layers, key)
     features = FeatureSource(target, windows, aux_layers, cache)
+    held_features = None if heldout is None else FeatureSource(target, heldout, aux_layers, None)
     sampler = BatchSampler(len(windows), cfg.batch_size, cfg.seed)
     step = 0 if state is None else int(state["step"])
     history: list[dict[str, Any]] = [] if state is None else json.loads(state["log"])
@@ -314,17 +380,46 @@ def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, p
         if callback is not None:
             callback(step, loss_value, metrics)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            if held_features is not None:
+                history.append({"step": step, "heldout": evaluate(recipe, target, drafter, held_features,
+                                                                  len(heldout), cfg.batch_size, use_bf16)})
+                drafter.train()
             ws.save_checkpoint({"step": step, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
                                 "rng": torch.get_rng_state(), "settings": settings, "log": json.dumps(history),
                                 "meter": json.dumps(meter.sums), "train_s": train_s})
     bar.close()
-    last = history[-1] if history else {"loss": loss_value}
+    trained = [h for h in history if "loss" in h]
+    last = trained[-1] if trained else {"loss": loss_value}
     return TrainResult(out=cfg.out, steps=step, loss=float(last.get("loss", loss_value)),
                        metrics={k: v for k, v in last.items() if k not in _LOG_FIELDS}, seconds=train_s,
                        history=history, bf16=use_bf16)
 
 
 _LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "epoch", "train_s")
+
+
+def evaluate(recipe: DrafterRecipe, target, drafter, features: FeatureSource, count: int, batch_size: int,
+             use_bf16: bool) -> dict[str, float]:
+    """The recipe's metrics over the held-out windows (means weighted by batch), plus, where it logs
+    per-position accuracies ``acc0, acc1, ...``, the mean accepted length of a chain draft they imply
+    (``1 + sum_k prod_{j<=k} acc_j``: each position's accuracy is conditional on the earlier ones being right)."""
+    drafter.eval()
+    sums: dict[str, float] = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+        for start in range(0, count, batch_size):
+            indices = torch.arange(start, min(count, start + batch_size))
+            loss, metrics = recipe.loss(drafter, target, features.batch(indices))
+            for k, v in {"loss": float(loss), **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * len(indices)
+    out = {k: round(v / count, 5) for k, v in sums.items()}
+    accs = [out[f"acc{j}"] for j in range(len(out)) if f"acc{j}" in out]
+    if accs:
+        length, run = 1.0, 1.0
+        for a in accs:
+            run *= a
+            length += run
+        out["chain_accept_len"] = round(length, 4)
+    return out
 
 
 def _postfix(loss: float, metrics: dict[str, float]) -> dict[str, str]:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.checkpoint_io import read_config_json, save_checkpoint
+from hyspec.drafters.checkpoint_io import StoredTensors, read_config_json, save_checkpoint, stored_tensors
 from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
 from hyspec.errors import CheckpointError
@@ -53,7 +53,7 @@ def read_config(path: Path) -> dict[str, Any]:
 class _Names:
     """Tensor names of a head checkpoint with an optional ``model.`` prefix stripped."""
 
-    def __init__(self, ckpt: SafetensorsCheckpoint):
+    def __init__(self, ckpt: "SafetensorsCheckpoint | StoredTensors"):
         self.ckpt = ckpt
         names = ckpt.names()
         self.prefix = "model." if names and all(n.startswith("model.") or n == "lm_head.weight" for n in names) else ""
@@ -210,7 +210,7 @@ def load_head(
     """Load an EAGLE (``method="eagle"``) or EAGLE-3 (``"eagle3"``) head for ``target``."""
     path = Path(path)
     raw = read_config(path)
-    names = _Names(SafetensorsCheckpoint(path))
+    names = _Names(StoredTensors(path))
     cfg = eagle_config(raw, names, method, target.config)
     weight = target.embed_tokens.weight
     dtype = dtype or weight.dtype
@@ -299,6 +299,15 @@ def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
     return d
 
 
-def save_head(head: EagleHeadBase, out_dir: str | Path) -> None:
-    """Write ``model.safetensors`` then ``config.json`` (last, so a directory with it is complete)."""
-    save_checkpoint(out_dir, head_tensors(head), head_config_dict(head))
+def save_head(head: EagleHeadBase, out_dir: str | Path, storage: str | None = None) -> None:
+    """Write ``model.safetensors`` then ``config.json`` (last, so a directory with it is complete).
+
+    ``storage`` (:data:`~hyspec.drafters.checkpoint_io.STORAGE`) shrinks the file; ``int8`` is hyspec's
+    own per-row layout, which other engines do not read.
+    """
+    tensors = stored_tensors(head_tensors(head), storage)
+    config = head_config_dict(head)
+    if storage is not None:
+        config["torch_dtype"] = "bfloat16" if storage == "int8" else storage
+        config["hyspec_storage"] = storage  # int8: the large matrices; norms and small tensors stay bf16
+    save_checkpoint(out_dir, tensors, config)

@@ -26,7 +26,7 @@ from hyspec.train.base import DrafterRecipe, TargetBatch, register_recipe
 
 # option -> default (None: taken from the target)
 COMMON_OPTIONS: dict[str, Any] = {"layers": 1, "hidden_size": None, "intermediate_size": None, "heads": None,
-                                  "kv_heads": None, "init_std": 0.02}
+                                  "kv_heads": None, "init_std": 0.02, "storage": None}
 # fc_bias off by default: SafeAILab reads config.json's "bias" either way, while vLLM's EAGLE-1
 # module has no fc bias and would silently drop one.
 EAGLE_OPTIONS = {**COMMON_OPTIONS, "fc_bias": False, "feature_noise": 0.1}
@@ -82,6 +82,16 @@ def layer_config(method: str, target_cfg: ModelConfig, opts: dict[str, Any]) -> 
                        torch_dtype=target_cfg.torch_dtype, raw=raw)
 
 
+def _storage(method: str, opts: dict[str, Any]) -> str | None:
+    """``storage``: how the saved file holds the weights (None: as trained; bfloat16; int8 per row)."""
+    from hyspec.drafters.checkpoint_io import STORAGE
+
+    value = opts["storage"]
+    if value is not None and value not in STORAGE:
+        raise ConfigError(f"{method}.storage", f"must be one of {', '.join(STORAGE)}, got {value!r}")
+    return value
+
+
 def _init(head: nn.Module, std: float) -> None:
     """N(0, std) linear weights, zero biases, unit norms (Hugging Face's Llama initialisation)."""
     with torch.no_grad():
@@ -118,6 +128,7 @@ class EagleRecipe(DrafterRecipe):
         head = EagleHead(cfg, target, max_positions=target.max_positions).to(target.embed_tokens.weight.device)
         _init(head, float(opts["init_std"]))
         head.feature_noise = float(opts["feature_noise"])
+        head.storage = _storage(self.method, opts)
         return head
 
     def loss(self, drafter: nn.Module, target: CausalLM, batch: TargetBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -140,7 +151,7 @@ class EagleRecipe(DrafterRecipe):
         return loss, {"reg": reg.item(), "cls": cls.item(), "acc": acc.item()}
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
-        save_head(drafter, out_dir)
+        save_head(drafter, out_dir, storage=getattr(drafter, "storage", None))
 
 
 def ttt_attention(
@@ -218,6 +229,7 @@ class Eagle3Recipe(DrafterRecipe):
 
     method = EAGLE3
     options = EAGLE3_OPTIONS
+    wants_token_counts = True
 
     def aux_layers(self, target_cfg: ModelConfig) -> tuple[int, ...]:
         return tuple(sorted({j - 1 for j in default_aux_layer_ids(target_cfg.num_hidden_layers)}))
@@ -234,6 +246,7 @@ class Eagle3Recipe(DrafterRecipe):
         _init(head, float(opts["init_std"]))
         head.set_vocabulary(vocab_ids)
         head.ttt_steps = steps
+        head.storage = _storage(self.method, opts)
         return head.to(target.embed_tokens.weight.device)
 
     def _draft_vocabulary(self, vocab: int, opts: dict[str, Any]) -> torch.Tensor:  # sorted target ids
@@ -281,7 +294,7 @@ class Eagle3Recipe(DrafterRecipe):
         return total, metrics
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
-        save_head(drafter, out_dir)
+        save_head(drafter, out_dir, storage=getattr(drafter, "storage", None))
 
 
 register_recipe(EagleRecipe())
