@@ -116,20 +116,30 @@ def cached_generate(cache_file: Path, target_dir: Path, target_key: str, prompts
                     temperature: float | Sequence[float], seed: int, pad_id: int, dtype: str, progress: bool) -> Windows:
     """:func:`generate_windows` over all prompts, saved to ``cache_file`` chunk by chunk.
 
-    A cache made from the same inputs is reused (and a partial one completed), so an interrupted
-    generation resumes and several runs can share one file.
+    A cache made from the same settings is reused chunk by chunk as far as its prompts agree (and then
+    completed), so an interrupted generation resumes, several runs share one file, and a run over the
+    first N prompts of a list uses what a run over the whole list generated.
     """
     t_key = temperature if isinstance(temperature, (int, float)) else list(temperature)
-    h = hashlib.sha1(json.dumps([target_key, prompts, seq_len, t_key, seed, pad_id, dtype]).encode())
-    key = h.hexdigest()
-    saved = {"key": key, "ids": [], "loss_mask": []}
+    key = hashlib.sha1(json.dumps([target_key, seq_len, t_key, seed, pad_id, dtype, CHUNK]).encode()).hexdigest()
+    wanted = [_chunk_hash(prompts[start: start + CHUNK]) for start in range(0, len(prompts), CHUNK)]
+    saved = {"key": key, "chunks": [], "ids": [], "loss_mask": []}
     if cache_file.is_file():
         old = torch.load(cache_file, weights_only=True)
-        if old.get("key") == key:
+        if old.get("key") == key and "chunks" in old:
             saved = old
-    done = sum(len(chunk) for chunk in saved["ids"])
+    # Chunk k of the cache serves chunk k of these prompts if it answered the same prompts (same settings):
+    # a run over the first N prompts of a longer list reuses it, and a longer run extends it.
+    usable = 0
+    stored = min(len(saved["chunks"]), len(saved["ids"]), len(saved["loss_mask"]))
+    while usable < min(len(wanted), stored) and saved["chunks"][usable] == wanted[usable]:
+        usable += 1
+    if usable < len(wanted):  # what follows the first differing chunk is regenerated
+        for name in ("chunks", "ids", "loss_mask"):
+            saved[name] = saved[name][:usable]
     llm = None
-    for start in range(done, len(prompts), CHUNK):
+    for k in range(usable, len(wanted)):
+        start = k * CHUNK
         if llm is None:
             llm = make_generator(target_dir, seq_len, dtype)
         if progress:
@@ -137,9 +147,15 @@ def cached_generate(cache_file: Path, target_dir: Path, target_key: str, prompts
                   f"of {len(prompts)}", flush=True)
         w = generate_windows(llm, prompts[start: start + CHUNK], seq_len, temperature, seed, pad_id,
                              first_index=start, progress=progress)
+        saved["chunks"].append(wanted[k])
         saved["ids"].append(w.ids)
         saved["loss_mask"].append(w.loss_mask)
         tmp = cache_file.with_name(cache_file.name + ".tmp")
         torch.save(saved, tmp)
         tmp.replace(cache_file)
-    return Windows(ids=torch.cat(saved["ids"]), loss_mask=torch.cat(saved["loss_mask"]))
+    n = len(wanted)
+    return Windows(ids=torch.cat(saved["ids"][:n]), loss_mask=torch.cat(saved["loss_mask"][:n]))
+
+
+def _chunk_hash(prompts: list[list[int]]) -> str:
+    return hashlib.sha1(json.dumps(prompts).encode()).hexdigest()

@@ -343,7 +343,8 @@ def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, p
                                        cfg.target_dtype]).encode()).hexdigest()
         cache = HiddenCache(ws.folder / "hidden", windows, target.config.hidden_size, aux_layers, key)
     features = FeatureSource(target, windows, aux_layers, cache)
-    held_features = None if heldout is None else FeatureSource(target, heldout, aux_layers, None)
+    held_features = None if heldout is None else _HeldOut(FeatureSource(target, heldout, aux_layers, None),
+                                                          len(heldout), cfg.batch_size)
     sampler = BatchSampler(len(windows), cfg.batch_size, cfg.seed)
     step = 0 if state is None else int(state["step"])
     history: list[dict[str, Any]] = [] if state is None else json.loads(state["log"])
@@ -381,8 +382,8 @@ def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, p
             callback(step, loss_value, metrics)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             if held_features is not None:
-                history.append({"step": step, "heldout": evaluate(recipe, target, drafter, held_features,
-                                                                  len(heldout), cfg.batch_size, use_bf16)})
+                history.append({"step": step, "heldout": evaluate(recipe, target, drafter, held_features.batches(),
+                                                                  use_bf16)})
                 drafter.train()
             ws.save_checkpoint({"step": step, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
                                 "rng": torch.get_rng_state(), "settings": settings, "log": json.dumps(history),
@@ -398,19 +399,35 @@ def _loop(cfg: TrainConfig, recipe: DrafterRecipe, target, drafter, optimizer, p
 _LOG_FIELDS = ("step", "loss", "lr", "grad_norm", "epoch", "train_s")
 
 
-def evaluate(recipe: DrafterRecipe, target, drafter, features: FeatureSource, count: int, batch_size: int,
-             use_bf16: bool) -> dict[str, float]:
+class _HeldOut:
+    """The held-out windows' target features, computed at the first evaluation and kept in memory
+    (a target forward per evaluation would cost as much as many training steps)."""
+
+    def __init__(self, features: FeatureSource, count: int, batch_size: int):
+        self.features, self.count, self.batch_size = features, count, batch_size
+        self._batches: list | None = None
+
+    def batches(self) -> list:
+        if self._batches is None:
+            self._batches = [self.features.batch(torch.arange(start, min(self.count, start + self.batch_size)))
+                             for start in range(0, self.count, self.batch_size)]
+        return self._batches
+
+
+def evaluate(recipe: DrafterRecipe, target, drafter, batches: list, use_bf16: bool) -> dict[str, float]:
     """The recipe's metrics over the held-out windows (means weighted by batch), plus, where it logs
     per-position accuracies ``acc0, acc1, ...``, the mean accepted length of a chain draft they imply
     (``1 + sum_k prod_{j<=k} acc_j``: each position's accuracy is conditional on the earlier ones being right)."""
     drafter.eval()
     sums: dict[str, float] = {}
+    count = 0
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-        for start in range(0, count, batch_size):
-            indices = torch.arange(start, min(count, start + batch_size))
-            loss, metrics = recipe.loss(drafter, target, features.batch(indices))
+        for batch in batches:
+            loss, metrics = recipe.loss(drafter, target, batch)
+            rows = batch.input_ids.shape[0]
+            count += rows
             for k, v in {"loss": float(loss), **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * len(indices)
+                sums[k] = sums.get(k, 0.0) + float(v) * rows
     out = {k: round(v / count, 5) for k, v in sums.items()}
     accs = [out[f"acc{j}"] for j in range(len(out)) if f"acc{j}" in out]
     if accs:

@@ -133,3 +133,35 @@ def test_reduced_draft_vocabulary_keeps_the_most_frequent_tokens(target):
 def test_bad_options_name_the_key(target, recipe, options, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         recipe.build(target, options)
+
+
+def _dense_eagle3_loss(head, target, batch):
+    """EAGLE-3's loss written out over every position (the recipe computes logits only where a loss counts)."""
+    import torch.nn.functional as F
+
+    ids, b, t = batch.input_ids, batch.input_ids.shape[0], batch.input_ids.shape[1] - 1
+    raw = torch.cat([batch.aux[j] for j in head.config.target_aux_layers], dim=-1)[:, :t]
+    logits = target.compute_logits(batch.hidden)
+    in_vocab = head.t2d[logits.argmax(-1)]
+    p_all = torch.softmax(logits[..., head.t2d], dim=-1)
+    total, accs = 0.0, []
+    for j, h in enumerate(ttt_unroll(head, ids, raw, head.ttt_steps)):
+        valid = torch.zeros(b, t, dtype=torch.bool)
+        valid[:, : t - j] = (batch.loss_mask[:, j + 1:] & in_vocab[:, j + 1:])[:, : t - j]
+        p = torch.cat([p_all[:, j + 1:], p_all.new_zeros(b, j, p_all.shape[-1])], dim=1)[:, :t]
+        logp = F.log_softmax(head.logits(h.reshape(b * t, -1)).view(b, t, -1), dim=-1)
+        total = total + 0.8 ** j * ((-(p * logp).sum(-1)) * valid).sum() / valid.sum()
+        accs.append((((logp.argmax(-1) == p.argmax(-1)) & valid).sum() / valid.sum()).item())
+    return total, accs
+
+
+def test_eagle3_loss_equals_the_dense_formulation(target):
+    torch.manual_seed(1)
+    counts = torch.rand(target.config.vocab_size).tolist()
+    head = _perturbed(Eagle3Recipe().build(target, {"ttt_steps": 3, "draft_vocab_size": 200, "token_counts": counts}))
+    batch = _batch(target, Eagle3Recipe().aux_layers(target.config))
+    batch.loss_mask[:, :3] = False  # a prompt: its positions count for nothing
+    loss, metrics = Eagle3Recipe().loss(head, target, batch)
+    ref, accs = _dense_eagle3_loss(head, target, batch)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    assert [metrics[f"acc{j}"] for j in range(3)] == pytest.approx(accs, abs=1e-6)

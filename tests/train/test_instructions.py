@@ -157,3 +157,23 @@ def test_int8_storage_round_trips_within_half_a_step(tmp_path):
     assert bool(((back.get("w") - tensors["w"]).abs() <= step / 2 + 1e-7).all())
     with pytest.raises(Exception, match="storage 'int4'"):
         stored_tensors(tensors, "int4")
+
+
+def test_a_cache_of_more_prompts_serves_their_prefix(target_dir, tmp_path, monkeypatch):
+    from hyspec.train import selfgen
+    from hyspec.train.trainer import target_key
+
+    monkeypatch.setattr(selfgen, "CHUNK", 3)
+    prompts = [[5 + i, 6, 7] for i in range(7)]
+    args = (target_dir, target_key(target_dir), prompts, 12, (0.0, 0.7), 0, 0, "float32", False)
+    cache = tmp_path / "c.pt"
+    whole = selfgen.cached_generate(cache, *args)
+    assert len(whole) == 7
+
+    def no_generation(*a, **k):
+        raise AssertionError("the cached chunks should have been used")
+
+    monkeypatch.setattr(selfgen, "make_generator", no_generation)
+    head = selfgen.cached_generate(cache, target_dir, target_key(target_dir), prompts[:6], *args[3:])
+    assert torch.equal(head.ids, whole.ids[:6]) and torch.equal(head.loss_mask, whole.loss_mask[:6])
+    assert len(selfgen.cached_generate(cache, *args)) == 7  # and the longer run's chunks are still there

@@ -272,24 +272,37 @@ class Eagle3Recipe(DrafterRecipe):
         head: Eagle3Head = drafter
         ids, b, t = batch.input_ids, batch.input_ids.shape[0], batch.input_ids.shape[1] - 1
         raw = torch.cat([batch.aux[j] for j in head.config.target_aux_layers], dim=-1)[:, :t]
+        # Logits only where a loss counts (the target's at counted positions, the head's at valid pairs):
+        # prompts and padding hold a third or more of a self-generated window, and the [N, V] products
+        # are most of a step's arithmetic.
+        counted = batch.loss_mask.to(ids.device)  # [B, S]
+        row_of = torch.full(counted.shape, -1, dtype=torch.int64, device=ids.device)
+        row_of[counted] = torch.arange(int(counted.sum()), device=ids.device)
         with torch.no_grad():
-            target_logits = target.compute_logits(batch.hidden)  # [B, S, V]
+            target_logits = target.compute_logits(batch.hidden[counted])  # [N, V]
             t2d = head.t2d.to(target_logits.device)
-            in_vocab = t2d[target_logits.argmax(-1)].to(ids.device)  # [B, S]: the target's top token can be drafted
-            target_p = torch.softmax(target_logits[..., t2d], dim=-1)  # [B, S, Vd] over the draft vocabulary
+            in_vocab = t2d[target_logits.argmax(-1)]  # [N]: the target's top token can be drafted
+            target_p = torch.softmax(target_logits[:, t2d], dim=-1)  # [N, Vd] over the draft vocabulary
+            target_top = target_p.argmax(-1)
         total = torch.zeros((), device=target_p.device)
         metrics: dict[str, float] = {}
         outputs = ttt_unroll(head, ids, raw.to(head.fc.weight.dtype), getattr(head, "ttt_steps", EAGLE3_OPTIONS["ttt_steps"]))
         for j, h in enumerate(outputs):
             # Step j, pair i predicts the token after t_{i+j+1}: the target's distribution at position i+j+1.
-            valid = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
-            valid[:, : t - j] = (batch.loss_mask[:, j + 1:] & in_vocab[:, j + 1:])[:, : t - j]
-            p = torch.cat([target_p[:, j + 1:], target_p.new_zeros(b, j, target_p.shape[-1])], dim=1)[:, :t]
-            logp = torch.log_softmax(head.logits(h.reshape(b * t, -1)).view(b, t, -1), dim=-1)
-            step_loss = _masked_mean(-(p * logp).sum(-1), valid)
+            rows = torch.full((b, t), -1, dtype=torch.int64, device=ids.device)
+            rows[:, : t - j] = row_of[:, j + 1:][:, : t - j]
+            valid = rows >= 0
+            valid[valid.clone()] = in_vocab[rows[valid]]
+            n = int(valid.sum())
+            if n == 0:
+                metrics[f"acc{j}"], metrics[f"loss{j}"] = 0.0, 0.0
+                continue
+            r = rows[valid]
+            logp = torch.log_softmax(head.logits(h[valid]), dim=-1)  # [n, Vd]
+            step_loss = -(target_p[r] * logp).sum(-1).mean()
             total = total + (TTT_DECAY ** j) * step_loss
             with torch.no_grad():
-                metrics[f"acc{j}"] = _masked_mean((logp.argmax(-1) == p.argmax(-1)).float(), valid).item()
+                metrics[f"acc{j}"] = (logp.argmax(-1) == target_top[r]).float().mean().item()
             metrics[f"loss{j}"] = step_loss.item()
         return total, metrics
 

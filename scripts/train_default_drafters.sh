@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The recipe of the drafters in assets/ for the default model (SmolLM2-135M-Instruct): see assets/DRAFTERS.md.
+#
+#   bash scripts/train_default_drafters.sh eagle3        # one method; rerun the same line to resume
+#
+# Every step resumes: the prompts are a pure function of the seed and this Python's stdlib, the target's
+# answers are cached chunk by chunk in $WORK/selfgen.pt (shared by every method), and train-draft
+# resumes from its last checkpoint (--resume).  Nothing here reads HumanEval, the benchmark.
+set -euo pipefail
+METHOD=${1:?usage: train_default_drafters.sh METHOD}
+WORK=${WORK:-.bench-work/drafter-data}
+PROMPTS=${PROMPTS:-1024}       # prompts answered by the target (half greedy, half sampled at 0.7)
+mkdir -p "$WORK"
+[ -f "$WORK/prompts.jsonl" ] || python scripts/build_drafter_prompts.py --count 3000 --seed 0 --out "$WORK/prompts.jsonl"
+
+common=(--self-generate-prompts "$WORK/prompts.jsonl" --self-generate "$PROMPTS" --self-generate-temperature 0,0.7
+        --self-generate-cache "$WORK/selfgen.pt" --seq-len 320 --prompt-len 192 --target-dtype float32
+        --holdout 32 --cache-hidden --checkpoint-every 20 --log-every 5 --resume
+        --work-dir "$WORK/$METHOD.partial" --out "assets/smollm2-$METHOD")
+case "$METHOD" in
+  eagle3)
+    exec hyspec train-draft --method eagle3 "${common[@]}" --steps "${STEPS:-140}" --batch-size 8 --lr 1e-3 \
+      --option draft_vocab_size=8192 --option ttt_steps=4 --option storage=int8 ;;
+  *)
+    echo "no recipe for $METHOD yet (assets/DRAFTERS.md lists what is trained)" >&2; exit 2 ;;
+esac
