@@ -14,6 +14,7 @@ import collections
 import json
 import platform
 import sys
+import sysconfig
 from pathlib import Path
 
 from hyspec.train.instructions import KIND_WEIGHTS, build_prompts, write_prompts
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     write_prompts(args.out, records)
     kinds = collections.Counter(r["kind"] for r in records)
     manifest = {"count": args.count, "seed": args.seed, "python": platform.python_version(),
-                "stdlib": sys.prefix, "kind_weights": KIND_WEIGHTS, "kinds": dict(sorted(kinds.items())),
+                "stdlib": sysconfig.get_paths()["stdlib"], "kind_weights": KIND_WEIGHTS, "kinds": dict(sorted(kinds.items())),
                 "builder": "hyspec.train.instructions.build_prompts"}
     args.out.with_suffix(".manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {len(records)} prompts to {args.out}: {dict(sorted(kinds.items()))}")

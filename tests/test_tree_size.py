@@ -23,3 +23,17 @@ def test_tracked_tree_is_at_most_60_mib():
     total = sum(sizes.values())
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
     assert total <= LIMIT, f"tracked tree is {total / 2**20:.1f} MiB (> 60 MiB); largest: {largest}"
+
+
+DRAFTER_CAP = 12 * 10**6  # 12 MB per drafter (issue budget): about 8 MB on average leaves room for all six
+
+
+def test_every_drafter_in_assets_fits_its_cap():
+    from hyspec.assets import DRAFTER_DIRS, assets_dir
+
+    for method, folder in DRAFTER_DIRS.items():
+        path = assets_dir() / folder
+        if not path.is_dir():
+            continue
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        assert size <= DRAFTER_CAP, f"the {method} drafter in {path} is {size / 1e6:.1f} MB (cap 12 MB)"
