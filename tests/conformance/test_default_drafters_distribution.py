@@ -56,6 +56,8 @@ def test_trained_drafter_emits_the_target_law(model, law_and_prompt, method):
     finally:
         llm.engine.spec.close()
     result = compare(samples, law)
-    assert drafted >= SAMPLES // 4, f"{method}: only {drafted} draft tokens: the law would be plain decoding's"
+    # the law first: a failure here is a correctness failure, one below only a test that tested too little
     assert result.passed, f"{method}: {result.describe()}"
+    assert drafted >= SAMPLES // 4, (f"{method}: only {drafted} draft tokens in {SAMPLES} requests: the law "
+                                     f"({result.describe()}) would be mostly plain decoding's")
     assert power(law, SAMPLES) <= 0.06, f"{SAMPLES} samples detect only a {power(law, SAMPLES):.1%} shift"
