@@ -28,7 +28,8 @@ def model():
 def _llm(model, spec=None):
     from hyspec import LLM
 
-    return LLM(str(model), kv_cache_bytes=64 << 20, max_model_len=256, max_num_seqs=128, speculative_config=spec)
+    # 16 at a time: a tree's draft budget is shared by the batch, and at 128 sequences no sequence got a draft
+    return LLM(str(model), kv_cache_bytes=64 << 20, max_model_len=256, max_num_seqs=16, speculative_config=spec)
 
 
 @pytest.fixture(scope="module")
