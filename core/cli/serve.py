@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV cache size, e.g. 2GiB (default: from --memory-fraction)")
     parser.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
                         help="share of device memory hyspec may use, applied through the backend (default 0.8)")
+    parser.add_argument("--max-logprobs", type=_non_negative_int, default=20, metavar="K",
+                        help="most logprobs / top_logprobs a request may ask for; more get 400 (default 20, as vLLM)")
+    parser.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
+                        help="logprobs of the model's logits (default) or of the request's processed distribution")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="how long in-flight requests may run after SIGTERM before they are aborted (default 30)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -109,6 +113,7 @@ def engine_args(args: argparse.Namespace) -> dict:
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_bytes": args.kv_cache_bytes, "memory_fraction": args.memory_fraction,
             "speculative_config": args.speculative_config,
+            "max_logprobs": args.max_logprobs, "logprobs_mode": args.logprobs_mode,
             **({"tokenizer": args.tokenizer} if args.tokenizer else {}),
             **({"quantization": args.quantization} if getattr(args, "quantization", None) else {})}
 

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from hyspec.engine.model_runner import LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
+from hyspec.engine.logprobs import LOGPROBS_MODES, RAW, log_distribution, token_logprobs
+from hyspec.engine.model_runner import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.sampler import sample_next_tokens
 from hyspec.engine.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ from hyspec.engine.step import RowKind, StepRow, TargetRun
 from hyspec.engine.stopping import append_token, find_stop_string
 from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
-from hyspec.kv.pool import KVPool
+from hyspec.kv.pool import KVPool, OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
@@ -68,6 +69,9 @@ class LLMEngine:
         speculative_config: dict | str | None = None,
         tokenizer: str | Path | None = None,
         quantization: str | None = None,
+        max_logprobs: int = 20,
+        logprobs_mode: str = RAW,
+        skip_tokenizer_init: bool = False,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -78,8 +82,15 @@ class LLMEngine:
         from hyspec.model.config import ModelConfig
 
         cfg = ModelConfig.from_pretrained(path)  # first: it names a missing directory plainly
-        # tokenizer: a directory with tokenizer.json, for a GGUF file that carries no vocabulary (vLLM's argument)
-        self.tokenizer = Tokenizer(path if tokenizer is None else tokenizer)
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError("logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:
+            raise ConfigError("max_logprobs", f"must be an integer >= 0, got {max_logprobs!r}")
+        self.max_logprobs = max_logprobs
+        self.logprobs_mode = logprobs_mode
+        # tokenizer: a directory with tokenizer.json, for a GGUF file that carries no vocabulary (vLLM's argument);
+        # skip_tokenizer_init: token ids in and out only (vLLM's flag): no text, no stop strings, no chat
+        self.tokenizer = None if skip_tokenizer_init else Tokenizer(path if tokenizer is None else tokenizer)
         if max_model_len is None:
             max_model_len = cfg.max_position_embeddings
         if not 1 < max_model_len:
@@ -99,7 +110,7 @@ class LLMEngine:
         self.model = self.backend.optimize_model(self.model)
         self.config = self.model.config
         self.dtype = self.model.embed_tokens.weight.dtype
-        if self.tokenizer.vocab_size > self.config.vocab_size:
+        if self.tokenizer is not None and self.tokenizer.vocab_size > self.config.vocab_size:
             raise ConfigError("model", f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only "
                                        f"{self.config.vocab_size} embeddings")
         self.eos_ids = frozenset(self._eos_ids(path))
@@ -134,7 +145,7 @@ class LLMEngine:
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids = set(self.config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         gen = path / "generation_config.json"
         if gen.is_file():
@@ -148,13 +159,31 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------------------
 
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> Sequence:
-        """Validate and queue a request; raises RequestError without disturbing other requests."""
+                    request_id: str | None = None, share_prompt_with: str | None = None) -> Sequence:
+        """Validate and queue a request; raises RequestError without disturbing other requests.
+
+        One request is one completion: ``n`` / ``best_of`` fan out into one request per sample
+        (:mod:`hyspec.engine.parallel_sampling`; ``LLM.generate`` and the server do it).  A sample
+        names the request whose prompt it shares in ``share_prompt_with``: while that one has not
+        finished its prefill, the sample waits and then continues from a fork of its KV, so the
+        prompt is computed once.
+        """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("params must be a hyspec.SamplingParams")
+        if params.num_samples > 1:
+            raise RequestError(f"n={params.n}, best_of={params.best_of}: LLMEngine.add_request runs one completion; "
+                               "fan samples out with hyspec.engine.parallel_sampling (LLM.generate and the server do)")
         if params.min_tokens:
             raise RequestError("min_tokens is not supported by hyspec (it changes the sampled distribution)")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.max_logprobs:
+                raise RequestError(f"{name}={k} is above this engine's max_logprobs ({self.max_logprobs})")
+        if self.tokenizer is None and (params.stop or (isinstance(prompt, str)) or
+                                       (isinstance(prompt, dict) and "prompt_token_ids" not in prompt)):
+            raise RequestError("the engine was started with skip_tokenizer_init: send prompt_token_ids, "
+                               "and stop_token_ids rather than stop strings")
         text, ids = self._tokenize(prompt)
         if not ids:
             raise RequestError("the prompt is empty")
@@ -168,10 +197,17 @@ class LLMEngine:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, text, ids, params, SequenceKV(self.pool, self.layout))
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         self.spec.admit(seq)
         self._requests[request_id] = seq
-        self.scheduler.add(seq)
+        leader = self._requests.get(str(share_prompt_with)) if share_prompt_with is not None else None
+        if leader is not None and leader.leader is None and leader.num_output_tokens == 0 \
+                and leader.prompt_token_ids == ids:
+            seq.leader = leader  # waits (outside the scheduler) for the leader's prefill: LLMEngine._fork
+            leader.followers.append(seq)
+        else:
+            self.scheduler.add(seq)
         return seq
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -199,12 +235,16 @@ class LLMEngine:
             seq.finish_reason = "abort"
             self._finish(seq)
 
+    def num_pending_samples(self) -> int:
+        """Samples waiting for their leader's prefill (queued, though not in the scheduler yet)."""
+        return sum(len(s.followers) for s in self._requests.values())
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     @property
     def num_unfinished_requests(self) -> int:
-        return self.scheduler.num_unfinished
+        return self.scheduler.num_unfinished + self.num_pending_samples()
 
     # -- stepping --------------------------------------------------------------------------------
 
@@ -220,9 +260,9 @@ class LLMEngine:
         # 3. run: one target forward over every row
         run, drafts = self._run_target(scheduled, drafts)
         # 4. accept: sample plain rows, verify trees; the strategy learns from the step
-        tokens = self._accept(run, drafts)
+        tokens, logprobs = self._accept(run, drafts)
         # 5. emit
-        return self._emit_step(run, tokens)
+        return self._emit_step(run, tokens, logprobs)
 
     def _run_target(self, scheduled: SchedulerOutput, drafts: Drafts) -> tuple[TargetRun, Drafts]:
         try:
@@ -247,55 +287,142 @@ class LLMEngine:
             else:
                 feeds.append(feed)
                 rows.append(StepRow(RowKind.TREE, seq))
+        forks: dict[str, list[Sequence]] = {}
         for seq, chunk in scheduled.prefills:
             start = seq.num_cached
             final = start + chunk == len(seq.token_ids)
-            feeds.append(Feed(seq.kv, seq.token_ids[start:start + chunk], start,
-                              logits=LAST_LOGITS if final else NO_LOGITS))
+            logits = ALL_LOGITS if seq.wants_prompt_logprobs else LAST_LOGITS if final else NO_LOGITS
+            feeds.append(Feed(seq.kv, seq.token_ids[start:start + chunk], start, logits=logits))
             rows.append(StepRow(RowKind.PREFILL if final else RowKind.CHUNK, seq))
+            if final and seq.followers:
+                forks[seq.request_id] = list(seq.followers)
         t0 = time.perf_counter()
         result = self.runner.run(feeds, aux_layers=self.spec.aux_layers)
-        return TargetRun(feeds, rows, result, time.perf_counter() - t0)
+        return TargetRun(feeds, rows, result, time.perf_counter() - t0, forks)
 
-    def _accept(self, run: TargetRun, drafts: Drafts) -> dict[str, list[int]]:
-        """Tokens per request: one sampled for each plain row, the verified path + bonus for each tree."""
+    def _accept(self, run: TargetRun, drafts: Drafts) -> tuple[dict[str, list[int]], dict[str, list]]:
+        """Tokens per request (one sampled for each plain row, the verified path + bonus for each tree),
+        and the logprobs of those tokens for the requests that asked."""
+        self._prompt_logprobs(run)
+        self._fork(run)
         plain = [i for i, row in enumerate(run.rows) if row.kind.samples_plainly]
         tokens: dict[str, list[int]] = {}
+        scored: list[tuple[Sequence, torch.Tensor]] = []  # (seq, logits rows of its new tokens)
         if plain:
-            seqs = [run.rows[i].seq for i in plain]
-            sampled = sample_next_tokens(torch.cat([run.result.feed_logits(i) for i in plain]), seqs,
-                                         self.backend.ops)
+            seqs, rows = [], []
+            for i in plain:  # a prefill's last row is its first token's; forked samples draw from it too
+                seq, last = run.rows[i].seq, run.result.feed_logits(i)[-1:]
+                for s in [seq, *run.forks.get(seq.request_id, ())]:
+                    seqs.append(s)
+                    rows.append(last)
+            sampled = sample_next_tokens(torch.cat(rows), seqs, self.backend.ops)
             tokens.update((seq.request_id, [tok]) for seq, tok in zip(seqs, sampled))
+            scored += [(s, r) for s, r in zip(seqs, rows) if s.logprobs is not None]
         accepted: Accepted = self.spec.accept(run, drafts)
         tokens.update(accepted.tokens)
+        for i in run.indices(RowKind.TREE):
+            seq = run.rows[i].seq
+            if seq.logprobs is not None:  # emitted token k was verified against the row of kept node k
+                kept = accepted.kept_rows[seq.request_id]
+                scored.append((seq, run.result.feed_logits(i)[torch.tensor(kept, device=self.device)]))
         self.spec.observe(run, accepted)
-        return tokens
+        return tokens, self._token_logprobs(scored, tokens)
 
-    def _emit_step(self, run: TargetRun, tokens: dict[str, list[int]]) -> list[RequestOutput]:
+    def _token_logprobs(self, scored: list[tuple[Sequence, torch.Tensor]],
+                        tokens: dict[str, list[int]]) -> dict[str, list]:
+        if not scored:
+            return {}
+        params = [s.params for s, rows in scored for _ in range(rows.shape[0])]
+        logp = log_distribution(torch.cat([rows for _, rows in scored]), params, self.logprobs_mode)
+        ids = [t for s, _ in scored for t in tokens[s.request_id]]
+        top = [p.logprobs for p in params]
+        entries = token_logprobs(logp, ids, top, self._token_text)
+        out, at = {}, 0
+        for s, rows in scored:
+            out[s.request_id] = entries[at:at + rows.shape[0]]
+            at += rows.shape[0]
+        return out
+
+    def _prompt_logprobs(self, run: TargetRun) -> None:
+        """Logprobs of the prompt tokens a prefill chunk's rows predict (row j scores token start + j + 1)."""
+        for i, (row, feed) in enumerate(zip(run.rows, run.feeds)):
+            seq = row.seq
+            if row.kind.decodes or not seq.wants_prompt_logprobs or feed.logits != ALL_LOGITS:
+                continue
+            have, end = len(seq.prompt_logprobs), seq.num_prompt_tokens
+            first = max(have, feed.start + 1)  # prompt position of the first token still to score
+            last = min(end, feed.start + len(feed.tokens) + 1)  # one past the last one this chunk scores
+            if first >= last:
+                continue
+            logits = run.result.feed_logits(i)[first - 1 - feed.start:last - 1 - feed.start]
+            logp = log_distribution(logits, [seq.params] * logits.shape[0], self.logprobs_mode)
+            n = last - first
+            seq.prompt_logprobs += token_logprobs(logp, seq.prompt_token_ids[first:last],
+                                                  [seq.params.prompt_logprobs] * n, self._token_text)
+
+    def _fork(self, run: TargetRun) -> None:
+        """Prompts whose prefill just ended hand their KV to the samples waiting on them (shared pages)."""
+        for leader_id, followers in list(run.forks.items()):
+            leader = self._requests.get(leader_id)
+            forked = []
+            for f in followers:
+                if f.finished or leader is None:
+                    continue
+                try:
+                    if len(self.scheduler.running) >= self.scheduler.config.max_num_seqs:
+                        raise OutOfKVBlocks("no room in the batch")
+                    f.kv = leader.kv.fork()
+                except OutOfKVBlocks:
+                    log.info("%s prefills its own prompt (no room to share %s's)", f.request_id, leader_id)
+                    self.scheduler.add(f)
+                else:
+                    f.status = Status.RUNNING
+                    self.scheduler.running.append(f)
+                    if leader.prompt_logprobs is not None and f.prompt_logprobs is not None:
+                        f.prompt_logprobs = list(leader.prompt_logprobs)
+                    forked.append(f)
+                f.leader = None
+            if leader is not None:
+                leader.followers = []
+            run.forks[leader_id] = forked
+
+    def _token_text(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _emit_step(self, run: TargetRun, tokens: dict[str, list[int]], logprobs: dict[str, list]
+                   ) -> list[RequestOutput]:
         outputs = []
         now = time.monotonic()
         for row in run.rows:
-            new = tokens.get(row.seq.request_id)
-            if new is None:
-                continue  # a prompt chunk that produced no token yet
-            if row.seq.metrics.first_token_time is None:
-                row.seq.metrics.first_token_time = now
-            outputs.append(self._emit(row.seq, new))
+            for seq in [row.seq, *run.forks.get(row.seq.request_id, ())]:
+                new = tokens.get(seq.request_id)
+                if new is None:
+                    continue  # a prompt chunk that produced no token yet
+                if seq.metrics.first_token_time is None:
+                    seq.metrics.first_token_time = now
+                outputs.append(self._emit(seq, new, logprobs.get(seq.request_id)))
         return outputs
 
-    def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
+    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list | None = None) -> RequestOutput:
         n_before = seq.num_output_tokens
         done = False
-        for tok in tokens:
-            if append_token(seq, tok, self.eos_ids, self.max_model_len):
+        for j, tok in enumerate(tokens):
+            stop = append_token(seq, tok, self.eos_ids, self.max_model_len)
+            if seq.logprobs is not None and logprobs is not None:
+                seq.logprobs.append(logprobs[j])
+                seq.cumulative_logprob += logprobs[j][tok].logprob
+            if stop:
                 done = True
                 break
-        delta = seq.detokenizer.update(seq.output_token_ids)
-        seq.output_text = seq.detokenizer.text
-        if done:
+        if seq.detokenizer is None:  # skip_tokenizer_init: ids only
+            delta = ""
+        else:
+            delta = seq.detokenizer.update(seq.output_token_ids)
+            seq.output_text = seq.detokenizer.text
+        if done and seq.detokenizer is not None:
             delta += seq.detokenizer.flush(seq.output_token_ids)
             seq.output_text = seq.detokenizer.text
-        elif seq.params.stop:
+        elif not done and seq.params.stop:
             hit = find_stop_string(seq, seq.output_text, len(delta))
             if hit is not None:
                 stop, idx = hit
@@ -306,7 +433,8 @@ class LLMEngine:
                 done = True
         if done:
             self._finish(seq)
-        return self._output(seq, new_text=delta, new_ids=seq.output_token_ids[n_before:])
+        new_logprobs = seq.logprobs[n_before:] if seq.logprobs is not None else []
+        return self._output(seq, new_text=delta, new_ids=seq.output_token_ids[n_before:], new_logprobs=new_logprobs)
 
     def _finish(self, seq: Sequence) -> None:
         if seq.status is not Status.FINISHED:
@@ -314,11 +442,25 @@ class LLMEngine:
             seq.metrics.finished_time = time.monotonic()
             self.spec.release(seq)
         self._requests.pop(seq.request_id, None)
+        if seq.leader is not None:  # a sample that never started: its leader stops waiting for it
+            seq.leader.followers.remove(seq)
+            seq.leader = None
+        if seq.followers:  # ended before its prefill did: the next sample prefills for the rest
+            heir, *rest = seq.followers
+            seq.followers = []
+            heir.leader, heir.followers = None, rest
+            for f in rest:
+                f.leader = heir
+            self.scheduler.add(heir)
 
-    def _output(self, seq: Sequence, new_text: str = "", new_ids: list[int] | None = None) -> RequestOutput:
-        comp = CompletionOutput(0, seq.output_text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason)
+    def _output(self, seq: Sequence, new_text: str = "", new_ids: list[int] | None = None,
+                new_logprobs: list | None = None) -> RequestOutput:
+        comp = CompletionOutput(0, seq.output_text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
+                                logprobs=None if seq.logprobs is None else list(seq.logprobs),
+                                cumulative_logprob=seq.cumulative_logprob)
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [comp], seq.finished,
-                             metrics=seq.metrics, new_text=new_text, new_token_ids=new_ids or [])
+                             metrics=seq.metrics, new_text=new_text, new_token_ids=new_ids or [],
+                             prompt_logprobs=seq.prompt_logprobs, new_logprobs=new_logprobs or [])
 
     def kv_usage(self) -> float:
         return self.pool.usage()

@@ -1,6 +1,8 @@
 """The offline API, shaped like vLLM's ``LLM``."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 from pathlib import Path
 from typing import Any, Sequence as Seq
@@ -9,6 +11,7 @@ from tqdm.auto import tqdm
 
 from hyspec.engine.engine import LLMEngine, PromptType
 from hyspec.engine.outputs import RequestOutput
+from hyspec.engine.parallel_sampling import SampleRequest, fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import RequestError
 
@@ -40,7 +43,8 @@ class LLM:
             model = default_model()
         self.engine = LLMEngine(model, backend=backend, dtype=dtype, max_model_len=max_model_len,
                                 speculative_config=speculative_config, quantization=quantization, **engine_args)
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = self.engine.tokenizer  # None with skip_tokenizer_init=True
+        self._ids = itertools.count()
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -61,15 +65,22 @@ class LLM:
                 raise RequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
         else:
             params = [sampling_params or SamplingParams()] * len(prompts)
-        ids = []
+        groups: list[tuple[SamplingParams, list[str]]] = []  # per prompt: its params and sample ids
+        added: list[str] = []
         try:
             for prompt, p in zip(prompts, params):
-                ids.append(self.engine.add_request(prompt, p).request_id)
+                rid = str(next(self._ids))
+                samples = fan_out(rid, p) if isinstance(p, SamplingParams) else [SampleRequest(rid, p, None)]
+                for s in samples:
+                    added.append(self.engine.add_request(prompt, s.params, s.request_id, s.share_prompt_with)
+                                 .request_id)
+                groups.append((p, [s.request_id for s in samples]))
         except Exception:
-            for rid in ids:  # a bad prompt in the list: leave the engine as it was
+            for rid in added:  # a bad prompt in the list: leave the engine as it was
                 self.engine.abort_request(rid)
             raise
-        return self._run(ids, use_tqdm)
+        finals = self._run(added, use_tqdm)
+        return [_gather(p, [finals[i] for i in ids]) for p, ids in groups]
 
     def chat(
         self,
@@ -79,6 +90,8 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template and generate (one conversation or a list of them)."""
+        if self.tokenizer is None:
+            raise RequestError("chat needs a tokenizer: this LLM was created with skip_tokenizer_init=True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
         for conversation in conversations:
@@ -87,7 +100,7 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         final: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generating", disable=not use_tqdm)
         pending = set(ids)
@@ -100,4 +113,14 @@ class LLM:
             if pending and not self.engine.has_unfinished_requests():
                 raise RuntimeError(f"engine idle with unfinished requests {sorted(pending)[:3]}")
         bar.close()
-        return [final[i] for i in ids]
+        return final
+
+
+def _gather(params: SamplingParams, samples: list[RequestOutput]) -> RequestOutput:
+    """One request's answer from its samples' (a single sample is returned as it is)."""
+    if len(samples) == 1:
+        return samples[0]
+    first = samples[0]
+    return dataclasses.replace(first, request_id=first.request_id.rsplit("-s", 1)[0],
+                               outputs=select(params, [s.outputs[0] for s in samples]),
+                               finished=all(s.finished for s in samples))

@@ -11,6 +11,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length", "abort" or None while running
     stop_reason: int | str | None = None  # the stop string or token id that ended it
+    logprobs: list[dict] | None = None  # per token: {id: Logprob}, with SamplingParams.logprobs
+    cumulative_logprob: float | None = None  # sum of the tokens' logprobs, with SamplingParams.logprobs
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -38,5 +40,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    prompt_logprobs: list[dict | None] | None = None  # per prompt token (first None), with prompt_logprobs
     new_text: str = field(default="", repr=False)  # text added by the last step (for streaming)
     new_token_ids: list[int] = field(default_factory=list, repr=False)
+    new_logprobs: list[dict] = field(default_factory=list, repr=False)  # logprobs of new_token_ids

@@ -13,9 +13,21 @@ class SamplingParams:
     ``temperature=0`` is greedy decoding.  ``top_k`` of 0 or -1 and ``top_p``
     of 1 switch those filters off.  A ``seed`` makes the request reproducible
     whatever else shares its batch.
+
+    ``n`` completions are sampled from one prefill of the prompt (the samples
+    share its KV pages); ``best_of`` samples that many and returns the ``n``
+    with the highest mean token logprob.  Sample ``i`` of a seeded request uses
+    ``seed + i`` (vLLM's rule), so the samples differ yet reproduce.  Both need
+    ``temperature > 0``: greedy decoding would give ``n`` identical answers
+    (vLLM refuses that combination the same way).
+
+    ``logprobs=k`` returns, per generated token, its logprob plus the top
+    ``k``; ``prompt_logprobs=k`` the same for every prompt token but the first
+    (whose entry is None).  They are the target's (``hyspec.engine.logprobs``).
     """
 
     n: int = 1
+    best_of: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -28,6 +40,8 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -42,10 +56,21 @@ class SamplingParams:
             raise RequestError(f"seed must be a 64-bit integer, got {self.seed!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)):
             raise RequestError(f"max_tokens must be an integer, got {self.max_tokens!r}")
-        if self.n != 1:
-            raise RequestError(f"n={self.n}: hyspec returns one completion per request (n must be 1)")
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature or self.temperature < 0:
             raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        _check_count("n", self.n)
+        if self.best_of is not None:
+            _check_count("best_of", self.best_of)
+            if self.best_of < self.n:
+                raise RequestError(f"best_of must be at least n ({self.n}), got {self.best_of}")
+        if self.temperature == 0 and self.num_samples > 1:
+            name = "n" if self.n > 1 else "best_of"
+            raise RequestError(f"{name} must be 1 when using greedy sampling (temperature 0), got "
+                               f"{getattr(self, name)}: greedy decoding gives identical completions")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise RequestError(f"{name} must be None or an integer >= 0, got {value!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
@@ -72,6 +97,31 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_samples(self) -> int:
+        """Completions sampled per prompt (``best_of`` if given, else ``n``)."""
+        return self.best_of if self.best_of is not None else self.n
+
+    def for_sample(self, index: int) -> "SamplingParams":
+        """The one-completion parameters of sample ``index`` of this request (seed + index).
+
+        When ``best_of`` > ``n`` every sample needs its own logprob to be ranked, so a request
+        without ``logprobs`` scores its samples with ``logprobs=0`` (the caller drops them again).
+        """
+        import dataclasses
+
+        logprobs = self.logprobs
+        if logprobs is None and self.num_samples > self.n:
+            logprobs = 0
+        return dataclasses.replace(self, n=1, best_of=None, logprobs=logprobs,
+                                   seed=None if self.seed is None else (self.seed + index) % 2**64,
+                                   extra=dict(self.extra))
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_float32(name: str, value: object) -> None:

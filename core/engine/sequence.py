@@ -45,6 +45,19 @@ class Sequence:
             self.generator.manual_seed(params.seed)
         self.detokenizer = None  # set by the engine
         self.num_preemptions = 0
+        # logprobs (only when the request asks): one entry per output token, one per prompt token
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        # parallel sampling: samples of the same prompt wait here until this sequence's prefill is
+        # done, then continue from a fork of its KV (``LLMEngine._fork``)
+        self.followers: list["Sequence"] = []
+        self.leader: "Sequence | None" = None  # set while this sample waits on another's prefill
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all computed yet (a re-prefill does not redo them)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

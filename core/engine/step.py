@@ -9,7 +9,7 @@ channel to the engine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from hyspec.engine.model_runner import Feed, ForwardResult
@@ -47,6 +47,9 @@ class TargetRun:
     rows: list[StepRow]
     result: ForwardResult  # logits per feed, final and auxiliary hidden states
     seconds: float  # wall time of the forward (the verify cost of a speculative step)
+    #: samples of the same prompt that continue from a PREFILL row's KV (leader id -> samples);
+    #: they sample their first token from that row and receive its hidden states
+    forks: dict[str, list[Sequence]] = field(default_factory=dict)
 
     def indices(self, kind: RowKind) -> list[int]:
         return [i for i, row in enumerate(self.rows) if row.kind is kind]

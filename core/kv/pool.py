@@ -12,6 +12,12 @@ Every page has an owner; writers call :meth:`KVPool.check_owner` on the pages
 they are about to write, so a bookkeeping bug surfaces as
 :class:`~hyspec.errors.KVOwnershipError` (counted as ``kv_cache_mismatch``)
 instead of silently corrupting another model's cache.
+
+A page may also be *shared* by several sequences of its owner (the samples of
+an ``n > 1`` request share their prompt's full pages): it carries a reference
+count, :meth:`KVPool.free` only returns it to the free list when the last
+holder lets go, and a shared page is read-only (:meth:`KVPool.check_owner`
+with ``exclusive=True`` refuses a write into it).
 """
 from __future__ import annotations
 
@@ -61,6 +67,7 @@ class KVPool:
         # Zeroed, not empty: attention multiplies masked-out entries by 0, and 0 * NaN garbage is NaN.
         self.buffer = torch.zeros(num_pages * page_bytes, dtype=torch.uint8, device=self.device)
         self.owner = np.zeros(num_pages, dtype=np.int32)
+        self.refs = np.zeros(num_pages, dtype=np.int32)  # holders of each page (0 = free)
         self._free: deque[int] = deque(range(num_pages))
         self._layouts: dict[int, KVLayout] = {}
         self._reclaimers: list[Callable[[int], int]] = []
@@ -138,20 +145,42 @@ class KVPool:
             raise OutOfKVBlocks(f"KV pool exhausted: {count} pages wanted, {len(self._free)} free of {self.num_pages}")
         pages = [self._free.popleft() for _ in range(count)]
         self.owner[pages] = owner
+        self.refs[pages] = 1
         return pages
 
     def free(self, owner: int, pages: list[int]) -> None:
+        """Let go of ``pages``; each returns to the free list when its last holder let go."""
         if not pages:
             return
         idx = np.asarray(pages)
         wrong = idx[self.owner[idx] != owner]
         if wrong.size:
             raise KVOwnershipError(f"free of pages {wrong[:4].tolist()} not owned by {self._name(owner)}")
-        self.owner[idx] = FREE
-        self._free.extend(pages)
+        self.refs[idx] -= 1
+        released = [p for p in pages if self.refs[p] == 0]
+        self.owner[released] = FREE
+        self._free.extend(released)
 
-    def check_owner(self, owner: int, pages) -> None:
-        """Raise :class:`KVOwnershipError` unless every page in ``pages`` belongs to ``owner``."""
+    def share(self, owner: int, pages: list[int]) -> None:
+        """One more holder for each of ``pages`` (``owner``'s): they stay until every holder freed them."""
+        if not pages:
+            return
+        self.check_owner(owner, pages)
+        self.refs[np.asarray(pages)] += 1
+
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy page ``src``'s bytes (every layer's K and V) into page ``dst``."""
+        pb = self.page_bytes
+        self.buffer[dst * pb:(dst + 1) * pb].copy_(self.buffer[src * pb:(src + 1) * pb])
+
+    @property
+    def num_shared(self) -> int:
+        """Pages held by more than one sequence."""
+        return int((self.refs > 1).sum())
+
+    def check_owner(self, owner: int, pages, exclusive: bool = False) -> None:
+        """Raise :class:`KVOwnershipError` unless every page in ``pages`` belongs to ``owner``
+        (and, with ``exclusive``, is held by one sequence only: shared pages are read-only)."""
         idx = np.asarray(pages, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_pages):
             raise KVOwnershipError(f"{self._name(owner)} addressed a page outside the pool")
@@ -159,6 +188,11 @@ class KVPool:
         if bad.size:
             holder = self._name(int(self.owner[bad[0]]))
             raise KVOwnershipError(f"{self._name(owner)} would write page {int(bad[0])} owned by {holder}")
+        if exclusive:
+            shared = idx[self.refs[idx] > 1]
+            if shared.size:
+                raise KVOwnershipError(f"{self._name(owner)} would write page {int(shared[0])}, which "
+                                       f"{int(self.refs[shared[0]])} sequences share")
 
     def _name(self, owner: int) -> str:
         if owner == FREE:
@@ -176,6 +210,8 @@ class KVPool:
             raise AssertionError(f"pages {owned_free[:4]} are both free and owned")
         if int((self.owner == FREE).sum()) != len(free):
             raise AssertionError("a page is unowned but not in the free list (leaked)")
+        if bool((self.refs[self.owner == FREE] != 0).any()) or bool((self.refs[self.owner != FREE] < 1).any()):
+            raise AssertionError("a page's holder count disagrees with its owner (free pages have none)")
 
     def assert_all_free(self) -> None:
         """After every request finished: invariants hold and no layout (target or drafter) holds a page."""

@@ -46,7 +46,24 @@ class SequenceKV:
             from hyspec.errors import KVOwnershipError
 
             raise KVOwnershipError(f"{self.layout.name}: write past the reserved pages")
-        self.pool.check_owner(self.layout.owner, self.pages[first:last + 1])
+        self.pool.check_owner(self.layout.owner, self.pages[first:last + 1], exclusive=True)
+
+    def fork(self) -> "SequenceKV":
+        """A second sequence continuing from these entries: it shares the full pages (read-only for
+        both) and gets a copy of the partly filled last page, so each writes its own continuation.
+        Raises OutOfKVBlocks (holding nothing) when no page is free for that copy."""
+        child = SequenceKV(self.pool, self.layout)
+        bs = self.layout.block_size
+        full, partial = divmod(self.num_tokens, bs)
+        shared = self.pages[:full]
+        copy = []
+        if partial:
+            copy = self.pool.allocate(self.layout.owner, 1, reclaim=False)
+            self.pool.copy_page(self.pages[full], copy[0])
+        self.pool.share(self.layout.owner, shared)
+        child.pages = shared + copy
+        child.num_tokens = self.num_tokens
+        return child
 
     def truncate(self, num_tokens: int) -> None:
         """Keep the first ``num_tokens`` entries (roll back rejected ones) and free pages past them."""

@@ -215,20 +215,25 @@ class AsyncEngine:
         (stream,) = await self.add_requests([(prompt, params, request_id)])
         return stream
 
-    async def add_requests(self, requests: list[tuple[Any, SamplingParams, str | None]]) -> list[RequestStream]:
-        """Queue several requests (one engine round trip); all are accepted, or none is and the first error raises."""
+    async def add_requests(self, requests: list[tuple]) -> list[RequestStream]:
+        """Queue several requests (one engine round trip); all are accepted, or none is and the first error raises.
+
+        Each is ``(prompt, params, request_id)`` or ``(prompt, params, request_id, share_prompt_with)``
+        (a sample of an ``n > 1`` request naming the sample whose prefill it shares; LLMEngine.add_request).
+        """
         self.check_capacity(len(requests))
         self.start()
-        ids = [request_id or f"req-{next(self._ids)}" for _, _, request_id in requests]
+        requests = [tuple(r) + (None,) * (4 - len(r)) for r in requests]
+        ids = [request_id or f"req-{next(self._ids)}" for _, _, request_id, _ in requests]
         clash = next((i for i in ids if i in self._streams), None) or (None if len(set(ids)) == len(ids) else ids)
         if clash:
             raise ValueError(f"request id(s) {clash!r} already in flight")
         streams = []
-        for (prompt, params, _), request_id in zip(requests, ids):
+        for (prompt, params, _, share), request_id in zip(requests, ids):
             stream = RequestStream(request_id, self, self._loop)
             self._streams[request_id] = stream
             streams.append(stream)
-            self._commands.put((_ADD, stream, prompt, params))
+            self._commands.put((_ADD, stream, prompt, params, share))
         self._idle.clear()
         try:
             counts = await asyncio.shield(asyncio.gather(*(s.accepted for s in streams)))
@@ -343,11 +348,11 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _add(self, stream: RequestStream, prompt: Any, params: SamplingParams) -> None:
+    def _add(self, stream: RequestStream, prompt: Any, params: SamplingParams, share: str | None = None) -> None:
         if stream.done:
             return  # aborted before the engine saw it
         try:
-            seq = self.engine.add_request(prompt, params, stream.request_id)
+            seq = self.engine.add_request(prompt, params, stream.request_id, share_prompt_with=share)
         except Exception as exc:  # RequestError and friends: this request alone fails
             self._outbox.append((stream, "error", exc))
             return

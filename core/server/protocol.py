@@ -6,8 +6,10 @@ vLLM extensions clients of vLLM already send (``top_k``, ``min_p``,
 an integer, ``1`` is not a boolean) and floats must be finite, so a wrong type
 is a 400 naming the field, not a silent coercion.  Options that would change
 what is sampled and that hyspec does not implement (penalties, logit bias,
-logprobs, ...) are accepted by the schema but rejected with a message naming
+suffix, ...) are accepted by the schema but rejected with a message naming
 them, rather than ignored: hyspec's outputs are exactly the target model's.
+``logprobs`` / ``top_logprobs``, ``echo``, ``n`` and ``best_of`` are answered
+as OpenAI and vLLM define them (docs/api.md).
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ class _SamplingRequest(_Strict):
     """What both endpoints share: model, sampling, stopping, streaming."""
 
     model: Optional[Text] = Field(None, description="the served model name (optional: it has only one)")
-    n: StrictInt = Field(1, ge=1, le=1, description="choices per prompt; hyspec returns exactly one")
+    n: StrictInt = Field(1, ge=1, description="choices per prompt (sampled from one prefill; temperature > 0)")
     temperature: Optional[Float] = Field(None, ge=0, le=FLOAT32_MAX, description="0 is greedy; default 1")
     top_p: Optional[Float] = Field(None, gt=0, le=1)
     top_k: Optional[StrictInt] = Field(None, ge=-1, le=INT64_MAX, description="vLLM extension; 0 or -1: off")
@@ -76,6 +78,8 @@ class _SamplingRequest(_Strict):
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     return_token_ids: StrictBool = Field(False, description="vLLM extension: token ids with each choice/delta")
+    return_tokens_as_token_ids: StrictBool = Field(
+        False, description="vLLM extension: logprob tokens as 'token_id:N' (token texts can collide)")
     presence_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
     frequency_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
     repetition_penalty: Optional[Float] = Field(None, description="not supported (must be 1 or absent)")
@@ -104,10 +108,22 @@ class _SamplingRequest(_Strict):
             raise FieldError("stream_options", "only allowed when stream is true")
         return self
 
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) for SamplingParams: top-k per generated / prompt token, or None."""
+        return None, None
+
+    @property
+    def best_of_value(self) -> int | None:
+        return None
+
     def sampling_params(self, max_tokens: int | None) -> SamplingParams:
         """hyspec SamplingParams for this request (raises RequestError for invalid combinations)."""
+        logprobs, prompt_logprobs = self.logprob_counts()
         return SamplingParams(
             n=self.n,
+            best_of=self.best_of_value,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             temperature=1.0 if self.temperature is None else float(self.temperature),
             top_p=1.0 if self.top_p is None else float(self.top_p),
             top_k=0 if self.top_k is None else self.top_k,
@@ -136,14 +152,30 @@ class CompletionRequest(_SamplingRequest):
                   Annotated[list[TokenIds], Field(min_length=1)]] = Field(
         description="a string, a list of strings, a list of token ids, or a list of token-id lists")
     max_tokens: Optional[StrictInt] = Field(16, ge=1, description="tokens to generate (default 16)")
-    echo: StrictBool = Field(False, description="not supported (must be false)")
-    logprobs: Optional[StrictInt] = Field(None, ge=0, description="not supported (must be absent)")
-    best_of: Optional[StrictInt] = Field(None, ge=1, description="must be 1 or absent")
+    echo: StrictBool = Field(False, description="return the prompt before the completion (with its logprobs)")
+    logprobs: Optional[StrictInt] = Field(None, ge=0, description="logprobs of each token and of the top k "
+                                                                  "(at most the server's --max-logprobs)")
+    best_of: Optional[StrictInt] = Field(None, ge=1, description="sample this many, return the n with the "
+                                                                 "highest mean token logprob (not streamed)")
     suffix: Optional[Text] = Field(None, description="not supported (must be absent)")
 
     UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_SamplingRequest.UNSUPPORTED_UNLESS, "echo": (False,), "logprobs": (None,), "best_of": (None, 1),
-        "suffix": (None,)}
+        **_SamplingRequest.UNSUPPORTED_UNLESS, "suffix": (None,)}
+
+    @model_validator(mode="after")
+    def _check_best_of(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of < self.n:
+            raise FieldError("best_of", f"must be at least n ({self.n}), got {self.best_of}")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise FieldError("best_of", "best_of > n cannot be streamed (the best are known only at the end)")
+        return self
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return self.logprobs, (self.logprobs if self.echo else None)
+
+    @property
+    def best_of_value(self) -> int | None:
+        return self.best_of
 
 
 class TextPart(_Strict):
@@ -169,16 +201,27 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: Optional[StrictInt] = Field(None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, description="default: up to max_model_len")
     add_generation_prompt: StrictBool = Field(True, description="vLLM extension")
-    logprobs: Optional[StrictBool] = Field(None, description="not supported (must be false or absent)")
-    top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="not supported (must be absent)")
+    logprobs: Optional[StrictBool] = Field(None, description="return the logprob of each output token")
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="with logprobs: the k most likely tokens "
+                                                                      "at each position (k <= --max-logprobs)")
+    echo: Optional[StrictBool] = Field(None, description="not supported for chat (must be false or absent)")
     tools: Optional[list[dict[str, Any]]] = Field(None, description="not supported (must be empty or absent)")
     tool_choice: Optional[Union[Literal["none", "auto"], dict[str, Any]]] = Field(
         None, description="only 'none' (or absent) is supported")
     response_format: Optional[dict[str, Any]] = Field(None, description="only {'type': 'text'} is supported")
 
     UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_SamplingRequest.UNSUPPORTED_UNLESS, "logprobs": (None, False), "top_logprobs": (None,),
+        **_SamplingRequest.UNSUPPORTED_UNLESS, "echo": (None, False),
         "tools": (None, []), "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"})}
+
+    @model_validator(mode="after")
+    def _check_top_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "needs logprobs: true")
+        return self
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -202,10 +245,19 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions layout: parallel lists, one entry per token (prompt tokens too with echo)."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort"]] = None
     stop_reason: Optional[Union[int, str]] = Field(None, description="vLLM extension: the stop string or token id")
     token_ids: Optional[list[int]] = Field(None, description="with return_token_ids")
@@ -225,10 +277,25 @@ class ChatResponseMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+    refusal: Optional[list[ChatTokenLogprob]] = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "abort"]] = None
     stop_reason: Optional[Union[int, str]] = None
     token_ids: Optional[list[int]] = None

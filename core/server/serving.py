@@ -18,13 +18,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
-from hyspec.engine.outputs import RequestOutput
+from hyspec.engine.outputs import CompletionOutput, RequestOutput
+from hyspec.engine.parallel_sampling import fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import HyspecError, RequestError
 from hyspec.server.async_engine import AsyncEngine, RequestAbortedError, RequestStream, ServiceUnavailableError
 from hyspec.server.errors import APIError, request_error_param, sse_error
-from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatResponseMessage,
-                                    CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo)
+from hyspec.server.logprobs_format import CompletionLogprobBuilder, chat_logprobs
+from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
+                                    ChatResponseMessage, CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                    CompletionResponse, UsageInfo)
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -52,6 +55,9 @@ class OpenAIServing:
         self.max_model_len: int = self.engine.max_model_len
         self.vocab_size: int = self.engine.config.vocab_size
         self.tokenizer = self.engine.tokenizer  # read-only and thread-safe: used off the engine thread
+        if self.tokenizer is None:
+            raise HyspecError("the server needs the model's tokenizer: start the engine without skip_tokenizer_init")
+        self.max_logprobs: int = self.engine.max_logprobs
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:
@@ -62,23 +68,52 @@ class OpenAIServing:
 
     async def completions(self, req: CompletionRequest, raw_request: Any):
         self.check_model(req.model)
+        self._check_logprobs(req.logprobs, "logprobs")
         prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
-        self.async_engine.check_capacity(len(prompts))  # fail fast, before any engine work
+        params = _sampling_params(req, req.max_tokens)
+        self._check_fan_out(len(prompts), params)
         for p in prompts:
             self._check_length(p, req.max_tokens, "prompt", "max_tokens")
-        params = _sampling_params(req, req.max_tokens)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await self._submit(prompts, params, request_id)
         created = int(time.time())
         if req.stream:
             return _sse(self._completion_events(req, request_id, created, prompts, streams))
         finals = await self._collect(streams, raw_request)
-        choices = [CompletionChoice(index=i, text=o.outputs[0].text, finish_reason=o.outputs[0].finish_reason,
-                                    stop_reason=o.outputs[0].stop_reason,
-                                    token_ids=o.outputs[0].token_ids if req.return_token_ids else None)
-                   for i, o in enumerate(finals)]
+        choices = []
+        for i, (prompt, outs) in enumerate(zip(prompts, _per_prompt(finals, params.num_samples))):
+            for out in select(params, [o.outputs[0] for o in outs]):
+                echo = self._echo(prompt, outs[0]) if req.echo else None
+                choices.append(CompletionChoice(
+                    index=i * params.n + out.index, text=(echo[0] if echo else "") + out.text,
+                    logprobs=self._completion_logprobs(req, out, echo), finish_reason=out.finish_reason,
+                    stop_reason=out.stop_reason, token_ids=out.token_ids if req.return_token_ids else None))
         return CompletionResponse(id=request_id, created=created, model=self.served_model_name, choices=choices,
                                   usage=_usage(prompts, finals))
+
+    def _echo(self, prompt: Prompt, out: RequestOutput) -> tuple[str, list[int], list | None]:
+        """(text, ids, logprobs) of the prompt, for ``echo``."""
+        text = prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids,
+                                                                                 skip_special_tokens=False)
+        return text, prompt.token_ids, out.prompt_logprobs
+
+    def _completion_logprobs(self, req: CompletionRequest, out: CompletionOutput,
+                             echo: tuple[str, list[int], list | None] | None) -> CompletionLogprobs | None:
+        if req.logprobs is None:
+            return None
+        builder = CompletionLogprobBuilder(self._text_for(req), req.logprobs)
+        parts = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        if echo is not None:
+            _, ids, prompt_logprobs = echo
+            _extend(parts, builder.entries(ids, prompt_logprobs or [None] * len(ids)))
+        _extend(parts, builder.entries(out.token_ids, out.logprobs or []))
+        return CompletionLogprobs(**parts)
+
+    def _text_for(self, req: Any):
+        """How logprob entries name tokens: their text, or ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+        if req.return_tokens_as_token_ids:
+            return _token_id_text
+        return lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _completion_prompts(self, prompt: Any) -> list[Prompt]:
         if isinstance(prompt, str):
@@ -109,15 +144,36 @@ class OpenAIServing:
                 body["usage"] = usage
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+        n = len(streams) // len(prompts)  # samples per prompt; stream k is prompt k // n, choice k
         completion_tokens = [0] * len(streams)
+        builders = [CompletionLogprobBuilder(self._text_for(req), req.logprobs) if req.logprobs is not None else None
+                    for _ in streams]
+        echoed = [not req.echo] * len(streams)
         try:
             async with contextlib.aclosing(_merge(streams)) as outputs:
                 async for index, out in outputs:
                     completion_tokens[index] = len(out.outputs[0].token_ids)
-                    if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+                    text, logprobs = out.new_text, None
+                    if builders[index] is not None:
+                        logprobs = builders[index].entries(out.new_token_ids, out.new_logprobs)
+                    if not echoed[index]:  # the prompt goes out with the choice's first chunk
+                        echoed[index] = True
+                        ptext, pids, plogprobs = self._echo(prompts[index // n], out)
+                        text = ptext + text
+                        if builders[index] is not None:
+                            prompt_part = CompletionLogprobBuilder(self._text_for(req), req.logprobs).entries(
+                                pids, plogprobs or [None] * len(pids))
+                            builders[index].offset += len(ptext)
+                            for entry in logprobs["text_offset"]:
+                                prompt_part["text_offset"].append(entry + len(ptext))
+                            for key in ("token_logprobs", "tokens", "top_logprobs"):
+                                prompt_part[key] += logprobs[key]
+                            logprobs = prompt_part
+                    if not (text or out.finished or (req.return_token_ids and out.new_token_ids)
+                            or (logprobs and logprobs["tokens"])):
                         continue  # an incomplete UTF-8 character: its text comes with the next token
                     choice: dict[str, Any] = {
-                        "index": index, "text": out.new_text, "logprobs": None,
+                        "index": index, "text": text, "logprobs": logprobs,
                         "finish_reason": out.outputs[0].finish_reason if out.finished else None,
                         "stop_reason": out.outputs[0].stop_reason if out.finished else None}
                     if req.return_token_ids:
@@ -137,22 +193,27 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw_request: Any):
         self.check_model(req.model)
+        self._check_logprobs(req.top_logprobs, "top_logprobs")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
-        self.async_engine.check_capacity(1)
+        params = _sampling_params(req, req.requested_max_tokens)
+        self._check_fan_out(1, params)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         self._check_length(prompt, req.requested_max_tokens, "messages", max_field)
-        params = _sampling_params(req, req.requested_max_tokens)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._submit([prompt], params, request_id)
         created = int(time.time())
         if req.stream:
-            return _sse(self._chat_events(req, request_id, created, prompt, streams[0]))
-        (final,) = await self._collect(streams, raw_request)
-        out = final.outputs[0]
-        choice = ChatChoice(index=0, message=ChatResponseMessage(content=out.text), finish_reason=out.finish_reason,
-                            stop_reason=out.stop_reason, token_ids=out.token_ids if req.return_token_ids else None)
+            return _sse(self._chat_events(req, request_id, created, prompt, streams))
+        finals = await self._collect(streams, raw_request)
+        top_k = req.top_logprobs or 0
+        choices = [ChatChoice(index=out.index, message=ChatResponseMessage(content=out.text),
+                              logprobs=ChatLogprobs(content=chat_logprobs(out.token_ids, out.logprobs, self._text_for(req),
+                                                                          top_k)) if req.logprobs else None,
+                              finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+                              token_ids=out.token_ids if req.return_token_ids else None)
+                   for out in select(params, [f.outputs[0] for f in finals])]
         return ChatCompletionResponse(id=request_id, created=created, model=self.served_model_name,
-                                      choices=[choice], usage=_usage([prompt], [final]))
+                                      choices=choices, usage=_usage([prompt], finals))
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
@@ -165,7 +226,7 @@ class OpenAIServing:
         return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
 
     async def _chat_events(self, req: ChatCompletionRequest, request_id: str, created: int, prompt: Prompt,
-                           stream: RequestStream) -> AsyncIterator[str]:
+                           streams: list[RequestStream]) -> AsyncIterator[str]:
         def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
             body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
                                     "model": self.served_model_name, "choices": choices}
@@ -173,19 +234,25 @@ class OpenAIServing:
                 body["usage"] = usage
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-        completion_tokens = [0]
+        completion_tokens = [0] * len(streams)
         try:
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
-            async with contextlib.aclosing(_merge([stream])) as outputs:
-                async for _, out in outputs:
-                    completion_tokens[0] = len(out.outputs[0].token_ids)
-                    if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)):
+            for index in range(len(streams)):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+            async with contextlib.aclosing(_merge(streams)) as outputs:
+                async for index, out in outputs:
+                    completion_tokens[index] = len(out.outputs[0].token_ids)
+                    logprobs = None
+                    if req.logprobs and out.new_token_ids:
+                        logprobs = {"content": chat_logprobs(out.new_token_ids, out.new_logprobs, self._text_for(req),
+                                                             req.top_logprobs or 0)}
+                    if not (out.new_text or out.finished or (req.return_token_ids and out.new_token_ids)
+                            or logprobs):
                         continue
                     delta: dict[str, Any] = {"content": out.new_text} if out.new_text else {}
                     if req.return_token_ids:
                         delta["token_ids"] = out.new_token_ids
-                    choice = {"index": 0, "delta": delta, "logprobs": None,
+                    choice = {"index": index, "delta": delta, "logprobs": logprobs,
                               "finish_reason": out.outputs[0].finish_reason if out.finished else None,
                               "stop_reason": out.outputs[0].stop_reason if out.finished else None}
                     usage = _usage_dict([prompt], completion_tokens) if req.continuous_usage else None
@@ -195,7 +262,8 @@ class OpenAIServing:
         except Exception as exc:
             yield sse_error(_status_of(exc), str(exc))
         finally:
-            stream.abort()
+            for s in streams:
+                s.abort()
         yield DONE
 
     # -- shared --------------------------------------------------------------------------------------
@@ -213,10 +281,26 @@ class OpenAIServing:
                                 f"maximum context length is {limit} tokens, so at most {limit - n} can be generated",
                            param=max_field)
 
+    def _check_logprobs(self, k: int | None, field: str) -> None:
+        if k is not None and k > self.max_logprobs:
+            raise APIError(400, f"{field}: {k} requested; this server returns at most {self.max_logprobs} "
+                                "(--max-logprobs)", param=field)
+
+    def _check_fan_out(self, num_prompts: int, params: SamplingParams) -> None:
+        """Every sample is an engine request: all of them must fit the server at once."""
+        total = num_prompts * params.num_samples
+        if total > self.async_engine.capacity:
+            field = "best_of" if params.best_of is not None and params.best_of > params.n else "n"
+            raise APIError(400, f"{field}: {total} completions in one request; this server takes at most "
+                                f"{self.async_engine.capacity} requests at once", param=field)
+        self.async_engine.check_capacity(total)  # fail fast, before any engine work
+
     async def _submit(self, prompts: list[Prompt], params: SamplingParams, request_id: str) -> list[RequestStream]:
+        """One engine request per prompt and sample (prompt-major: stream k is prompt k // samples)."""
+        items = [(p.engine_input(), s.params, s.request_id, s.share_prompt_with)
+                 for i, p in enumerate(prompts) for s in fan_out(f"{request_id}-{i}", params)]
         try:
-            return await self.async_engine.add_requests(
-                [(p.engine_input(), params, f"{request_id}-{i}") for i, p in enumerate(prompts)])
+            return await self.async_engine.add_requests(items)
         except RequestError as exc:
             raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
 
@@ -243,7 +327,21 @@ def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens:
         raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
 
 
+def _token_id_text(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def _per_prompt(finals: list[RequestOutput], samples: int) -> list[list[RequestOutput]]:
+    return [finals[i:i + samples] for i in range(0, len(finals), samples)]
+
+
+def _extend(parts: dict[str, list[Any]], more: dict[str, list[Any]]) -> None:
+    for key, values in more.items():
+        parts[key] += values
+
+
 def _usage(prompts: list[Prompt], finals: list[RequestOutput]) -> UsageInfo:
+    """Each prompt counts once (its samples share one prefill); every sample's tokens count (best_of too)."""
     return UsageInfo(**_usage_dict(prompts, [len(o.outputs[0].token_ids) for o in finals]))
 
 

@@ -301,9 +301,11 @@ class SpecDecoder(Speculation):
                 index = torch.tensor(rows, dtype=torch.int64, device=run.result.hidden.device)
                 hidden = CommittedHidden(start=feed.start, final=run.result.hidden[index],
                                          aux={layer: h[index] for layer, h in run.result.aux_hidden.items()})
-                for p in self.proposers.values():
-                    if p.needs_hidden:
-                        p.on_commit(row.seq, hidden)
+                # samples forked from this prefill continue from the same committed prompt
+                for seq in [row.seq, *run.forks.get(row.seq.request_id, ())]:
+                    for p in self.proposers.values():
+                        if p.needs_hidden:
+                            p.on_commit(seq, hidden)
         for p in self.proposers.values():
             p.observe_forward(run.seconds)
         if run.rows and all(row.kind.decodes for row in run.rows):

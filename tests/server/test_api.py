@@ -155,10 +155,16 @@ BAD_COMPLETIONS = [
     (b'{"prompt": "x", "temperature": NaN}', 400, "temperature", "finite number"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "greater than 0"),
     ({"prompt": "x", "stream": "yes"}, 400, "stream", "valid boolean"),
-    ({"prompt": "x", "n": 2}, 400, "n", "less than or equal to 1"),
+    ({"prompt": "x", "n": 0}, 400, "n", "greater than or equal to 1"),
+    ({"prompt": "x", "n": 2, "temperature": 0}, 400, "n", "n must be 1 when using greedy sampling"),
+    ({"prompt": "x", "n": 3, "best_of": 2}, 400, "best_of", "must be at least n (3)"),
+    ({"prompt": "x", "n": 1, "best_of": 2, "stream": True}, 400, "best_of", "cannot be streamed"),
+    ({"prompt": "x", "n": 64}, 400, "n", "this server takes at most"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs", "at most 20 (--max-logprobs)"),
+    ({"prompt": "x", "logprobs": -1}, 400, "logprobs", "greater than or equal to 0"),
     ({"prompt": "x", "min_tokens": 2}, 400, "min_tokens", "not supported"),
     ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
-    ({"prompt": "x", "logprobs": 2}, 400, "logprobs", "not supported"),
+    ({"prompt": "x", "suffix": "y"}, 400, "suffix", "not supported"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream is true"),
     ({"prompt": [5, 10**6]}, 400, "prompt", "token ids must be in"),
     ({"prompt": []}, 400, "prompt", "at least 1"),
@@ -189,6 +195,11 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}, "max_tokens", "maximum context length"),
     ({"messages": [{"role": "user", "content": HUGE}]}, "messages", "maximum context length"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", "not supported"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs",
+     "at most 20"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 0}, "n", "greedy sampling"),
     (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content", "unpaired UTF-16 surrogate"),
 ]
 
@@ -208,7 +219,7 @@ def test_the_server_keeps_serving_after_bad_requests(server, client):
     assert out.usage.completion_tokens == 4
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert 'status="400"' in httpx.get(server.url + "/metrics").text
-    assert r"\u" not in post(server, {"prompt": "x", "n": 2}).text  # plain JSON, not double-encoded
+    assert r"\u" not in post(server, {"prompt": "x", "n": 2, "temperature": 0}).text  # plain JSON, not double-encoded
 
 
 def test_oversized_body_is_refused_before_it_is_read(make_server):
