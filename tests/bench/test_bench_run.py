@@ -151,9 +151,9 @@ def test_injected_mismatch_is_loud_and_fails(tiny, tmp_path, capsys, monkeypatch
     doc = json.loads(path.read_text())
     row = rows_of(doc, "ngram")[(1, 0.0)]
     assert row["identity"]["status"] == "mismatch" and row["identity"]["token_identical"] is False
-    # judged by teacher forcing: the corrupted position, and the next one if the original token is no longer
-    # the argmax after the corrupted prefix
-    assert 1 <= row["identity"]["mismatches"] <= 2
+    # judged by teacher forcing: the corrupted position, and each later one of that sequence whose original
+    # token is no longer the argmax after the corrupted prefix (positions 3..5 of 6: at most 3)
+    assert 1 <= row["identity"]["mismatches"] <= 3
     assert "first mismatch at sequence 1 position 3" in row["identity"]["details"][0]
     assert doc["passed"] is False and doc["identity"]["mismatches"][0]["method"] == "ngram"
     assert main(args + ["--allow-mismatch"]) == 0  # still reported, exit 0 on request

@@ -38,7 +38,8 @@ def test_completion_logprobs_have_the_legacy_shape(server, client):
     ids = engine_of(server).tokenizer.encode("def f(x):")
     ref = _offline(server, ids, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3))
     assert choice.token_ids == ref.token_ids
-    assert lp.token_logprobs == [e[t].logprob for e, t in zip(ref.logprobs, ref.token_ids)]
+    # another engine instance in this process: the same numbers up to rounding (measured 5e-7 once in CI)
+    assert max(abs(a - e[t].logprob) for a, e, t in zip(lp.token_logprobs, ref.logprobs, ref.token_ids)) < 1e-5
 
 
 def _offline(server, ids, params):
@@ -72,7 +73,8 @@ def test_echo_returns_the_prompt_with_its_logprobs(server, client):
 
     out = LLM(str(engine.model_path), **ENGINE_ARGS).generate(
         [ids], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1))[0]
-    assert lp.token_logprobs[1:n_prompt] == [e[t].logprob for e, t in zip(out.prompt_logprobs[1:], ids[1:])]
+    assert max(abs(a - e[t].logprob) for a, e, t in zip(lp.token_logprobs[1:n_prompt], out.prompt_logprobs[1:],
+                                                         ids[1:])) < 1e-5
 
 
 def test_token_id_prompts_with_echo_as_lm_eval_sends_them(server):
