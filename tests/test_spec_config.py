@@ -7,11 +7,13 @@ import json
 import pytest
 
 from hyspec.errors import ConfigError
+from hyspec.spec.ops_config import MemoryPressureConfig, SLOConfig
 from hyspec.spec.config import (MAX_TREE_BUDGET, ControllerConfig, HybridConfig, MethodConfig, QualityConfig,
                                 RemoteConfig, SpeculativeConfig, TreeConfig, parse_token_tree)
 
 SECTIONS = {"tree": TreeConfig, "controller": ControllerConfig, "quality": QualityConfig,
-            "remote": RemoteConfig, "hybrid": HybridConfig}
+            "remote": RemoteConfig, "hybrid": HybridConfig, "memory_pressure": MemoryPressureConfig,
+            "slo": SLOConfig}
 
 
 def test_vllm_ngram_config_resolves_like_vllm():

@@ -72,6 +72,8 @@ class LLMEngine:
         max_logprobs: int = 20,
         logprobs_mode: str = RAW,
         skip_tokenizer_init: bool = False,
+        fragmentation_threshold: float = 1.2,
+        fragmentation_window_s: float = 300.0,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -127,6 +129,9 @@ class LLMEngine:
                               f"the KV pool holds {capacity} tokens, less than one max_model_len sequence "
                               f"({max_model_len}); give the cache more memory or lower max_model_len")
         self.runner = ModelRunner(self.model, self.layout, self.device)
+        from hyspec.kv.fragmentation import FragmentationMonitor
+
+        self.fragmentation = FragmentationMonitor(self.pool, fragmentation_threshold, fragmentation_window_s)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len))
         self._ids = itertools.count()
         self._requests: dict[str, Sequence] = {}
@@ -261,8 +266,10 @@ class LLMEngine:
         run, drafts = self._run_target(scheduled, drafts)
         # 4. accept: sample plain rows, verify trees; the strategy learns from the step
         tokens, logprobs = self._accept(run, drafts)
-        # 5. emit
-        return self._emit_step(run, tokens, logprobs)
+        # 5. emit; between steps, the pool's fragmentation is measured (and compacted if it persists)
+        outputs = self._emit_step(run, tokens, logprobs)
+        self.fragmentation.tick()
+        return outputs
 
     def _run_target(self, scheduled: SchedulerOutput, drafts: Drafts) -> tuple[TargetRun, Drafts]:
         try:

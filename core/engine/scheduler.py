@@ -48,6 +48,9 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # memory pressure as the last schedule met it (read by the speculation strategy's plan)
+        self.admission_blocked = False  # requests waited that the KV pool could not admit
+        self.preempted_last = 0  # sequences preempted by the last schedule
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -83,18 +86,21 @@ class Scheduler:
                     out.prefills.append((seq, chunk))
                     budget -= chunk
         # Admit waiting sequences while room remains.
+        self.admission_blocked = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             chunk = min(len(seq.token_ids) - seq.num_cached, budget)
             try:
                 seq.kv.reserve(seq.num_cached + chunk, reclaim=True)
             except OutOfKVBlocks:
+                self.admission_blocked = True
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
             out.prefills.append((seq, chunk))
             budget -= chunk
+        self.preempted_last = len(out.preempted)
         return out
 
     def _reserve(self, seq: Sequence, total: int, out: SchedulerOutput, preempt: bool = True) -> bool:

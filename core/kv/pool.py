@@ -22,6 +22,7 @@ with ``exclusive=True`` refuses a write into it).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -71,6 +72,7 @@ class KVPool:
         self._free: deque[int] = deque(range(num_pages))
         self._layouts: dict[int, KVLayout] = {}
         self._reclaimers: list[Callable[[int], int]] = []
+        self.holders: "weakref.WeakSet" = weakref.WeakSet()  # live SequenceKVs (fragmentation.py reads them)
 
     @classmethod
     def for_budget(cls, budget_bytes: int, page_bytes: int, device: torch.device | str = "cpu") -> "KVPool":
@@ -91,6 +93,10 @@ class KVPool:
                               f"({per_token} bytes per token)")
         if self.page_bytes % elem:
             raise HyspecError(f"KV page size {self.page_bytes} is not a multiple of {dtype}'s element size")
+        for layout in self._layouts.values():  # a drafter reloaded after a release gets its old view back
+            if (layout.name, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype,
+                    layout.block_size) == (name, num_layers, num_kv_heads, head_dim, dtype, block_size):
+                return layout
         owner = len(self._layouts) + 1
         typed = self.buffer.view(dtype)
         page_elems = self.page_bytes // elem
@@ -116,6 +122,10 @@ class KVPool:
     def add_reclaimer(self, reclaim: Callable[[int], int]) -> None:
         """``reclaim(pages_wanted) -> pages_freed``: called when a target allocation finds the pool full."""
         self._reclaimers.append(reclaim)
+
+    def remove_reclaimers_of(self, owner_object: object) -> None:
+        """Forget the reclaimers bound to ``owner_object`` (a released drafter must not be kept alive)."""
+        self._reclaimers = [r for r in self._reclaimers if getattr(r, "__self__", None) is not owner_object]
 
     # -- allocation ------------------------------------------------------------------------------
 

@@ -9,13 +9,14 @@ from hyspec.kv.pool import KVLayout, KVPool
 class SequenceKV:
     """Pages and length of one sequence's KV entries for one model (target or drafter)."""
 
-    __slots__ = ("pool", "layout", "pages", "num_tokens")
+    __slots__ = ("pool", "layout", "pages", "num_tokens", "__weakref__")
 
     def __init__(self, pool: KVPool, layout: KVLayout):
         self.pool = pool
         self.layout = layout
         self.pages: list[int] = []
         self.num_tokens = 0  # entries written and kept
+        pool.holders.add(self)
 
     @property
     def capacity(self) -> int:
@@ -74,6 +75,16 @@ class SequenceKV:
         if keep < len(self.pages):
             self.pool.free(self.layout.owner, self.pages[keep:])
             del self.pages[keep:]
+
+    def trim(self) -> int:
+        """Free reserved pages past the kept entries (the next reserve takes what a step needs); returns
+        how many.  Entries past ``num_tokens`` are dead by this class's contract, so nothing is lost."""
+        keep = -(-self.num_tokens // self.layout.block_size)
+        extra = self.pages[keep:]
+        if extra:
+            self.pool.free(self.layout.owner, extra)
+            del self.pages[keep:]
+        return len(extra)
 
     def release(self) -> None:
         self.pool.free(self.layout.owner, self.pages)

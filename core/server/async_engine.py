@@ -67,6 +67,8 @@ class EngineStats:
     kv_total_pages: int = 0
     num_steps: int = 0
     num_step_failures: int = 0
+    kv_fragmentation: float = 1.0
+    kv_compactions: int = 0
 
 
 class RequestStream:
@@ -394,8 +396,10 @@ class AsyncEngine:
 
     def _publish_stats(self) -> None:
         sched, pool = self.engine.scheduler, self.engine.pool
+        frag = self.engine.fragmentation
         self.stats = EngineStats(len(sched.waiting), len(sched.running), pool.usage(), pool.num_free,
-                                 pool.num_pages, self._num_steps, self._num_step_failures)
+                                 pool.num_pages, self._num_steps, self._num_step_failures, frag.index,
+                                 frag.compactions)
 
     def _flush(self) -> None:
         if not self._outbox:

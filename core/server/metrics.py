@@ -142,6 +142,8 @@ class _EngineCollector(Collector):
             (("hyspec_num_requests_in_flight",), "Requests accepted and not finished.", ae.num_in_flight),
             (("hyspec_kv_cache_free_pages",), "Free KV pool pages.", stats.kv_free_pages),
             (("hyspec_kv_cache_total_pages",), "KV pool pages.", stats.kv_total_pages),
+            (("hyspec_kv_fragmentation_index",), "KV pages held / pages the kept entries need (1 = no waste).",
+             stats.kv_fragmentation),
             (("hyspec_server_capacity",), "Requests the server takes before answering 429.", ae.capacity),
             (("hyspec_engine_accepting",), "1 while the server takes new requests.", 1.0 if ae.accepting else 0.0),
         ):
@@ -150,7 +152,9 @@ class _EngineCollector(Collector):
                 fam.add_metric(m, float(value))
                 yield fam
         for name, doc, value in (("hyspec_engine_steps", "Engine steps run.", stats.num_steps),
-                                 ("hyspec_engine_step_failures", "Engine steps that raised.", stats.num_step_failures)):
+                                 ("hyspec_engine_step_failures", "Engine steps that raised.", stats.num_step_failures),
+                                 ("hyspec_kv_compactions", "KV pool compactions run by the fragmentation monitor.",
+                                  stats.kv_compactions)):
             fam = CounterMetricFamily(name, doc, labels=["model_name"])
             fam.add_metric(m, float(value))
             yield fam

@@ -26,6 +26,7 @@ from hyspec.errors import ConfigError
 from hyspec.spec import _config_check as chk
 from hyspec.spec import registry
 from hyspec.spec._config_check import ROOT, key
+from hyspec.spec.ops_config import MemoryPressureConfig, SLOConfig
 from hyspec.spec.registry import UNSUPPORTED_METHODS
 
 # The method lists come from the method registry (live views: a registered method is in them at once).
@@ -278,6 +279,8 @@ class SpeculativeConfig:
     ray_address: str | None = key(None, "Ray cluster for remote drafting; null = start a local Ray on demand.")
     remote: RemoteConfig = key(RemoteConfig(), "Remote drafting settings.")
     hybrid: HybridConfig = key(HybridConfig(), "Hybrid dispatcher settings.")
+    memory_pressure: MemoryPressureConfig = key(MemoryPressureConfig(), "Drafters under KV memory pressure.")
+    slo: SLOConfig = key(SLOConfig(), "Objectives that switch speculation off while breached (TTFT p99).")
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -298,7 +301,8 @@ class SpeculativeConfig:
         chk.check_int(self, "max_model_len", 1, optional=True)
         self._resolve_token_tree()
         for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
-                          ("remote", RemoteConfig), ("hybrid", HybridConfig)):
+                          ("remote", RemoteConfig), ("hybrid", HybridConfig),
+                          ("memory_pressure", MemoryPressureConfig), ("slo", SLOConfig)):
             if not isinstance(getattr(self, name), cls):
                 chk.fail(self, name, f"expected a {cls.__name__} or an object, got {getattr(self, name)!r}")
         self._resolve_tree_section()
@@ -423,7 +427,8 @@ class SpeculativeConfig:
         parts += chk.markdown_table(SpeculativeConfig, "")
         for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
                           ("remote", RemoteConfig), ("hybrid", HybridConfig),
-                          ("hybrid.methods[]", MethodConfig)):
+                          ("hybrid.methods[]", MethodConfig), ("memory_pressure", MemoryPressureConfig),
+                          ("slo", SLOConfig)):
             parts += ["", f"### `{name}`", "", (cls.__doc__ or "").split("\n\n")[0].strip(), ""]
             parts += chk.markdown_table(cls, f"{name}.")
         return "\n".join(parts) + "\n"

@@ -29,6 +29,8 @@ from hyspec.spec.methods import MethodSpec, build_proposer
 from hyspec.spec.metrics import SpecMetrics
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.quality import DraftQualityMonitor
+from hyspec.spec.residency import DrafterResidency, holds_memory, release_proposer
+from hyspec.spec.slo import TTFTGuard
 from hyspec.spec.strategy import NONE, Accepted, Drafts, Speculation, StepPlan
 from hyspec.spec.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import ACCEPTED, verify
@@ -42,16 +44,24 @@ log = logging.getLogger(__name__)
 
 class SpecDecoder(Speculation):
     def __init__(self, target: TargetContext, config: SpeculativeConfig, proposers: dict[str, Proposer],
-                 controller: GoodputController, dispatcher: "HybridDispatcher | None"):
+                 controller: GoodputController, dispatcher: "HybridDispatcher | None",
+                 specs: dict[str, MethodSpec] | None = None):
         self.target = target
         self.config = config
         self.proposers = proposers
+        self.specs = specs or {}  # how to rebuild a proposer released under memory pressure
         self.controller = controller
         self.dispatcher = dispatcher
         self.metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
         self.quality = DraftQualityMonitor(config, self.metrics)
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
         self.needs_hidden = any(p.needs_hidden for p in proposers.values())
+        self.residency = DrafterResidency(config.memory_pressure, self.metrics,
+                                          remote=config.draft_placement == "remote")
+        for method, p in proposers.items():
+            if holds_memory(p):
+                self.metrics.ops.register_drafter(method)
+        self.slo = TTFTGuard(config.slo, self.metrics.ops)
         canary_fraction = config.hybrid.speculative_fraction
         self._canary = None
         if canary_fraction < 1.0:
@@ -87,7 +97,7 @@ class SpecDecoder(Speculation):
                 h.rules_path, list(proposers), load_threshold=h.load_threshold,
                 load_resume_threshold=h.load_resume_threshold,
                 load_signal=h.load_signal, max_batch_size=target.max_num_seqs)
-        return cls(target, cfg, proposers, controller, dispatcher)
+        return cls(target, cfg, proposers, controller, dispatcher, {s.method: s for s in specs})
 
     # -- request lifecycle ------------------------------------------------------------------------
 
@@ -98,6 +108,26 @@ class SpecDecoder(Speculation):
     def release(self, seq: Sequence) -> None:
         for p in self.proposers.values():
             p.on_finish(seq)
+        self.slo.observe(seq.metrics.ttft)
+
+    # -- memory pressure --------------------------------------------------------------------------
+
+    def _check_memory(self, scheduler: "Scheduler") -> None:
+        pool = self.target.pool
+        self.residency.step(self.residency.under_pressure(scheduler, pool), self.proposers,
+                            release=lambda m: self._release_drafter(m, scheduler),
+                            reload=self._reload_drafter)
+
+    def _release_drafter(self, method: str, scheduler: "Scheduler") -> None:
+        proposer = self.proposers.pop(method)
+        release_proposer(proposer, self.target.pool, [*scheduler.running, *scheduler.waiting])
+        self.needs_hidden = any(p.needs_hidden for p in self.proposers.values())
+
+    def _reload_drafter(self, method: str) -> None:
+        proposer = build_proposer(self.target, self.specs[method])
+        _optimize_modules(self.target, proposer)
+        self.proposers[method] = proposer
+        self.needs_hidden = any(p.needs_hidden for p in self.proposers.values())
 
     # -- planning ---------------------------------------------------------------------------------
 
@@ -105,6 +135,9 @@ class SpecDecoder(Speculation):
         running = scheduler.running
         decoding = [s for s in running if not s.in_prefill and s.arm == "spec"]
         batch = max(1, len(running))
+        self._check_memory(scheduler)
+        if self.slo.speculation_off():
+            return self._remember(StepPlan(NONE, 0, 0, batch, "ttft_slo"), count=len(decoding))
         if self.dispatcher is not None:
             if not decoding:  # only prefills or control-arm requests: nothing to decide
                 return self._remember(StepPlan(NONE, 0, 0, batch))
@@ -115,6 +148,8 @@ class SpecDecoder(Speculation):
             method = self.config.method
         if not decoding:
             return self._remember(StepPlan(method, 0, 0, batch))
+        if method not in self.proposers:  # released under memory pressure: plain until it is back
+            return self._remember(StepPlan(NONE, 0, 0, batch, "memory_pressure"), method, len(decoding))
         limit = self.config.disable_by_batch_size
         if limit is not None and batch >= limit:
             return self._remember(StepPlan(method, 0, 0, batch, "budget_zero"))
@@ -126,9 +161,11 @@ class SpecDecoder(Speculation):
         budget = min(budget, proposer.max_budget())
         return self._remember(StepPlan(method, budget, budget, batch, "" if budget else "budget_zero"))
 
-    def _remember(self, plan: StepPlan) -> StepPlan:
+    def _remember(self, plan: StepPlan, method: str | None = None, count: int = 1) -> StepPlan:
         if plan.reason == "budget_zero":
             self.metrics.record_rejection("budget_zero", plan.method)
+        elif plan.reason in ("memory_pressure", "ttft_slo") and count:
+            self.metrics.record_rejection(plan.reason, method or self.config.method, count=count)
         return plan
 
     def _signals(self, scheduler):

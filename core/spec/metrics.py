@@ -31,7 +31,7 @@ from collections import defaultdict
 from typing import Any, Iterator, Mapping, Sequence
 
 REJECTION_CAUSES = ("token_mismatch", "probability_rejected", "kv_cache_mismatch",
-                    "draft_timeout", "draft_unavailable", "budget_zero")
+                    "draft_timeout", "draft_unavailable", "budget_zero", "memory_pressure", "ttft_slo")
 ARMS = ("spec", "control")
 QUALITY_REASONS = ("low_acceptance", "unstable_acceptance")
 # Step times from sub-millisecond CPU drafts to multi-second stalls.
@@ -95,6 +95,9 @@ class SpecMetrics:
         self._series: dict[tuple[str, str], _Series] = {}
         self._quality_degraded: dict[tuple[str, str], bool] = {}
         self._quality_warnings: dict[tuple[str, str], int] = defaultdict(int)
+        from hyspec.spec.ops_metrics import OperatorMetrics
+
+        self.ops = OperatorMetrics()  # drafter residency, SLO fallbacks, KV fragmentation
 
     # -- hot path ----------------------------------------------------------------------
     def record_step(self, method: str, arm: str, num_drafts: int, num_draft_tokens: int,
@@ -153,6 +156,15 @@ class SpecMetrics:
             self._quality_degraded[(method, reason)] = degraded
             if degraded and not was:
                 self._quality_warnings[(method, reason)] += 1
+
+    def goodput(self, method: str) -> float:
+        """Tokens emitted per second of ``method``'s speculative steps (accepted + one per draft), 0 unmeasured."""
+        with self._lock:
+            s = self._series.get((method, "spec"))
+            if s is None:
+                return 0.0
+            seconds = s.draft_seconds.sum + s.verify_seconds.sum
+            return (s.accepted_tokens + s.drafts) / seconds if seconds > 0 else 0.0
 
     # -- read side ---------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -261,6 +273,7 @@ def _metric_families(metrics: SpecMetrics) -> Iterator[Any]:
             warnings.add_metric([method, reason], q["warnings"])
     yield degraded
     yield warnings
+    yield from metrics.ops.families()
 
     # vLLM's names, summed over methods and arms, with vLLM's labels.
     vl = [metrics.model_name, metrics.engine]
