@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
-from hyspec.engine.logprobs import LOGPROBS_MODES, RAW, log_distribution, token_logprobs
+from hyspec.engine.logprobs import LOGPROBS_MODES, RAW
+from hyspec.engine.parallel_sampling import fork_waiting_samples
+from hyspec.engine.step_logprobs import record_prompt_logprobs, score_tokens
 from hyspec.engine.model_runner import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.sampler import sample_next_tokens
@@ -41,7 +43,7 @@ from hyspec.engine.step import RowKind, StepRow, TargetRun
 from hyspec.engine.stopping import append_token, find_stop_string
 from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
-from hyspec.kv.pool import KVPool, OutOfKVBlocks
+from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
@@ -310,8 +312,8 @@ class LLMEngine:
     def _accept(self, run: TargetRun, drafts: Drafts) -> tuple[dict[str, list[int]], dict[str, list]]:
         """Tokens per request (one sampled for each plain row, the verified path + bonus for each tree),
         and the logprobs of those tokens for the requests that asked."""
-        self._prompt_logprobs(run)
-        self._fork(run)
+        record_prompt_logprobs(run, self.logprobs_mode, self._token_text)
+        fork_waiting_samples(run, self._requests, self.scheduler)
         plain = [i for i, row in enumerate(run.rows) if row.kind.samples_plainly]
         tokens: dict[str, list[int]] = {}
         scored: list[tuple[Sequence, torch.Tensor]] = []  # (seq, logits rows of its new tokens)
@@ -333,65 +335,7 @@ class LLMEngine:
                 kept = accepted.kept_rows[seq.request_id]
                 scored.append((seq, run.result.feed_logits(i)[torch.tensor(kept, device=self.device)]))
         self.spec.observe(run, accepted)
-        return tokens, self._token_logprobs(scored, tokens)
-
-    def _token_logprobs(self, scored: list[tuple[Sequence, torch.Tensor]],
-                        tokens: dict[str, list[int]]) -> dict[str, list]:
-        if not scored:
-            return {}
-        params = [s.params for s, rows in scored for _ in range(rows.shape[0])]
-        logp = log_distribution(torch.cat([rows for _, rows in scored]), params, self.logprobs_mode)
-        ids = [t for s, _ in scored for t in tokens[s.request_id]]
-        top = [p.logprobs for p in params]
-        entries = token_logprobs(logp, ids, top, self._token_text)
-        out, at = {}, 0
-        for s, rows in scored:
-            out[s.request_id] = entries[at:at + rows.shape[0]]
-            at += rows.shape[0]
-        return out
-
-    def _prompt_logprobs(self, run: TargetRun) -> None:
-        """Logprobs of the prompt tokens a prefill chunk's rows predict (row j scores token start + j + 1)."""
-        for i, (row, feed) in enumerate(zip(run.rows, run.feeds)):
-            seq = row.seq
-            if row.kind.decodes or not seq.wants_prompt_logprobs or feed.logits != ALL_LOGITS:
-                continue
-            have, end = len(seq.prompt_logprobs), seq.num_prompt_tokens
-            first = max(have, feed.start + 1)  # prompt position of the first token still to score
-            last = min(end, feed.start + len(feed.tokens) + 1)  # one past the last one this chunk scores
-            if first >= last:
-                continue
-            logits = run.result.feed_logits(i)[first - 1 - feed.start:last - 1 - feed.start]
-            logp = log_distribution(logits, [seq.params] * logits.shape[0], self.logprobs_mode)
-            n = last - first
-            seq.prompt_logprobs += token_logprobs(logp, seq.prompt_token_ids[first:last],
-                                                  [seq.params.prompt_logprobs] * n, self._token_text)
-
-    def _fork(self, run: TargetRun) -> None:
-        """Prompts whose prefill just ended hand their KV to the samples waiting on them (shared pages)."""
-        for leader_id, followers in list(run.forks.items()):
-            leader = self._requests.get(leader_id)
-            forked = []
-            for f in followers:
-                if f.finished or leader is None:
-                    continue
-                try:
-                    if len(self.scheduler.running) >= self.scheduler.config.max_num_seqs:
-                        raise OutOfKVBlocks("no room in the batch")
-                    f.kv = leader.kv.fork()
-                except OutOfKVBlocks:
-                    log.info("%s prefills its own prompt (no room to share %s's)", f.request_id, leader_id)
-                    self.scheduler.add(f)
-                else:
-                    f.status = Status.RUNNING
-                    self.scheduler.running.append(f)
-                    if leader.prompt_logprobs is not None and f.prompt_logprobs is not None:
-                        f.prompt_logprobs = list(leader.prompt_logprobs)
-                    forked.append(f)
-                f.leader = None
-            if leader is not None:
-                leader.followers = []
-            run.forks[leader_id] = forked
+        return tokens, score_tokens(scored, tokens, self.logprobs_mode, self._token_text)
 
     def _token_text(self, token_id: int) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -12,10 +12,20 @@ the highest mean token logprob (OpenAI's "highest log probability per token").
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hyspec.engine.outputs import CompletionOutput
 from hyspec.engine.sampling_params import SamplingParams
+from hyspec.engine.sequence import Sequence, Status
+from hyspec.kv.pool import OutOfKVBlocks
+
+if TYPE_CHECKING:
+    from hyspec.engine.scheduler import Scheduler
+    from hyspec.engine.step import TargetRun
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,3 +59,36 @@ def select(params: SamplingParams, samples: list[CompletionOutput]) -> list[Comp
     return [dataclasses.replace(c, index=i, logprobs=None if strip else c.logprobs,
                                 cumulative_logprob=None if strip else c.cumulative_logprob)
             for i, c in enumerate(chosen)]
+
+
+def fork_waiting_samples(run: "TargetRun", requests: dict[str, Sequence], scheduler: "Scheduler") -> None:
+    """Prompts whose prefill ended in ``run`` hand their KV to the samples waiting on them.
+
+    A sample continues from ``SequenceKV.fork()`` (full pages shared, the partial one copied) and
+    joins the running batch; one that finds no page for its copy, or no room in the batch, prefills
+    its own prompt instead.  ``run.forks`` is left holding the samples that were forked: they draw
+    their first token from the prefill's last row and receive its hidden states.
+    """
+    for leader_id, followers in list(run.forks.items()):
+        leader = requests.get(leader_id)
+        forked = []
+        for f in followers:
+            if f.finished or leader is None:
+                continue
+            try:
+                if len(scheduler.running) >= scheduler.config.max_num_seqs:
+                    raise OutOfKVBlocks("no room in the batch")
+                f.kv = leader.kv.fork()
+            except OutOfKVBlocks:
+                log.info("%s prefills its own prompt (no room to share %s's)", f.request_id, leader_id)
+                scheduler.add(f)
+            else:
+                f.status = Status.RUNNING
+                scheduler.running.append(f)
+                if leader.prompt_logprobs is not None and f.prompt_logprobs is not None:
+                    f.prompt_logprobs = list(leader.prompt_logprobs)
+                forked.append(f)
+            f.leader = None
+        if leader is not None:
+            leader.followers = []
+        run.forks[leader_id] = forked
