@@ -27,17 +27,25 @@ class CPUBackend(Backend):
         resolved = resolve_ops("hyspec.cpu_ops", "cpu_op_overrides", source="cpu_ops")
         super().__init__(torch.device("cpu"), capabilities, resolved.table)
         self.ops_note = resolved.note
-        from hyspec.cpu_ops.packed_linear import packing_available
+        from hyspec.cpu_ops.packed_linear import invariant_kernel_available, packing_available
 
-        packed = [name for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)) if packing_available(dt)]
+        dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        invariant = [name for name, dt in dtypes if invariant_kernel_available(dt)]
+        packed = [name for name, dt in dtypes if packing_available(dt) and not invariant_kernel_available(dt)]
+        # The linear layers are swapped for PackedLinear modules (optimize_model); the lm-head matmul is
+        # the op table's ``logits`` (hyspec.cpu_ops.cpu_op_overrides), served the same way.
+        notes = []
+        if invariant:
+            from hyspec.cpu_ops.dense_gemm import isa
+
+            notes.append(f"linear layers: hyspec dense_gemm ({'/'.join(invariant)}, {isa()}; batch-invariant)")
         if packed:
-            # The linear layers are swapped for packed modules (optimize_model); the lm-head matmul is
-            # the op table's ``logits`` (hyspec.cpu_ops.cpu_op_overrides), packed the same way.
-            linear = f"linear layers: weights packed once ({'/'.join(packed)}: oneDNN / MKL)"
+            notes.append(f"linear layers: weights packed once ({'/'.join(packed)}: oneDNN / MKL)")
+        for linear in notes:
             self.ops_note = linear if self.ops_note is None else f"{linear}; {self.ops_note}"
 
     def optimize_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Pack linear weights for oneDNN (bf16) / MKL (fp32): faster, and row results independent of batch.
+        """Prepare linear weights once (hyspec's batch-invariant kernel, else oneDNN / MKL packing).
 
         Swaps ``nn.Linear`` modules for ``PackedLinear`` ones (same interface) and changes nothing else of
         the model; the logits matmul is packed through the op table instead.

@@ -1,7 +1,7 @@
 """Building hyspec's C kernels (cpu_ops/*.c) once per machine and loading them with ctypes.
 
 ``cc -O3 -march=native -fopenmp -shared`` into ``$HYSPEC_CACHE_DIR`` (default
-``~/.cache/hyspec``)/kernels, keyed on the source, the compiler and this CPU's
+``~/.cache/hyspec``)/kernels, keyed on the source (and the headers beside it), the compiler and this CPU's
 flags: a machine builds each kernel once (under a second), and a cache shared
 between machines never hands one CPU another's build.  The libraries use
 OpenMP; loaded after torch, the process's ``libgomp.so.1`` is torch's own, so
@@ -51,8 +51,13 @@ def _compiler() -> str | None:
 
 
 @functools.cache
-def load(source_name: str) -> ctypes.CDLL | None:
-    """The built library of ``cpu_ops/<source_name>`` (None when it cannot be had here; logged once)."""
+def load(source_name: str, march: str = "native") -> ctypes.CDLL | None:
+    """The built library of ``cpu_ops/<source_name>`` (None when it cannot be had here; logged once).
+
+    ``march``: the ``-march`` to build for.  Serving always uses ``native``; tests build the other ISA
+    levels this CPU can run (``x86-64``: the portable path, ``haswell``: AVX2) to check the paths an
+    AVX2-only machine, or one without a vector ISA we use, would take.
+    """
     stem = Path(source_name).stem
     if os.environ.get("HYSPEC_NATIVE", "1") == "0":
         log.info("hyspec %s kernel disabled by HYSPEC_NATIVE=0", stem)
@@ -62,14 +67,16 @@ def load(source_name: str) -> ctypes.CDLL | None:
         log.info("hyspec %s kernel unavailable: no C compiler (cc/gcc) on PATH; using torch", stem)
         return None
     source = HERE / source_name
-    key = hashlib.sha256(source.read_bytes() + cc.encode() + _cpu_key().encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # what the sources #include
+    key = hashlib.sha256(source.read_bytes() + headers + cc.encode() + _cpu_key().encode()
+                         + march.encode()).hexdigest()[:16]
     target = cache_dir() / f"{stem}-{key}.so"
     if not target.is_file():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 out = Path(tmp) / target.name
-                done = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+                done = subprocess.run([cc, "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
                                        "-o", str(out), str(source), "-lm"], capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
                     log.warning("hyspec %s kernel failed to build (%s); using torch: %s", stem, cc,

@@ -1,20 +1,25 @@
-"""Linear layers with weights packed once for the CPU's GEMM library.
+"""Linear layers prepared once for the CPU: hyspec's batch-invariant kernel, else MKL / oneDNN packing.
 
 ``F.linear`` on the CPU re-lays-out the weight on every call and, for fp32,
 switches between a GEMV kernel (one row) and a GEMM kernel (several rows),
-which round differently.  Packing once fixes both:
+which round differently.  What a ``PackedLinear`` multiplies with, in order of
+preference:
 
-* bf16 weights go to oneDNN's blocked layout (``mkldnn._reorder_linear_weight``
-  / ``mkldnn._linear_pointwise``): AMX / AVX512-BF16 kernels without a reorder
-  per call;
-* fp32 weights go to MKL's packed format (``mkl._mkl_reorder_linear_weight`` /
-  ``mkl._mkl_linear``).
+* hyspec's own kernel (``dense_gemm.c``, fp32 and bf16): every output row is
+  computed with the same operations in the same order whatever the number of
+  rows, on every CPU, so verifying n tokens in one forward gives bit-identical
+  logits to n one-token steps and no near-tie can flip between plain and
+  speculative decoding.  Measured on AMD Zen 5 (SmolLM2's projections, 2
+  threads): fp32 0.5x MKL's time at 1 row and 0.9x at 128; bf16 (vdpbf16ps)
+  0.5x oneDNN's at 1 row, equal at 8, 2x at 128 (prefill).
+* where it cannot be built (no C compiler): bf16 weights in oneDNN's blocked
+  layout (``mkldnn._reorder_linear_weight`` / ``mkldnn._linear_pointwise``),
+  fp32 weights in MKL's packed format (``mkl._mkl_reorder_linear_weight`` /
+  ``mkl._mkl_linear``).  Their blocking depends on the row count on some CPUs
+  (fp32 from 5 rows on AMD Zen 5; bf16 on CPUs without native bf16), which the
+  measured near-tie rule of ``core/numerics.py`` then covers.
 
-With packed weights each output row is computed the same way whatever the
-number of rows, so verifying n tokens in one forward gives bit-identical logits
-to n one-token steps (checked by tests/test_cpu_ops_packed.py): no near-tie can
-flip between plain and speculative decoding.  Other dtypes, and torch builds
-without these ops, keep ``F.linear``.
+Other dtypes, and torch builds without these ops, keep ``F.linear``.
 """
 from __future__ import annotations
 
@@ -34,12 +39,23 @@ _PACK_BATCH_HINT = 4  # the row count the packing is tuned for (decode and small
 
 
 def packing_available(dtype: torch.dtype) -> bool:
-    """Whether this torch build, on this CPU, can pack weights of ``dtype``."""
+    """Whether this torch build, on this CPU, can prepare weights of ``dtype`` (either way above)."""
+    if invariant_kernel_available(dtype):
+        return True
     if dtype == torch.bfloat16:
         return _bf16_packing_runs()
     if dtype == torch.float32:
         return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
     return False
+
+
+def invariant_kernel_available(dtype: torch.dtype) -> bool:
+    """hyspec's batch-invariant dense kernel (dense_gemm.c) serves ``dtype`` here."""
+    try:
+        from hyspec.cpu_ops.dense_gemm import available
+    except ImportError:
+        return False
+    return available(dtype)
 
 
 @functools.cache
@@ -92,6 +108,12 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 def _packed_matmul(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    if invariant_kernel_available(weight.dtype):
+        from hyspec.cpu_ops.dense_gemm import dense_gemm
+
+        w = weight.detach().contiguous()
+        b = None if bias is None else bias.detach().contiguous()
+        return lambda x: dense_gemm(x, w, b)
     if weight.dtype == torch.bfloat16:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyspec.cpu_ops.optimize import optimize_for_cpu
-from hyspec.cpu_ops.packed_linear import PackedLinear, pack_linears, packing_available
+from hyspec.cpu_ops.packed_linear import PackedLinear, invariant_kernel_available, pack_linears, packing_available
 
 DTYPES = [d for d in (torch.float32, torch.bfloat16) if packing_available(d)]
 # fp32: MKL's packed GEMM vs F.linear's kernels differ only in summation order over K=512.
@@ -26,24 +26,6 @@ def test_packed_matches_linear(dtype, bias):
     x = torch.randn(5, 7, 512).to(dtype)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), lin(x), **TOL[dtype])
-
-
-def _native_bf16() -> bool:
-    """avx512_bf16 or AMX-BF16: oneDNN then computes bf16 products natively, the same way for any row count."""
-    flags = _cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def _avx512() -> bool:
-    return "avx512f" in _cpu_flags()
-
-
-def _cpu_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
 
 
 def _rows(dtype):
@@ -73,20 +55,42 @@ def test_row_results_agree_within_one_rounding(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_results_do_not_depend_on_row_count(dtype):
-    """What makes n-token verification bit-identical to n one-token steps, where the kernels provide it.
-
-    Measured: holds for fp32 and bf16 on Sapphire Rapids (AMX); on Ice Lake (AVX-512 without BF16) the bf16
-    path rounds row 0..2 of a 3-row call differently, so there bf16 verification can differ from one-token
-    steps by one rounding (the near-tie rule of core/numerics.py covers it).  fp32 on AMD Zen 3 (AVX2 only) differs
-    too (measured); fp32 on Zen 4 is reported to differ: the near-tie rule is measured per machine.
-    """
-    if dtype == torch.bfloat16 and not _native_bf16():
-        pytest.skip("this CPU has no native bf16 (avx512_bf16 / amx_bf16): bf16 rows depend on the row count")
-    if dtype == torch.float32 and not _avx512():
-        pytest.skip("measured on AMD Zen 3 (AVX2 only): MKL's fp32 packed GEMM rounds a row differently with "
-                    "the row count; the measured near-tie rule (hyspec.numerics.NearTieRule) covers it")
+    """What makes n-token verification bit-identical to n one-token steps: true by construction with
+    hyspec's dense_gemm kernel, on every CPU (the same operations, in the same order, for every row)."""
+    if not invariant_kernel_available(dtype):
+        pytest.skip("no C compiler here: MKL / oneDNN packing, whose rows depend on the row count on some CPUs "
+                    "(measured: fp32 from 5 rows on AMD Zen 5; the near-tie rule of hyspec.numerics covers it)")
     for n, together, alone, _ in _rows(dtype):
         assert torch.equal(together, alone), n
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_results_do_not_depend_on_row_count_with_odd_shapes(dtype):
+    """Tails: K not a multiple of the vector width, N not a multiple of the output block, bias, 1..41 rows."""
+    if not invariant_kernel_available(dtype):
+        pytest.skip("no C compiler here: hyspec's dense_gemm kernel is not built")
+    torch.manual_seed(2)
+    packed = PackedLinear(torch.randn(67, 137).to(dtype) * 0.1, torch.randn(67).to(dtype))
+    x = torch.randn(41, 137).to(dtype)
+    with torch.inference_mode():
+        alone = torch.cat([packed(x[i:i + 1]) for i in range(41)])
+        for n in (2, 3, 4, 5, 9, 41):
+            assert torch.equal(packed(x[:n]), alone[:n]), n
+        reference = F.linear(x.double(), packed.weight.double(), packed.bias.double())
+        torch.testing.assert_close(alone.double(), reference, **TOL[dtype])
+
+
+def test_mkl_packing_is_what_runs_without_the_kernel(monkeypatch):
+    """HYSPEC_DENSE_GEMM=0 (or no compiler): the MKL / oneDNN packed path, still close to F.linear."""
+    from hyspec.cpu_ops import dense_gemm
+
+    monkeypatch.setattr(dense_gemm, "library", lambda: None)
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48)
+    packed = PackedLinear(lin.weight, lin.bias)
+    x = torch.randn(6, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), lin(x), **TOL[torch.float32])
 
 
 def test_pack_linears_keeps_interface_and_falls_back_for_training():
