@@ -23,6 +23,6 @@ def cpu_op_overrides() -> dict:
         overrides["logits"] = packed_logits
     from hyspec.cpu_ops import paged_attention
 
-    if paged_attention.library() is not None:  # fp32 caches from the pages; other dtypes: the reference op
+    if paged_attention.library() is not None:  # fp32 / bf16 caches from the pages; other dtypes: the reference op
         overrides["attention"] = paged_attention.paged_attention
     return overrides

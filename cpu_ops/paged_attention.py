@@ -5,8 +5,9 @@ layer and calls SDPA; on the default model that was 22 % of a decode step's
 wall time (py-spy, AVX2 VM).  The kernel reads the pages in place, computes
 each (query row, head) alone in position order, and so gives a verified
 draft token exactly the output its plain decode step gets.  It takes fp32
-caches with a head size that is a multiple of 8 and a contiguous last
-dimension; anything else, or no C compiler here, runs the reference op.
+or bf16 caches (bf16: computed in fp32, rounded once) with a head size that is
+a multiple of 8 and a contiguous last dimension; anything else, or no C
+compiler here, runs the reference op.
 """
 from __future__ import annotations
 
@@ -21,15 +22,21 @@ from hyspec.ops.attention import paged_attention as reference_attention
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
+    return variant("native")
+
+
+@functools.cache
+def variant(march: str) -> ctypes.CDLL | None:
+    """The kernel built for ``-march=march`` (tests run the AVX2 and portable paths on any x86 CPU)."""
     from hyspec.cpu_ops.native import load
 
-    lib = load("paged_attention.c")
+    lib = load("paged_attention.c", march)
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.hyspec_paged_attention.restype = ctypes.c_int
     lib.hyspec_paged_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr,
-                                           ptr, ptr, ptr, ptr, i64, ctypes.c_float, ptr]
+                                           ptr, ptr, ptr, ptr, i64, ctypes.c_float, ptr, ctypes.c_int]
     return lib
 
 
@@ -43,10 +50,13 @@ def _rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:  # [T, Hq, D]
-    if not (q.dtype == k_cache.dtype == v_cache.dtype == torch.float32 and q.shape[-1] % 8 == 0
+                    scale: float, lib: ctypes.CDLL | None = None) -> torch.Tensor:  # [T, Hq, D]
+    """The op (``lib``: a :func:`variant` to run instead of the native build, for tests)."""
+    lib = lib or library()
+    if not (q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in (torch.float32, torch.bfloat16)
+            and q.shape[-1] % 8 == 0
             and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
-            and not (torch.is_grad_enabled() and q.requires_grad)) or library() is None:
+            and not (torch.is_grad_enabled() and q.requires_grad)) or lib is None:
         return reference_attention(q, k_cache, v_cache, meta, scale)
     T, Hq, D = q.shape
     seq_lens, query_lens, row_seq, row_i, table = meta.derived("cpu_rows", lambda: _rows(meta))
@@ -56,14 +66,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qc = q.contiguous()
     out = torch.empty_like(qc)
     sb, so, sh, _ = k_cache.stride()
-    rc = library().hyspec_paged_attention(
+    rc = lib.hyspec_paged_attention(
         qc.data_ptr(), T, Hq, D, k_cache.data_ptr(), v_cache.data_ptr(), sb, so, sh, k_cache.shape[1],
         k_cache.shape[2], table.data_ptr(), table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(),
         row_seq.data_ptr(), row_i.data_ptr(), 0 if tree is None else tree.data_ptr(),
-        meta.max_query_len, float(scale), out.data_ptr())
+        meta.max_query_len, float(scale), out.data_ptr(), int(q.dtype == torch.bfloat16))
     if rc != 0:
         raise MemoryError("hyspec_paged_attention: out of memory for its score buffers")
     return out
 
 
-__all__ = ["library", "paged_attention"]
+__all__ = ["library", "paged_attention", "variant"]

@@ -42,19 +42,37 @@ def _meta(table: torch.Tensor, qlen: int, seq_len: int) -> AttentionMetadata:
 
 
 @needs_kernel
-def test_a_row_is_the_same_in_a_decode_step_and_in_a_verification():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_is_the_same_in_a_decode_step_and_in_a_verification(dtype):
     torch.manual_seed(0)
-    k_cache, v_cache = torch.randn(16, 16, 3, 64), torch.randn(16, 16, 3, 64)
+    k_cache, v_cache = torch.randn(16, 16, 3, 64).to(dtype), torch.randn(16, 16, 3, 64).to(dtype)
     table = torch.randperm(16)[:8].to(torch.int32)[None]
-    q = torch.randn(5, 9, 64)
+    q = torch.randn(5, 9, 64).to(dtype)
     verify = paged_attention(q, k_cache, v_cache, _meta(table, 5, 100), 0.125)  # 5 rows at positions 95..99
     for i in range(5):
         decode = paged_attention(q[i:i + 1].contiguous(), k_cache, v_cache, _meta(table, 1, 96 + i), 0.125)
         assert torch.equal(decode, verify[i:i + 1]), i
 
 
+@needs_kernel
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_bf16_matches_the_reference_within_its_rounding(scenario):
+    """bf16 runs the kernel too: fp32 math rounded once, against the reference's bf16 SDPA."""
+    ctx, qlens, block_size, tree = SCENARIOS[scenario]
+    case = paged_attention_case(ctx, qlens, 9, 3, 64, block_size, torch.bfloat16, tree=tree, seed=len(scenario))
+    expected = REF.attention(*case.args()).float()
+    actual = paged_attention(*case.args())
+    assert actual.dtype == torch.bfloat16
+    exact = REF.attention(*[a.float() if torch.is_tensor(a) and a.is_floating_point() else a
+                            for a in case.args()])
+    # the kernel rounds fp32 math once: within half a bf16 ulp of the fp32 result ...
+    torch.testing.assert_close(actual.float(), exact, atol=1e-6, rtol=2.0 ** -8)
+    # ... and within bf16's rounding of the reference's own bf16 computation
+    torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=2e-2)
+
+
 def test_other_dtypes_run_the_reference():
-    case = paged_attention_case([10], [2], 4, 2, 32, 16, torch.bfloat16, seed=1)
+    case = paged_attention_case([10], [2], 4, 2, 32, 16, torch.float16, seed=1)
     assert torch.equal(paged_attention(*case.args()), REF.attention(*case.args()))
 
 
