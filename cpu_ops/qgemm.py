@@ -33,9 +33,15 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("HYSPEC_QGEMM", "1") == "0":
         log.info("hyspec qgemm kernel disabled by HYSPEC_QGEMM=0")
         return None
+    return variant("native")
+
+
+@functools.cache
+def variant(march: str) -> ctypes.CDLL | None:
+    """The kernel built for ``-march=march`` (tests run the portable path on any x86 CPU)."""
     from hyspec.cpu_ops.native import load
 
-    lib = load("qgemm.c")
+    lib = load("qgemm.c", march)
     if lib is None:
         return None
     lib.hyspec_qgemm.restype = ctypes.c_int
@@ -45,14 +51,16 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def isa() -> str | None:
-    lib = library()
+def isa(lib: ctypes.CDLL | None = None) -> str | None:
+    lib = lib or library()
     return None if lib is None else lib.hyspec_qgemm_isa().decode()
 
 
-def qgemm(block_type: str, x: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
-    """``x [M, K] fp32`` times the ``[n, K]`` matrix stored as GGML ``blocks [n, K/32 * bytes]`` -> ``[M, n]``."""
-    lib = library()
+def qgemm(block_type: str, x: torch.Tensor, blocks: torch.Tensor, n: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [M, K] fp32`` times the ``[n, K]`` matrix stored as GGML ``blocks [n, K/32 * bytes]`` -> ``[M, n]``.
+
+    ``lib``: a :func:`variant` to run instead of the native build (tests)."""
+    lib = lib or library()
     if lib is None:
         raise RuntimeError("the hyspec qgemm kernel is not available here")
     m, k = x.shape
@@ -93,4 +101,4 @@ class BlockLinear(nn.Module):
                 f"({self.source}), hyspec qgemm")
 
 
-__all__ = ["BlockLinear", "QTYPES", "isa", "library", "qgemm"]
+__all__ = ["BlockLinear", "QTYPES", "isa", "library", "qgemm", "variant"]

@@ -57,6 +57,28 @@ def test_each_row_is_the_same_alone_or_in_any_batch(qtype):
     assert torch.equal(one_thread, together)  # and whatever thread computes a row
 
 
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_the_portable_path_is_exact_and_batch_invariant_too(qtype):
+    """What a CPU without AVX2 / FMA / F16C runs (built here with -march=x86-64): the same sums."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("-march=x86-64 is an x86 build")
+    lib = qg.variant("x86-64")
+    assert qg.isa(lib) == "portable"
+    w, ref_w = _blocks(qtype, 52, 576, seed=3)
+    x = torch.randn(9, 576)
+    together = qg.qgemm(qtype, x, w.blocks, 52, lib=lib)
+    for n in (1, 2, 5):
+        assert torch.equal(qg.qgemm(qtype, x[:n].contiguous(), w.blocks, 52, lib=lib), together[:n]), n
+    ref = (x.double() @ ref_w.double().t()).float()
+    bound = 1e-6 * (x.abs().double() @ ref_w.abs().double().t()).float() + 1e-7
+    assert ((together - ref).abs() <= bound * 8).all()
+    # the vector path (this CPU's build) sums in the same order: equal to the portable path, bit for bit
+    assert torch.equal(qg.qgemm(qtype, x, w.blocks, 52), together)
+
+
 def test_quantize_writes_blocks_that_mean_the_same_values():
     torch.manual_seed(0)
     dense = torch.randn(48, 96) * 0.1
