@@ -47,16 +47,26 @@ def test_workers_are_ray_actors_in_their_own_process(ray_engine):
 
 def test_greedy_identical_to_plain_on_ray(ray_engine, plain_outputs):
     llm, rp = ray_engine
+    slot = rp.slots[0]
+    end = time.monotonic() + 30
+    while slot.state != UP and time.monotonic() < end:  # a loaded box can miss pings: wait for the rejoin
+        time.sleep(0.05)
+    assert slot.state == UP, (slot.state, rp.metrics.snapshot())
     rp.metrics.reset()
-    # Identical on every round; drafted remotely within three: on a loaded 2-core box one fresh-clone run
-    # once had no remote draft in its round (tokens still identical; cause not established -- the worker's
-    # draft deadline is 500 ms), so a plain round is allowed before the draft count is asserted.
-    for _ in range(3):
-        assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
-        snap = rp.metrics.snapshot()
-        if snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0:
-            break
-    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0
+    # What is asserted is identity and that drafts really came from the worker, not how fast it answers:
+    # CI's fresh clone once drafted nothing remotely in three rounds under the fixture's 500 ms deadline
+    # (every call late on a loaded 2-core box, tokens still identical), so this test waits up to 10 s per
+    # call. The deadline's own behaviour is the next test's.
+    rp.deadline_s = 10.0
+    try:
+        for _ in range(3):
+            assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+            snap = rp.metrics.snapshot()
+            if snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0:
+                break
+    finally:
+        rp.deadline_s = 0.5
+    assert snap["drafts"]["remote"] + snap["drafts"]["pipelined"] > 0, (slot.state, snap)
     assert snap["rtt_seconds"]["count"] > 0 and snap["bytes_per_step"] > 0
 
 
