@@ -15,6 +15,15 @@ are aborted, which frees their KV, and get ``EngineStepError`` (500); the
 thread lives on.  If even that clean-up fails, the engine is marked failed:
 new requests get 503 and ``/health`` says why.
 
+Which thread steps the engine: by default a thread of its own, started by
+:meth:`start`.  ``hyspec serve`` instead steps it on the process's main thread
+(:meth:`drive_on_this_thread`, ``launcher.run_server``), with uvicorn on a
+helper thread: OpenMP (libgomp, which torch and hyspec's C kernels use) keeps
+one thread pool per thread that starts parallel regions, and on a 2-core
+machine a pool owned by a second Python thread ran every parallel kernel
+with futex wake-ups instead of spinning -- measured 4x slower per kernel
+call and 1.8x slower decoding than the same engine on the main thread.
+
 Limits: at most ``max_num_seqs`` requests run and ``max_queue`` more wait;
 beyond that ``ServerBusyError`` (429).  ``shutdown`` stops taking requests
 (503), lets in-flight ones finish for up to its timeout, aborts the rest and
@@ -158,6 +167,10 @@ class AsyncEngine:
         self._accepting = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # drive_on_this_thread(): the caller's thread steps the engine instead of a thread of our own
+        self._external = False
+        self._bound = threading.Event()  # start() has bound the event loop (external mode waits for it)
+        self._external_done = threading.Event()  # the external driver's loop returned
         self._idle: asyncio.Event | None = None
         self._ids = itertools.count()
         # engine-thread side
@@ -183,24 +196,46 @@ class AsyncEngine:
 
     @property
     def started(self) -> bool:
-        return self._thread is not None
+        return self._thread is not None or self._bound.is_set()
 
     @property
     def thread_alive(self) -> bool:
+        if self._external:
+            return self._bound.is_set() and not self._external_done.is_set()
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Start the engine thread, bound to the running event loop (idempotent)."""
+        """Bind to the running event loop and start the engine thread (idempotent); with
+        :meth:`drive_on_this_thread`, bind only: the driving thread starts stepping."""
         loop = asyncio.get_running_loop()
-        if self._thread is not None:
+        if self._thread is not None or self._bound.is_set():
             if loop is not self._loop:
                 raise RuntimeError("this AsyncEngine is bound to another event loop")
             return
         self._loop = loop
         self._idle = asyncio.Event()
         self._idle.set()
-        self._thread = threading.Thread(target=self._run, name="hyspec-engine", daemon=True)
-        self._thread.start()
+        if not self._external:
+            self._thread = threading.Thread(target=self._run, name="hyspec-engine", daemon=True)
+            self._thread.start()
+        self._bound.set()
+
+    def drive_on_this_thread(self, keep_waiting: Callable[[], bool]) -> None:
+        """Step the engine on the calling thread until shutdown (blocking); call before :meth:`start`.
+
+        Waits for :meth:`start` (the app's start-up, on the event loop's thread) while ``keep_waiting()``
+        holds -- it turning false (the server thread died during start-up) returns at once.
+        """
+        if self._thread is not None or self._bound.is_set():
+            raise RuntimeError("drive_on_this_thread must be called before start()")
+        self._external = True
+        while not self._bound.wait(0.1):
+            if not keep_waiting():
+                return
+        try:
+            self._run()
+        finally:
+            self._external_done.set()
 
     def check_capacity(self, count: int = 1) -> None:
         """Raise the 503/429 that adding ``count`` requests now would meet."""
@@ -302,6 +337,10 @@ class AsyncEngine:
             await asyncio.to_thread(self._thread.join, max(timeout, 5.0))
             if self._thread.is_alive():
                 log.error("the engine thread did not stop within %.1f s", max(timeout, 5.0))
+        elif self._external and self._bound.is_set():
+            self._commands.put((_STOP,))
+            if not await asyncio.to_thread(self._external_done.wait, max(timeout, 5.0)):
+                log.error("the engine loop did not stop within %.1f s", max(timeout, 5.0))
 
     # -- engine thread -----------------------------------------------------------------------------
 

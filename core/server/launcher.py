@@ -8,6 +8,7 @@ to finish, then the lifespan shutdown drains the engine and joins its thread.
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import threading
 import time
@@ -46,8 +47,26 @@ def _config(app: Any, host: str, port: int, shutdown_timeout: float, log_level: 
 
 def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
                log_level: str = "info", access_log: bool = False) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM (blocking; call from the main thread)."""
-    _DrainingServer(_config(app, host, port, shutdown_timeout, log_level, access_log), app.state.async_engine).run()
+    """Serve ``app`` until SIGINT/SIGTERM (blocking; call from the main thread).
+
+    The engine steps on this (the main) thread and uvicorn's event loop runs on a helper thread: the
+    main thread already owns the OpenMP thread pool the model was loaded with, and a second pool on
+    another thread made every parallel kernel slower (async_engine.py's docstring).  The signals
+    that uvicorn would catch on its own main thread are caught here and handed to it.
+    """
+    async_engine = app.state.async_engine
+    server = _DrainingServer(_config(app, host, port, shutdown_timeout, log_level, access_log), async_engine)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread.start()
+        async_engine.drive_on_this_thread(keep_waiting=thread.is_alive)
+        thread.join()
+        if not server.started:  # e.g. the port was taken: uvicorn logged why
+            raise SystemExit(f"hyspec serve: the server did not start on {host}:{port}")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class BackgroundServer:

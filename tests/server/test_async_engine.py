@@ -186,3 +186,49 @@ def test_shutdown_timeout_aborts_what_is_left(engine):
 
     ae = run(main())
     assert not ae.thread_alive and pool_empty(engine)
+
+
+def test_driven_on_the_callers_thread_the_engine_steps_there(engine):
+    """hyspec serve steps the engine on its main thread (the OpenMP pool's owner), the event loop elsewhere."""
+    import threading
+
+    expected = offline(engine, "def add(a, b):", GREEDY)
+    stepped_on: set[int] = set()
+    step = engine.step
+
+    def recording_step():
+        stepped_on.add(threading.get_ident())
+        return step()
+
+    engine.step = recording_step
+    ae = AsyncEngine(engine)
+    results = {}
+
+    def event_loop_thread():
+        async def main():
+            ae.start()
+            assert ae.started and ae.thread_alive and ae._thread is None  # no engine thread of its own
+            results["ids"], _, _ = await collect(await ae.add_request("def add(a, b):", GREEDY))
+            await ae.shutdown(5)
+
+        asyncio.run(main())
+
+    loop_thread = threading.Thread(target=event_loop_thread)
+    loop_thread.start()
+    ae.drive_on_this_thread(keep_waiting=loop_thread.is_alive)  # returns once shutdown() stopped it
+    loop_thread.join(10)
+    assert results["ids"] == expected
+    assert stepped_on == {threading.get_ident()}
+    assert not ae.thread_alive and pool_empty(engine)
+
+
+def test_a_driver_returns_when_the_event_loop_never_starts(engine):
+    ae = AsyncEngine(engine)
+    ae.drive_on_this_thread(keep_waiting=lambda: False)  # e.g. uvicorn died binding its port
+    assert not ae.started
+    with pytest.raises(RuntimeError, match="before start"):
+        async def bind_then_drive():
+            ae.start()
+            ae.drive_on_this_thread(keep_waiting=lambda: False)
+
+        run(bind_then_drive())
