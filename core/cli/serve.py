@@ -93,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV cache size, e.g. 2GiB (default: from --memory-fraction)")
     parser.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
                         help="share of device memory hyspec may use, applied through the backend (default 0.8)")
+    parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
+                        help="most tokens one request may generate: more is a 400 naming this limit, and a request "
+                             "that asks for no limit (chat without max_tokens) gets N (default: the context length)")
     parser.add_argument("--max-logprobs", type=_non_negative_int, default=20, metavar="K",
                         help="most logprobs / top_logprobs a request may ask for; more get 400 (default 20, as vLLM)")
     parser.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
@@ -132,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("serving on %s without an API key: anyone who can reach this address can use it", args.host)
     app = create_app(engine_args(args), api_key=args.api_key or None, served_model_name=args.served_model_name,
                      max_queue=args.max_queue, protect_metrics=args.protect_metrics,
-                     drain_timeout=args.shutdown_timeout)
+                     drain_timeout=args.shutdown_timeout, max_tokens=args.max_tokens)
     print(f"hyspec serve: serving {app.state.served_model_name!r} on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     run_server(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,

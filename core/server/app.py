@@ -56,6 +56,7 @@ def create_app(
     protect_metrics: bool = False,
     drain_timeout: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_tokens: int | None = None,
 ) -> FastAPI:
     """Build the app around ``engine``: an ``LLMEngine``, an ``AsyncEngine``, or LLMEngine keyword
     arguments (a mapping with ``model`` and any of ``dtype``, ``max_model_len``, ``max_num_seqs``,
@@ -63,6 +64,7 @@ def create_app(
 
     ``max_queue``: requests that may wait beyond the running batch before new ones get 429.
     ``drain_timeout``: seconds in-flight requests get to finish at shutdown before they are aborted.
+    ``max_tokens``: the most tokens one request may generate (``--max-tokens``; None: the context).
     """
     owns_engine = isinstance(engine, Mapping)
     if owns_engine:
@@ -75,7 +77,7 @@ def create_app(
     name = served_model_name or (model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name)
     created = int(time.time())
     metrics = ServerMetrics(async_engine, name)
-    serving = OpenAIServing(async_engine, name)
+    serving = OpenAIServing(async_engine, name, max_tokens=max_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

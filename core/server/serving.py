@@ -48,7 +48,10 @@ class Prompt:
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, served_model_name: str):
+    def __init__(self, async_engine: AsyncEngine, served_model_name: str, max_tokens: int | None = None):
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens (the per-request ceiling) must be >= 1, got {max_tokens}")
+        self.max_tokens_ceiling = max_tokens  # --max-tokens: the most any one request may generate
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.served_model_name = served_model_name
@@ -70,10 +73,14 @@ class OpenAIServing:
         self.check_model(req.model)
         self._check_logprobs(req.logprobs, "logprobs")
         prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
-        params = _sampling_params(req, req.max_tokens)
+        if "max_tokens" in req.model_fields_set:  # an explicit null: up to the context (under --max-tokens)
+            max_tokens = self._max_tokens(req.max_tokens, "max_tokens", prompts)
+        else:  # absent: OpenAI's default of 16, never above the ceiling
+            max_tokens = min(16, self.max_tokens_ceiling or 16)
+        params = _sampling_params(req, max_tokens)
         self._check_fan_out(len(prompts), params)
         for p in prompts:
-            self._check_length(p, req.max_tokens, "prompt", "max_tokens")
+            self._check_length(p, max_tokens, "prompt", "max_tokens")
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await self._submit(prompts, params, request_id)
         created = int(time.time())
@@ -195,10 +202,11 @@ class OpenAIServing:
         self.check_model(req.model)
         self._check_logprobs(req.top_logprobs, "top_logprobs")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
-        params = _sampling_params(req, req.requested_max_tokens)
-        self._check_fan_out(1, params)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        self._check_length(prompt, req.requested_max_tokens, "messages", max_field)
+        max_tokens = self._max_tokens(req.requested_max_tokens, max_field, [prompt])
+        params = _sampling_params(req, max_tokens)
+        self._check_fan_out(1, params)
+        self._check_length(prompt, max_tokens, "messages", max_field)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self._submit([prompt], params, request_id)
         created = int(time.time())
@@ -267,6 +275,23 @@ class OpenAIServing:
         yield DONE
 
     # -- shared --------------------------------------------------------------------------------------
+
+    def _max_tokens(self, asked: int | None, field: str, prompts: list[Prompt]) -> int | None:
+        """What a request may generate: what it asked for (None: up to the context), under --max-tokens.
+
+        Asking for more than the ceiling is a 400 naming it; asking for nothing means the ceiling, or
+        less where the longest prompt leaves less room in the context (never a 400 for what the client
+        did not ask)."""
+        ceiling = self.max_tokens_ceiling
+        if ceiling is None:
+            return asked
+        if asked is not None:
+            if asked > ceiling:
+                raise APIError(400, f"{field}: {asked} tokens requested; this server generates at most {ceiling} "
+                                    "tokens per request (--max-tokens)", param=field)
+            return asked
+        room = self.max_model_len - max((len(p.token_ids) for p in prompts), default=0)
+        return max(1, min(ceiling, room))  # an over-long prompt is _check_length's 400
 
     def _check_length(self, prompt: Prompt, max_tokens: int | None, prompt_field: str, max_field: str) -> None:
         n, limit = len(prompt.token_ids), self.max_model_len

@@ -26,7 +26,8 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_defaults_bind_loopback_and_map_onto_engine_arguments(monkeypatch):
     monkeypatch.delenv("HYSPEC_API_KEY", raising=False)
     args = parse("--model", "/m", "--kv-cache-bytes", "64MiB", "--speculative-config", '{"method": "ngram"}')
-    assert args.host == "127.0.0.1" and args.port == 8000 and args.api_key is None
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.api_key is None and args.max_tokens is None
+    assert parse("--max-tokens", "256").max_tokens == 256
     assert serve.engine_args(args) == {
         "model": "/m", "backend": "auto", "dtype": "auto", "max_model_len": None, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "kv_cache_bytes": 64 << 20, "memory_fraction": 0.8,
@@ -39,7 +40,7 @@ def test_byte_sizes(text, value):
 
 
 @pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-queue", "-1"], ["--memory-fraction", "0"],
-                                  ["--kv-cache-bytes", "lots"], ["--max-num-seqs", "0"]])
+                                  ["--kv-cache-bytes", "lots"], ["--max-num-seqs", "0"], ["--max-tokens", "0"]])
 def test_bad_arguments_are_rejected(argv, capsys):
     with pytest.raises(SystemExit):
         parse(*argv)

@@ -1,6 +1,13 @@
 """Schemathesis fuzzes the server's own OpenAPI schema against the real server: no input gets a 5xx, every
-error has an OpenAI error body, and responses match the schema (status codes, content types, bodies)."""
+error has an OpenAI error body, and responses match the schema (status codes, content types, bodies).
+
+The server runs at its model's own context length (the tiny model's 256 tokens here; the default model's
+8,192 in the slow tier), not a shrunken one: what bounds each case's work is the server's own per-request
+ceiling, ``--max-tokens`` (``create_app(max_tokens=...)``), as in a deployment.
+"""
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -20,10 +27,16 @@ NEGATIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_con
 NAMED_CODES = {"invalid_api_key", "model_not_found"}
 
 
+#: the per-request ceiling the fuzzed servers run with (hyspec serve --max-tokens)
+FUZZ_MAX_TOKENS = 16
+
+
 @pytest.fixture(scope="module")
 def fuzz_server(make_server):
-    # A short context keeps every generated request small: at most 48 tokens per request.
-    srv = make_server(max_queue=64, engine_overrides={"max_model_len": 48, "max_num_seqs": 8})
+    # max_model_len None: the model's own context (256 tokens for the tiny model)
+    srv = make_server(max_queue=64, max_tokens=FUZZ_MAX_TOKENS,
+                      engine_overrides={"max_model_len": None, "max_num_seqs": 8})
+    assert srv.app.state.async_engine.engine.max_model_len == 256
     yield srv
     srv.stop()
 
@@ -65,3 +78,28 @@ def test_fuzz_quick(fuzz_server):
 @pytest.mark.slow
 def test_fuzz_thorough(fuzz_server):
     fuzz(fuzz_server, examples=300)
+
+
+@pytest.mark.slow
+def test_fuzz_the_default_model_at_its_full_context():
+    """SmolLM2 at its 8,192-token context, --max-tokens 32: zero 5xx; prints the case count and duration."""
+    from hyspec.assets import default_model
+    from hyspec.errors import CheckpointError
+    from hyspec.server.app import create_app
+    from hyspec.server.launcher import BackgroundServer
+
+    try:
+        model = default_model()
+    except CheckpointError as exc:
+        pytest.skip(str(exc))
+    app = create_app({"model": str(model), "max_num_seqs": 8}, served_model_name="smollm2", max_queue=64,
+                     max_tokens=32)
+    server = BackgroundServer(app).start()
+    try:
+        assert server.app.state.async_engine.engine.max_model_len == 8192
+        start = time.monotonic()
+        ran = fuzz(server, examples=100)
+        print(f"fuzzed the default model at 8192 tokens of context: {ran} cases in {time.monotonic() - start:.0f} s,"
+              " 0 server errors")
+    finally:
+        server.stop()
