@@ -25,6 +25,11 @@ class LLM:
     >>> llm = LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     >>> out = llm.chat([{"role": "user", "content": "Write a haiku about CPUs."}])
     >>> out[0].outputs[0].text
+
+    ``close()`` (or ``with LLM(...) as llm:``) stops what speculation runs beside the engine -- remote
+    draft workers and their health thread, a rule-file watcher -- in order, while their runtimes are
+    still up.  Without it they stop when the LLM is collected, or at interpreter exit before Ray's own
+    shutdown.  Any number of LLMs may live in one process at once; each owns its engine and KV pool.
     """
 
     def __init__(
@@ -45,9 +50,26 @@ class LLM:
                                 speculative_config=speculative_config, quantization=quantization, **engine_args)
         self.tokenizer = self.engine.tokenizer  # None with skip_tokenizer_init=True
         self._ids = itertools.count()
+        self._closed = False
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def close(self) -> None:
+        """Stop the drafters' threads and workers (idempotent); generating afterwards is an error."""
+        if not self._closed:
+            self._closed = True
+            self.engine.spec.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM was closed (close() or the end of its `with` block); create a new one")
 
     def generate(
         self,
@@ -56,6 +78,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
+        self._check_open()
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
