@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from hyspec.remote.metrics import RemoteMetrics
-from hyspec.remote.transport import WorkerGone, WorkerHandle
+from hyspec.remote.transport import WorkerGone, WorkerHandle, runtime_up
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class HealthMonitor:
         self.compatible = compatible  # stats -> why the worker's drafter cannot serve this target, or None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hyspec-remote-health", daemon=True)
+        self.runtime_gone = False  # set once by runtime_lost(): no worker can answer again
 
     def start(self) -> None:
         self._thread.start()
@@ -88,16 +89,43 @@ class HealthMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             for slot in self.slots:
+                if not runtime_up(slot.handle):
+                    self.runtime_lost(f"{type(slot.handle).__name__}: the runtime is not running in this process")
+                    return
                 try:
                     self.tick(slot)
                 except Exception:  # the monitor must outlive any one bad answer
                     log.exception("health check of %s failed", slot.name)
 
+    def runtime_lost(self, why: str) -> None:
+        """The workers' runtime went away (e.g. ``ray.shutdown()`` under a live engine): every worker is
+        down for good, pings stop, and one warning says so; later calls are no-ops."""
+        with self.lock:
+            if self.runtime_gone:
+                return
+            self.runtime_gone = True
+            now = time.monotonic()
+            for slot in self.slots:
+                if slot.state != DOWN:
+                    slot.state, slot.down_at = DOWN, now
+                    self.metrics.observe_failover(now - slot.last_ok)
+        for slot in self.slots:
+            self.metrics.set_worker(slot.name, up=0.0)
+        log.warning("remote drafting stopped: the workers' runtime is gone (%s); drafting continues with the local "
+                    "fallback method (plain steps if it is \"none\") for this engine's life", why)
+        self._stop.set()
+
     def tick(self, slot: WorkerSlot) -> None:
         """Collect the previous ping's answer (or count a miss) and send the next ping."""
         pending = slot._ping
         if pending is not None:
-            if pending.done():
+            try:
+                answered = pending.done()
+            except Exception as exc:  # the transport itself failed: a miss, asked again next tick
+                slot._ping = None
+                self.miss(slot, f"ping failed: {type(exc).__name__}: {exc}")
+                return
+            if answered:
                 slot._ping = None
                 try:
                     self.ok(slot, pending.result(0))

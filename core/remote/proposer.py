@@ -34,7 +34,7 @@ from hyspec.remote.metrics import RemoteMetrics
 from hyspec.remote.protocol import (DraftCall, HiddenBlock, ProtocolError, SamplingSpec, SeqUpdate, decode_reply,
                                     draft_to_tree, encode_call)
 from hyspec.remote.scheduler import BusyMeter, ThreadPolicy, ThreadScheduler
-from hyspec.remote.transport import Pending, WorkerGone, WorkerHandle
+from hyspec.remote.transport import Pending, WorkerGone, WorkerHandle, runtime_up
 from hyspec.remote.wire import WireError
 from hyspec.remote.worker import DEFAULT_WORKER_KV_BYTES, vocab_fingerprint
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
@@ -388,6 +388,9 @@ class RemoteProposer(Proposer):
 
     def _call_failed(self, slot: WorkerSlot, call: DraftCall, exc: Exception) -> None:
         """The worker could not take or answer the call: what it holds is unknown, so resend histories."""
+        if not runtime_up(slot.handle):  # Ray went away under us: one warning for all of it (the monitor's)
+            self.monitor.runtime_lost(f"a draft call to {slot.name} failed: {type(exc).__name__}")
+            return
         self.metrics.add("worker_errors")
         with self._lock:
             for u in call.updates:

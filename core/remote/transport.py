@@ -46,6 +46,19 @@ class WorkerHandle(Protocol):
 
     def kill(self) -> None: ...
 
+    def runtime_up(self) -> bool:
+        """Whether the runtime the worker lives in is there at all (Ray still running in this process).
+
+        False is final for the handle: nothing it sends can arrive any more (unlike a dead worker,
+        which the runtime restarts)."""
+        ...
+
+
+def runtime_up(handle: WorkerHandle) -> bool:
+    """``handle.runtime_up()``; a handle without the method (written against an older protocol) counts as up."""
+    check = getattr(handle, "runtime_up", None)
+    return True if check is None else bool(check())
+
 
 class FuturePending:
     def __init__(self, future: Future):
@@ -111,7 +124,15 @@ class InProcessHandle:
 
     def close(self) -> None:
         self.kill()
+
+    def runtime_up(self) -> bool:
+        import ray
+
+        return ray.is_initialized()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def runtime_up(self) -> bool:
+        return True  # this process's own threads
 
 
 class RayPending:
@@ -166,3 +187,8 @@ class RayHandle:
 
     def close(self) -> None:
         self.kill()
+
+    def runtime_up(self) -> bool:
+        import ray
+
+        return ray.is_initialized()

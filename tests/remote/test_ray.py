@@ -156,21 +156,56 @@ def test_hybrid_methods_each_get_a_worker_on_the_node(ray_engine, target_dir, dr
 
 
 def test_a_script_that_drafted_on_ray_exits_cleanly(target_dir, draft_dir, tmp_path):
-    """Three lines of user code and the end of the script: the health thread stops before Ray shuts down
-    (it used to outlive it, log "a Ray object whose owner is unknown" and die with SIGSEGV, exit 139)."""
+    """User code and the end of the script: the health thread stops before Ray shuts down (it used to
+    outlive it, log "a Ray object whose owner is unknown" and die with SIGSEGV, exit 139).  The script
+    closes one remote LLM with a ``with`` block, then leaves a second one to interpreter exit."""
     import subprocess
     import sys
 
     script = tmp_path / "remote_exit.py"
     script.write_text(
         "from hyspec import LLM, SamplingParams\n"
-        f"llm = LLM({str(target_dir)!r}, dtype='float32', kv_cache_bytes=8 << 20, speculative_config={{\n"
+        f"kw = dict(dtype='float32', kv_cache_bytes=8 << 20, speculative_config={{\n"
         f"    'method': 'draft_model', 'model': {str(draft_dir)!r}, 'num_speculative_tokens': 3,\n"
         "    'draft_placement': 'remote'})\n"
+        f"with LLM({str(target_dir)!r}, **kw) as llm:\n"
+        "    out = llm.generate(['def add(a, b):'], SamplingParams(temperature=0, max_tokens=8))\n"
+        "print(len(out[0].outputs[0].token_ids))\n"
+        f"llm = LLM({str(target_dir)!r}, **kw)\n"
         "out = llm.generate(['def add(a, b):'], SamplingParams(temperature=0, max_tokens=8))\n"
         "print(len(out[0].outputs[0].token_ids))\n")
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "8"
+    assert done.stdout.split() == ["8", "8"]
     assert "owner is unknown" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_ray_shut_down_mid_run_leaves_local_drafting_and_one_warning(ray_engine, plain_outputs, caplog):
+    """``ray.shutdown()`` under a live engine (the last test here: Ray is gone afterwards): the requests in
+    flight finish identical to plain decoding, one warning says what happened, the health thread stops
+    (it used to log a traceback every ping), and later requests draft with the local fallback."""
+    import logging
+
+    llm, rp = ray_engine
+    engine = llm.engine
+    rp.metrics.reset()
+    for p in PROMPTS:
+        engine.add_request(p, GREEDY)
+    outs, steps = {}, 0
+    with caplog.at_level(logging.WARNING, logger="hyspec"):
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    outs[o.request_id] = o.outputs[0].token_ids
+            steps += 1
+            if steps == 3:
+                ray.shutdown()
+        assert [outs[i] for i in sorted(outs, key=int)] == plain_outputs
+        assert token_ids(llm.generate(PROMPTS[:2], GREEDY)) == plain_outputs[:2]
+        rp.monitor._thread.join(5)
+    # remote drafting's own loggers (the draft-quality monitor may also warn about the tiny random drafter)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("hyspec.remote")]
+    assert len(warnings) == 1 and "runtime is gone" in warnings[0].getMessage(), [r.getMessage() for r in warnings]
+    assert not rp.monitor._thread.is_alive() and all(s.state == DOWN for s in rp.slots)
+    assert rp.metrics.snapshot()["drafts"]["fallback"] > 0
