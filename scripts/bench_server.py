@@ -24,6 +24,7 @@ docs/architecture.md §4; ``hyspec bench`` classifies those).
 
     python scripts/bench_server.py --tiny --duration 3 --clients 1,4      # development, random tiny models
     python scripts/bench_server.py --duration 30 --json server.json      # the embedded default model
+    python scripts/bench_server.py --rounds 4 --duration 15              # servers side by side, cells alternated
     python scripts/bench_server.py --model DIR --speculative-config hybrid.json --configs plain,hybrid,eagle
 """
 from __future__ import annotations
@@ -255,6 +256,51 @@ def run_config(name: str, spec_config: dict[str, Any] | None, args: argparse.Nam
     return rows, first_output
 
 
+def run_interleaved(configs: dict[str, dict[str, Any] | None], args: argparse.Namespace, model: str,
+                    prompts: list[list[int]], log_dir: Path) -> tuple[list[dict[str, Any]], dict[str, dict[int, list[int]]]]:
+    """Every configuration's server at once; per client count, ``--rounds`` rounds of one cell per configuration.
+
+    On a shared VM throughput drifts by 10-20 % over minutes, so configurations measured one after the
+    other differ by the drift too; alternating them within each client count puts every configuration
+    under the same drift.  A row sums its rounds (tokens over wall time) and lists each round's figure.
+    """
+    servers = {name: ServerProcess(args, model, spec, log_dir / f"server-{name}.log") for name, spec in configs.items()}
+    rows, outputs = [], {name: {} for name in configs}
+    try:
+        for name, server in servers.items():  # one at a time: start-ups compete for the same cores
+            server.wait_ready(args.startup_timeout)
+            warm = asyncio.run(warm_up(server.url, prompts, args.max_tokens))
+            if any(s.error for s in warm):
+                raise RuntimeError(f"{name}: warm-up request failed: {next(s.error for s in warm if s.error)}")
+        for clients in args.clients:
+            acc = {name: {"samples": [], "wall": 0.0, "cpu": 0.0, "rounds": [], "before": scrape(srv.url)}
+                   for name, srv in servers.items()}
+            for _ in range(args.rounds):
+                for name, server in servers.items():
+                    samples, wall, cpu = asyncio.run(run_clients(server.url, prompts, clients, args.duration,
+                                                                 args.max_tokens))
+                    a = acc[name]
+                    a["samples"] += samples
+                    a["wall"] += wall
+                    a["cpu"] += cpu
+                    a["rounds"].append(sum(len(x.token_ids) for x in samples if x.error is None) / wall)
+            for name, server in servers.items():
+                a = acc[name]
+                row = cell(name, clients, a["samples"], a["wall"], a["cpu"], a["before"], scrape(server.url))
+                row["round_tokens_per_s"] = a["rounds"]
+                rows.append(row)
+                for x in a["samples"]:
+                    if x.error is None:
+                        outputs[name].setdefault(x.prompt_index, x.token_ids)
+                print(f"  {name:>12} x{clients:<3} {row['tokens_per_s']:9.1f} tok/s  (rounds: "
+                      f"{', '.join(f'{v:.1f}' for v in a['rounds'])}; {row['requests']} requests, "
+                      f"{row['errors']} errors)", file=sys.stderr, flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return rows, outputs
+
+
 # -- configurations ----------------------------------------------------------------------------------------
 
 def load_json_arg(text: str, option: str) -> dict[str, Any]:
@@ -341,7 +387,9 @@ def build_prompts(args: argparse.Namespace, model: str) -> tuple[list[list[int]]
         texts, name = CODE_PROMPTS, "code snippets"
     else:
         texts, name = humaneval_prompts(), "humaneval"
-    context = args.max_model_len or json.loads((Path(model) / "config.json").read_text())["max_position_embeddings"]
+    from hyspec.model.config import ModelConfig
+
+    context = args.max_model_len or ModelConfig.raw_dict(model)["max_position_embeddings"]  # a directory or a GGUF
     room = min(args.max_prompt_tokens, context - args.max_tokens)
     tokenizer = Tokenizer(model)
     prompt_set = build_prompt_set(texts, name, tokenizer.encode, args.num_prompts, room)
@@ -416,6 +464,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="speculative_config of configuration NAME (overrides the default; repeatable)")
     p.add_argument("--clients", default="1,4,16,32", help="comma list of concurrent clients (default 1,4,16,32)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load per client count (default 20)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="> 1: start every configuration's server at once and alternate them, this many rounds of "
+                        "--duration per client count (drift on a shared machine then hits all alike)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     p.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cycled by the clients (default 64)")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="left-truncate longer prompts (default 1024)")
@@ -439,8 +490,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--clients: every count must be >= 1")
     if max(args.clients) > args.max_num_seqs:
         p.error(f"--max-num-seqs {args.max_num_seqs} is below {max(args.clients)} clients: requests would queue")
-    if args.duration <= 0 or args.max_tokens < 1 or args.num_prompts < 1:
-        p.error("--duration, --max-tokens and --num-prompts must be positive")
+    if args.duration <= 0 or args.max_tokens < 1 or args.num_prompts < 1 or args.rounds < 1:
+        p.error("--duration, --max-tokens, --num-prompts and --rounds must be positive")
     if args.tiny:
         args.dtype = "float32" if args.dtype == "auto" else args.dtype
         args.kv_cache_bytes = args.kv_cache_bytes or "64MiB"
@@ -461,13 +512,20 @@ def main(argv: list[str] | None = None) -> int:
         drafters = embedded_drafters() if args.model is None else {}
     configs = default_configs(args, drafters, rules_path)
     prompts, prompt_summary = build_prompts(args, model)
-    print(f"bench_server: {model}; configs {', '.join(configs)}; clients {args.clients}; {args.duration:g} s each; "
+    each = f"{args.duration:g} s each" if args.rounds == 1 else f"{args.rounds} alternating rounds of {args.duration:g} s"
+    print(f"bench_server: {model}; configs {', '.join(configs)}; clients {args.clients}; {each}; "
           f"logs in {log_dir}", file=sys.stderr)
 
     rows: list[dict[str, Any]] = []
     outputs: dict[str, dict[int, list[int]]] = {}
     failures: dict[str, str] = {}
-    for name, spec_config in configs.items():
+    if args.rounds > 1:
+        try:
+            rows, outputs = run_interleaved(configs, args, model, prompts, log_dir)
+        except (RuntimeError, TimeoutError) as exc:
+            failures["interleaved"] = str(exc)
+            print(f"bench_server: failed: {exc}", file=sys.stderr)
+    for name, spec_config in configs.items() if args.rounds == 1 else ():
         try:
             config_rows, outputs[name] = run_config(name, spec_config, args, model, prompts, log_dir)
             rows += config_rows
