@@ -178,3 +178,37 @@ def test_packed_logits_falls_back_to_the_reference_for_autograd_and_unpackable_d
     x = torch.randn(2, 32).to(torch.float16)
     assert torch.equal(packed_logits(x, half), F.linear(x, half).float())
     assert len(PACKED_HEADS) == before
+
+
+FALLBACK_ROWS = """
+import torch
+from hyspec.cpu_ops.packed_linear import PackedLinear, invariant_kernel_available
+assert not invariant_kernel_available(torch.float32)  # HYSPEC_DENSE_GEMM=0: MKL's packed GEMM
+torch.manual_seed(1)
+packed = PackedLinear(torch.randn(1024, 512) * 0.05, None)
+x = torch.randn(40, 512)
+with torch.inference_mode():
+    alone = torch.cat([packed(x[i:i + 1]) for i in range(40)])
+    together = packed(x)
+bound = 2 * (512 * 2.0 ** -24 / (1 - 512 * 2.0 ** -24)) * (x.abs() @ packed.weight.abs().T)
+print(bool(((together - alone).abs() <= bound).all()), torch.equal(together, alone))
+"""
+
+
+@pytest.mark.skipif(not packing_available(torch.float32), reason="no MKL in this torch build")
+@pytest.mark.parametrize("mkl_env", [{}, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, {"MKL_CBWR": "COMPATIBLE"},
+                                     {"MKL_CBWR": "AVX2"}], ids=["default", "avx2", "cbwr-compatible", "cbwr-avx2"])
+def test_the_mkl_fallback_stays_within_one_rounding_on_each_of_mkls_code_paths(mkl_env):
+    """Without a C compiler the fp32 linears are MKL's packed GEMM, whose kernel MKL picks per CPU (vendor, ISA).
+    MKL's documented switches force its other code paths here, so the claim the fallback makes on every CPU
+    -- a row in a batch differs from the row alone by at most one summation order's rounding -- is checked
+    on paths another vendor's CPU would take (bit-equality is reported, not required)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HYSPEC_DENSE_GEMM": "0", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **mkl_env}
+    done = subprocess.run([sys.executable, "-c", FALLBACK_ROWS], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    within, equal = done.stdout.split()
+    assert within == "True", (mkl_env, done.stdout)
