@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from collections import defaultdict
 from typing import Any, Iterator
 
@@ -99,26 +100,43 @@ class RemoteMetrics:
             }
 
     def register_prometheus(self, registry: Any = None) -> Any:
-        """Register a scrape-time collector (default registry: prometheus_client's REGISTRY); returns it."""
+        """Export these metrics at scrape time (default registry: prometheus_client's REGISTRY); returns the
+        collector.  Every RemoteMetrics registered with one registry shares one collector, so the methods of
+        a hybrid that all draft remotely make one family per metric, one label value per method."""
         from prometheus_client import REGISTRY
-        from prometheus_client.registry import Collector
 
-        class _RemoteCollector(Collector):
-            def __init__(self, metrics: RemoteMetrics):
-                self.metrics = metrics
-
-            def collect(self) -> Iterator[Any]:
-                return _families(self.metrics.snapshot())
-
-        collector = _RemoteCollector(self)
-        (registry if registry is not None else REGISTRY).register(collector)
+        reg = registry if registry is not None else REGISTRY
+        with _COLLECTORS_LOCK:
+            collector = _COLLECTORS.get(reg)
+            if collector is None:
+                collector = _COLLECTORS[reg] = _RemoteCollector()
+                reg.register(collector)
+        collector.add(self)
         return collector
 
 
-def _families(snap: dict[str, Any]) -> Iterator[Any]:
+class _RemoteCollector:
+    """prometheus_client collector over every registered RemoteMetrics (held weakly: a closed engine's go)."""
+
+    def __init__(self) -> None:
+        self._metrics: weakref.WeakSet[RemoteMetrics] = weakref.WeakSet()
+
+    def add(self, metrics: RemoteMetrics) -> None:
+        self._metrics.add(metrics)
+
+    def collect(self) -> Iterator[Any]:
+        snaps = sorted((m.snapshot() for m in list(self._metrics)), key=lambda s: s["method"])
+        return _families(snaps) if snaps else iter(())
+
+
+_COLLECTORS: "weakref.WeakKeyDictionary[Any, _RemoteCollector]" = weakref.WeakKeyDictionary()
+_COLLECTORS_LOCK = threading.Lock()
+
+
+def _families(snaps: list[dict[str, Any]]) -> Iterator[Any]:
+    """One family per metric, a sample per method (and worker / source / kind) across ``snaps``."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-    m = [snap["method"]]
     for name, doc in (("calls", "Draft calls sent to workers."),
                       ("steps", "Drafting steps with at least one remote sequence."),
                       ("bytes_sent", "Message bytes sent to workers."),
@@ -131,34 +149,43 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
                       ("connect_failures", "Failed attempts to reach the Ray cluster."),
                       ("incompatible_workers", "Workers whose drafter does not match the target's vocabulary.")):
         fam = CounterMetricFamily(f"hyspec_remote_{name}", doc, labels=["method"])
-        fam.add_metric(m, snap[name])
+        for snap in snaps:
+            fam.add_metric([snap["method"]], snap[name])
         yield fam
     fam = CounterMetricFamily("hyspec_remote_invalid_drafts", "Unusable drafts from workers, by problem.",
                               labels=["method", "kind"])
-    for kind, n in sorted(snap["invalid_drafts"].items()):
-        fam.add_metric([*m, kind], n)
+    for snap in snaps:
+        for kind, n in sorted(snap["invalid_drafts"].items()):
+            fam.add_metric([snap["method"], kind], n)
     yield fam
     fam = CounterMetricFamily("hyspec_remote_drafts", "Drafts served, by source.", labels=["method", "source"])
-    for source, n in snap["drafts"].items():
-        fam.add_metric([*m, source], n)
+    for snap in snaps:
+        for source, n in snap["drafts"].items():
+            fam.add_metric([snap["method"], source], n)
     yield fam
-    rtt = snap["rtt_seconds"]
     fam = HistogramMetricFamily("hyspec_remote_rtt_seconds", "Draft call round trip.", labels=["method"])
-    fam.add_metric(m, [("+Inf" if b == float("inf") else repr(b), n) for b, n in rtt["buckets"]], rtt["sum"])
+    for snap in snaps:
+        rtt = snap["rtt_seconds"]
+        fam.add_metric([snap["method"]], [("+Inf" if b == float("inf") else repr(b), n) for b, n in rtt["buckets"]],
+                       rtt["sum"])
     yield fam
     for name, doc, value in (
             ("failover_seconds", "Last failover's detection time (last good ping to down).",
-             snap["failover_seconds"][-1] if snap["failover_seconds"] else 0.0),
-            ("health", "Remote drafting health score, 0..1 (the hybrid dispatcher's remote_health).", snap["health"]),
-            ("target_busy", "Fraction of wall time the target spends in its own work.", snap["target_busy"])):
+             lambda snap: snap["failover_seconds"][-1] if snap["failover_seconds"] else 0.0),
+            ("health", "Remote drafting health score, 0..1 (the hybrid dispatcher's remote_health).",
+             lambda snap: snap["health"]),
+            ("target_busy", "Fraction of wall time the target spends in its own work.",
+             lambda snap: snap["target_busy"])):
         fam = GaugeMetricFamily(f"hyspec_remote_{name}", doc, labels=["method"])
-        fam.add_metric(m, value)
+        for snap in snaps:
+            fam.add_metric([snap["method"]], value(snap))
         yield fam
     for name, key, doc in (("worker_threads", "threads", "Threads the scheduler gives the worker."),
                            ("worker_cpu_utilisation", "cpu_util", "Worker CPU time per wall second per thread."),
                            ("worker_up", "up", "1 while the worker serves drafts.")):
         fam = GaugeMetricFamily(f"hyspec_remote_{name}", doc, labels=["method", "worker"])
-        for worker, w in sorted(snap["workers"].items()):
-            if key in w:
-                fam.add_metric([*m, worker], float(w[key]))
+        for snap in snaps:
+            for worker, w in sorted(snap["workers"].items()):
+                if key in w:
+                    fam.add_metric([snap["method"], worker], float(w[key]))
         yield fam

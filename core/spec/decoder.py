@@ -352,7 +352,14 @@ class SpecDecoder(Speculation):
     # -- metrics ----------------------------------------------------------------------------------
 
     def register_prometheus(self, registry: Any = None) -> Any:
-        return self.metrics.register_prometheus(registry)
+        """The speculation metrics, and those of any proposer that exports its own (remote drafting's
+        ``hyspec_remote_*``: calls, failovers, drafts by source)."""
+        collector = self.metrics.register_prometheus(registry)
+        for proposer in self.proposers.values():
+            register = getattr(proposer, "register_prometheus", None)
+            if register is not None:
+                register(registry)
+        return collector
 
     def close(self) -> None:
         for p in self.proposers.values():

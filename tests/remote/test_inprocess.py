@@ -342,6 +342,37 @@ def test_prometheus_families(fresh_metrics):
         assert name in text, name
 
 
+def test_the_engines_metrics_include_remote_drafting(fresh_metrics):
+    """What a server exports (engine.spec.register_prometheus) carries the remote families too."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    llm, rp = fresh_metrics
+    llm.generate(PROMPTS[:2], GREEDY)
+    registry = CollectorRegistry()
+    llm.engine.spec.register_prometheus(registry)
+    text = generate_latest(registry).decode()
+    assert 'hyspec_remote_calls_total{method="draft_model"}' in text
+    assert "hyspec_spec_draft_tokens_total" in text
+
+
+def test_several_remote_methods_share_one_family_per_metric():
+    """A hybrid whose methods all draft remotely: one family per metric, one sample per method."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hyspec.remote.metrics import RemoteMetrics
+
+    registry = CollectorRegistry()
+    a, b = RemoteMetrics("ngram"), RemoteMetrics("eagle3")
+    a.add("calls", 3)
+    b.add("calls", 5)
+    a.register_prometheus(registry)
+    b.register_prometheus(registry)
+    text = generate_latest(registry).decode()
+    assert text.count("# HELP hyspec_remote_calls_total") == 1
+    assert 'hyspec_remote_calls_total{method="ngram"} 3.0' in text
+    assert 'hyspec_remote_calls_total{method="eagle3"} 5.0' in text
+
+
 def test_dropping_the_engine_stops_the_health_thread(target_dir, draft_dir):
     import gc
     import threading
