@@ -338,6 +338,10 @@ def method_config(method: str, ws: Workspace) -> dict[str, Any]:
         return {"method": "hybrid", "num_speculative_tokens": SPEC_TOKENS, "hybrid": {
             "rules_path": str(rules), "methods": [{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
                                                   {"method": "draft_model", "model": other}]}}
+    from hyspec.spec import registry
+
+    if not registry.get(method).weights:  # suffix, and any other weightless method: nothing to train
+        return {"method": method, "num_speculative_tokens": SPEC_TOKENS}
     return {"method": method, "model": str(ws.drafter(method)), "num_speculative_tokens": SPEC_TOKENS}
 
 

@@ -60,10 +60,6 @@ VLLM_UNSUPPORTED_KEYS = {
     "use_heterogeneous_vocab": "draft and target must share the vocabulary (losslessness)",
     "parallel_drafting": "use method 'dflash' or 'dspark' for parallel drafting",
     "num_speculative_tokens_per_batch_size": "the goodput controller sets the draft length per step",
-    "suffix_decoding_max_tree_depth": "method 'suffix' is not supported",
-    "suffix_decoding_max_cached_requests": "method 'suffix' is not supported",
-    "suffix_decoding_max_spec_factor": "method 'suffix' is not supported",
-    "suffix_decoding_min_token_prob": "method 'suffix' is not supported",
     "draft_load_config": "models load from local paths only (no downloads at run time)",
     "rejection_sample_method": "hyspec always uses lossless rejection sampling",
     "synthetic_acceptance_rates": "no synthetic acceptance mode",
@@ -223,7 +219,6 @@ class HybridConfig:
                                   "max_num_seqs); max the largest of them (any saturated resource makes "
                                   "drafting a loss).")
     speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
-
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)
         chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
@@ -265,6 +260,13 @@ class SpeculativeConfig:
                                                    "count of `speculative_token_tree`.")
     prompt_lookup_min: int | None = key(None, "ngram: shortest n-gram matched; null = prompt_lookup_max, or 5.")
     prompt_lookup_max: int | None = key(None, "ngram: longest n-gram matched; null = prompt_lookup_min, or 5.")
+    suffix_decoding_max_tree_depth: int = key(24, "suffix: the longest match plus speculation, in tokens (2..256); "
+                                                  "also the default num_speculative_tokens of method suffix.")
+    suffix_decoding_max_cached_requests: int = key(10000, "suffix: finished responses in the global cache, oldest "
+                                                          "evicted first; 0 = no global cache (prompt trees only).")
+    suffix_decoding_max_spec_factor: float = key(1.0, "suffix: speculation depth <= this x the match length (> 0).")
+    suffix_decoding_min_token_prob: float = key(0.1, "suffix: tokens whose share of the matched occurrences is "
+                                                     "below this are not drafted, in [0, 1].")
     draft_tensor_parallel_size: int | None = key(None, "Only 1 (or null) is supported by hyspec.")
     disable_by_batch_size: int | None = key(None, "As vLLM: speculation off for new requests while the batch "
                                                   "holds more than this many (>= 2); null = off.")
@@ -292,6 +294,7 @@ class SpeculativeConfig:
         _check_model_allowed(self)
         chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
         _resolve_prompt_lookup(self)
+        self._check_suffix()
         tp = self.draft_tensor_parallel_size
         if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp != 1):
             chk.fail(self, "draft_tensor_parallel_size",
@@ -314,6 +317,16 @@ class SpeculativeConfig:
         self._check_hybrid()
 
     # -- resolution of defaults that depend on other keys -----------------------------
+    def _check_suffix(self) -> None:
+        chk.check_int(self, "suffix_decoding_max_tree_depth", 2, MAX_TREE_BUDGET)
+        chk.check_int(self, "suffix_decoding_max_cached_requests", 0, 10_000_000)
+        chk.check_float(self, "suffix_decoding_max_spec_factor", 0.0, 1000.0, lo_open=True)
+        chk.check_float(self, "suffix_decoding_min_token_prob", 0.0, 1.0)
+        if self.method == "suffix" and self.num_speculative_tokens is None:
+            # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself)
+            object.__setattr__(self, "num_speculative_tokens",
+                               min(self.suffix_decoding_max_tree_depth, MAX_SPECULATIVE_TOKENS))
+
     def _resolve_token_tree(self) -> None:
         if self.speculative_token_tree is None:
             if self.num_speculative_tokens is None:

@@ -361,6 +361,10 @@ class SpecDecoder(Speculation):
                 register(registry)
         return collector
 
+    def forget_shared_history(self) -> None:
+        for p in self.proposers.values():
+            p.forget_shared_history()
+
     def close(self) -> None:
         for p in self.proposers.values():
             p.close()

@@ -105,6 +105,12 @@ class Proposer(ABC):
         """Faults since the last call, by rejection cause (e.g. ``draft_timeout``), counted by the strategy."""
         return {}
 
+    def forget_shared_history(self) -> None:
+        """Forget what was learnt across requests (suffix decoding's cache of earlier responses).
+
+        Benchmarks call it between timed passes, so that a pass cannot draft from a previous pass's
+        answers to the very same prompts; serving never calls it."""
+
     def close(self) -> None:
         """Release shared resources (threads, remote workers)."""
 

@@ -131,6 +131,8 @@ _BUILTIN = (
     MethodInfo("dspark", "DFlash backbone + Markov head + confidence cut",
                "hyspec.drafters.dspark:build", drafter_dir="smollm2-dspark",
                recipe="hyspec.drafters.dspark.recipe", chain_only=True, default_hybrid_rank=4),
+    MethodInfo("suffix", "suffix decoding: frequency-scored trees over the prompt and previous responses",
+               "hyspec.drafters.suffix:build", weights=False),
     MethodInfo("hybrid", "one of the others per step, from JSON rules, load and live metrics", None,
                weights=False, meta=True),
 )
@@ -143,7 +145,6 @@ METHODS: dict[str, MethodInfo] = {m.name: m for m in _BUILTIN}
 UNSUPPORTED_METHODS = {
     "medusa": "use 'eagle' (a trained head over target hidden states)",
     "mlp_speculator": "use 'eagle' or 'draft_model'",
-    "suffix": "use 'ngram' (prompt lookup)",
     "ngram_gpu": "use 'ngram' (hyspec's prompt lookup runs on every backend)",
     "custom_class": "write a hyspec Proposer instead",
     "extract_hidden_states": "hyspec has no hidden-state export mode",

@@ -109,6 +109,9 @@ class Speculation(ABC):
     def release(self, seq: Sequence) -> None:
         """A request ended (finished or aborted): drop what is held for it."""
 
+    def forget_shared_history(self) -> None:
+        """Every proposer forgets what it learnt across requests (Proposer.forget_shared_history)."""
+
     def close(self) -> None:
         """Stop threads and workers."""
 

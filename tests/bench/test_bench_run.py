@@ -206,8 +206,8 @@ def test_embedded_default_without_drafters(tiny, tmp_path, capsys, monkeypatch):
     assert doc["model"]["embedded_default"] is True
     by_method = {r["method"]: r for r in doc["results"]}
     assert list(by_method) == ["none", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark",
-                               "hybrid"]
-    assert by_method["ngram"]["status"] == by_method["hybrid"]["status"] == "ok"
+                               "suffix", "hybrid"]
+    assert by_method["ngram"]["status"] == by_method["suffix"]["status"] == by_method["hybrid"]["status"] == "ok"
     for method in ("draft_model", "eagle", "eagle3", "mtp", "dflash", "dspark"):
         assert by_method[method]["status"] == "skipped"
         assert "hyspec train-draft --method " + method in by_method[method]["reason"]

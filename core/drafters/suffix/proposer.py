@@ -1,0 +1,183 @@
+"""``suffix``: suffix decoding (Snowflake's ArcticInference, vLLM's ``method: "suffix"``), no weights.
+
+Two places a continuation can come from:
+
+* the request's own tokens (its prompt and what it generated so far);
+* a global cache of the responses of finished requests (``suffix_decoding_max_cached_requests``,
+  oldest evicted first; 0 turns it off), which is where agents that re-run a step, or tools that
+  ask for the same edit again, find their next tokens.
+
+Per step and sequence: in each source, find the occurrences of the context's longest suffix (at
+most ``suffix_decoding_max_tree_depth - 1`` tokens), then grow a tree from what followed them:
+each candidate token's probability is the share of occurrences that continued that way, tokens
+below ``suffix_decoding_min_token_prob`` are left out, the depth is at most
+``suffix_decoding_max_spec_factor`` x the match length (and the tree depth minus it), and nodes are
+taken most probable first up to the step's budget.  The source whose tree has the larger expected
+number of accepted tokens (the sum of its nodes' probabilities) drafts.
+
+The drafts are deterministic (``draft_probs=None``): the tree verifier treats each node's q as
+one-hot, so acceptance at temperature 0 is the target's argmax and above it the target's own
+probability, sibling after sibling -- lossless like every method.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+from hyspec.drafters.suffix.store import TokenStore
+from hyspec.ops.sampling import SamplingTensors
+from hyspec.spec.proposer import DraftRequest, Proposer
+from hyspec.spec.tree import DraftTree
+
+#: occurrences per pattern kept by the stores (frequencies are estimated over the newest ones)
+MAX_PER_KEY = 64
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    """vLLM's keys and meanings (``speculative_config.suffix_decoding_*``)."""
+
+    max_tree_depth: int = 24  # match length + speculation length
+    max_cached_requests: int = 10000  # finished responses in the global cache; 0: no global cache
+    max_spec_factor: float = 1.0  # speculation length <= factor x match length
+    min_token_prob: float = 0.1  # a token's share of the matched occurrences
+
+    def __post_init__(self) -> None:
+        if self.max_tree_depth < 2:
+            raise ValueError(f"max_tree_depth must be >= 2 (a match and a token), got {self.max_tree_depth}")
+        if self.max_cached_requests < 0:
+            raise ValueError(f"max_cached_requests must be >= 0, got {self.max_cached_requests}")
+        if not self.max_spec_factor > 0:
+            raise ValueError(f"max_spec_factor must be > 0, got {self.max_spec_factor}")
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+
+
+@dataclass
+class Draft:
+    tokens: list[int]  # draft nodes in order (the root excluded)
+    parents: list[int]  # parent of each node: 0 = the root, i = the i-th node (1-based)
+    score: float  # the sum of the nodes' probabilities: expected accepted tokens
+    match_length: int
+
+
+def grow_tree(continuations: list[list[int]], budget: int, min_prob: float) -> Draft:
+    """The most probable nodes (up to ``budget``) of the trie of ``continuations``, parents first."""
+    total = len(continuations)
+    if total == 0 or budget < 1:
+        return Draft([], [], 0.0, 0)
+    counts: dict[tuple[int, ...], int] = {}  # path -> occurrences that went this way
+    kids: dict[tuple[int, ...], list[tuple[int, ...]]] = {(): []}
+    for cont in continuations:
+        for depth in range(1, len(cont) + 1):
+            path = tuple(cont[:depth])
+            if path not in counts:
+                counts[path] = 0
+                kids[path] = []
+                kids[path[:-1]].append(path)
+            counts[path] += 1
+    tokens, parents, score = [], [], 0.0
+    order = itertools.count()  # ties: the continuation seen first (the most recent occurrence) wins
+    heap = [(-counts[p] / total, next(order), p, 0) for p in kids[()] if counts[p] / total >= min_prob]
+    heapq.heapify(heap)
+    while heap and len(tokens) < budget:
+        neg, _, path, parent = heapq.heappop(heap)
+        tokens.append(path[-1])
+        parents.append(parent)
+        score += -neg
+        node = len(tokens)
+        for child in kids[path]:
+            if counts[child] / total >= min_prob:
+                heapq.heappush(heap, (-counts[child] / total, next(order), child, node))
+    return Draft(tokens, parents, score, 0)
+
+
+class SuffixProposer(Proposer):
+    method = "suffix"
+    builds_trees = True
+
+    def __init__(self, settings: SuffixSettings, max_tokens: int, vocab_size: int):
+        self.settings = settings
+        self.max_tokens = max_tokens
+        self.vocab_size = vocab_size
+        self._own: dict[str, TokenStore] = {}  # request id -> its prompt and output so far
+        self.cache = TokenStore(MAX_PER_KEY)  # finished responses (global)
+        self._serials = itertools.count()
+        self.stats = {"drafts_own": 0, "drafts_cache": 0, "cached_responses": 0, "evicted_responses": 0}
+
+    def max_budget(self) -> int:
+        return self.max_tokens
+
+    def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
+        out: list[DraftTree | None] = []
+        for req in requests:
+            context = req.seq.token_ids
+            own = self._own_store(req.seq)
+            budget = min(req.budget, self.max_tokens)
+            best = self.draft(own, context, budget, exclude_end=(0, len(context) - 1))
+            if self.settings.max_cached_requests:
+                cached = self.draft(self.cache, context, budget)
+                if cached.score > best.score:
+                    best = cached
+                    self.stats["drafts_cache"] += bool(best.tokens)
+                else:
+                    self.stats["drafts_own"] += bool(best.tokens)
+            else:
+                self.stats["drafts_own"] += bool(best.tokens)
+            out.append(self._tree(req.seq.last_token, best) if best.tokens else None)
+        return out
+
+    def draft(self, store: TokenStore, context: list[int], budget: int,
+              exclude_end: tuple[int, int] | None = None) -> Draft:
+        """The best tree ``store`` offers for ``context`` under ``budget`` nodes."""
+        s = self.settings
+        match = store.longest_match(context, s.max_tree_depth - 1, exclude_end)
+        if match.length == 0:
+            return Draft([], [], 0.0, 0)
+        depth = min(s.max_tree_depth - match.length, math.floor(s.max_spec_factor * match.length))
+        if depth < 1:
+            return Draft([], [], 0.0, match.length)
+        draft = grow_tree(store.continuations(match.ends[::-1], depth), budget, s.min_token_prob)  # newest first
+        draft.match_length = match.length
+        return draft
+
+    def _tree(self, root: int, draft: Draft) -> DraftTree:
+        return DraftTree([root, *draft.tokens], [-1, *draft.parents], vocab_size=self.vocab_size)
+
+    def _own_store(self, seq) -> TokenStore:
+        """The request's tokens, indexed: created at its first draft, extended as it generates."""
+        store = self._own.get(seq.request_id)
+        tokens = seq.token_ids
+        if store is None or len(store.sequences[0]) > len(tokens):  # new, or rewound (cannot happen today)
+            store = self._own[seq.request_id] = TokenStore(MAX_PER_KEY)
+            store.extend(0, list(tokens))
+            return store
+        known = len(store.sequences[0])
+        if known < len(tokens):
+            store.extend(0, tokens[known:])
+        return store
+
+    def on_finish(self, seq) -> None:
+        """Release the request's store; its response joins the global cache (oldest evicted first)."""
+        self._own.pop(seq.request_id, None)
+        response = seq.output_token_ids
+        if not self.settings.max_cached_requests or not response:
+            return
+        self.cache.extend(next(self._serials), list(response))
+        self.stats["cached_responses"] += 1
+        while len(self.cache) > self.settings.max_cached_requests:
+            self.cache.evict_oldest()
+            self.stats["evicted_responses"] += 1
+
+    def forget_shared_history(self) -> None:
+        """Empty the global cache of responses (benchmarks, between timed passes)."""
+        self.cache = TokenStore(MAX_PER_KEY)
+
+    def on_preempt(self, seq) -> None:
+        """The target recomputes the request's KV; its tokens (all this drafter holds) are unchanged."""
+
+    def memory_bytes(self) -> int:
+        """What the global cache and the live requests' stores hold (an estimate)."""
+        return self.cache.memory_bytes() + sum(s.memory_bytes() for s in self._own.values())
