@@ -10,6 +10,12 @@ Per step, in this order:
    operators who want a catch-all end the file with ``{"method": "eagle"}``
    (or a preference list of when-less rules).
 
+With ``hybrid.policy: "bandit"`` (a :class:`~hyspec.dispatch.bandit.BanditPolicy`)
+the steps no rule matches, and those a rule hands over with ``"policy":
+"bandit"``, are the bandit's: it chooses among the loaded methods and "none"
+from the goodput it measured for that class of step (``observe_step``); rules
+that name a method still pin it.
+
 The canary (``hyspec.dispatch.canary.Canary``, the engine's one) is per
 request, not per step: the engine assigns the arm once at admission, and
 control-arm sequences decode plainly whatever ``choose`` says.  An engine
@@ -32,10 +38,11 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Iterable
 
+from hyspec.dispatch.bandit import BanditPolicy, BanditSnapshot, step_class
 from hyspec.dispatch.conditions import Predicate
 from hyspec.dispatch.latency import LatencyRing
 from hyspec.dispatch.load import LoadFallback
-from hyspec.dispatch.rules import Rule, RuleFileError, default_rules_path, load_rules
+from hyspec.dispatch.rules import BANDIT, Rule, RuleFileError, default_rules_path, load_rules
 from hyspec.dispatch.signals import METHODS, NONE, StepSignals
 from hyspec.dispatch.watch import FileStamp, PollingThread, file_stamp
 from hyspec.errors import ConfigError
@@ -60,6 +67,7 @@ class DispatchSnapshot:
     latency_p50_ns: int | None  # over the last ``latency_window`` decisions
     latency_p99_ns: int | None
     latency_samples: int
+    bandit: BanditSnapshot | None = None  # the learned policy's choices and goodput, when configured
 
 
 class HybridDispatcher:
@@ -78,6 +86,7 @@ class HybridDispatcher:
         reload_interval_s: float | None = 1.0,
         watch_in_thread: bool = False,
         latency_window: int = 4096,
+        bandit: BanditPolicy | None = None,
     ):
         """``rules_path=None`` uses the packaged default rules (not watched).
 
@@ -92,6 +101,8 @@ class HybridDispatcher:
         if reload_interval_s is not None and reload_interval_s < 0:
             raise ConfigError("hybrid.reload_interval_s", f"must be >= 0 or None, got {reload_interval_s}")
         self._loaded = _check_methods(loaded_methods)
+        self.bandit = bandit
+        self._last: tuple[str, str] | None = None  # (class, arm) of the last step the bandit chose
         self.fallback = LoadFallback(load_threshold, load_resume_threshold, load_signal,
                                      max_batch_size, queue_capacity)
         self._latency = LatencyRing(latency_window)
@@ -107,7 +118,8 @@ class HybridDispatcher:
         self._stamp: FileStamp | None = file_stamp(self.rules_path)
         self._rules: tuple[Rule, ...] = ()
         self._active: tuple[tuple[Predicate | None, str], ...] = ()
-        self._install(load_rules(self.rules_path))
+        # a bandit without a rule file decides every step (the built-in rules would pin methods it should weigh)
+        self._install(load_rules(self.rules_path) if self._watched or bandit is None else ())
 
         self._interval_ns = 0 if reload_interval_s is None else int(reload_interval_s * 1e9)
         self._next_poll_ns = _NEVER
@@ -126,18 +138,29 @@ class HybridDispatcher:
         if start >= self._next_poll_ns:
             self._next_poll_ns = start + self._interval_ns
             self.reload_if_changed()
+        self._last = None
         if self.fallback.update(signals):
             method = NONE
             self._fallback_steps += 1
         else:
-            method = NONE
+            method = BANDIT if self.bandit is not None else NONE  # what no rule matching means
             for predicate, candidate in self._active:
                 if predicate is None or predicate(signals):
                     method = candidate
                     break
+            if method == BANDIT:
+                klass = step_class(signals.context_length, signals.batch_size)
+                method = self.bandit.choose(klass)
+                self._last = (klass, method)
         self._decisions[method] += 1
         self._latency.record(perf_counter_ns() - start)
         return method
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """The last chosen step committed ``tokens`` in ``seconds`` (decode steps only): the bandit learns."""
+        if self.bandit is not None and self._last is not None:
+            self.bandit.observe(self._last[0], self._last[1], tokens, seconds)
+        self._last = None
 
     # -- rules -----------------------------------------------------------
     @property
@@ -177,22 +200,29 @@ class HybridDispatcher:
             # stamp again, so the next poll reads the file once more.
             self._stamp = file_stamp(self.rules_path)
             try:
-                rules = load_rules(self.rules_path)
+                self._install(load_rules(self.rules_path))
             except RuleFileError as exc:
                 self._reload_failures += 1
                 self._last_reload_error = exc
                 log.warning("rule file not reloaded, keeping the previous %d rules: %s", len(self._rules), exc)
                 return False
-            self._install(rules)
+            rules = self._rules
             self._version += 1
             self._last_reload_error = None
             log.info("reloaded %d rules from %s (version %d)", len(rules), self.rules_path, self._version)
             return True
 
     def _install(self, rules: tuple[Rule, ...]) -> None:
+        if self.bandit is None:
+            for rule in rules:
+                if rule.method == BANDIT:
+                    raise RuleFileError(str(self.rules_path), 'this rule hands its steps to the bandit policy, '
+                                        'but hybrid.policy is not "bandit": configure it or pin a method',
+                                        rule.line, rule.column)
         loaded = set(self._loaded)
-        active = tuple((rule.predicate, rule.method) for rule in rules if rule.method == NONE or rule.method in loaded)
-        if not active:
+        active = tuple((rule.predicate, rule.method) for rule in rules
+                       if rule.method in (NONE, BANDIT) or rule.method in loaded)
+        if not active and self.bandit is None:
             log.info("no rule in %s names a loaded method (%s): every step decodes plainly",
                      self.rules_path, ", ".join(self._loaded) or "none loaded")
         self._rules = rules
@@ -214,6 +244,7 @@ class HybridDispatcher:
             latency_p50_ns=p50,
             latency_p99_ns=p99,
             latency_samples=len(self._latency),
+            bandit=None if self.bandit is None else self.bandit.snapshot(),
         )
 
     def close(self) -> None:

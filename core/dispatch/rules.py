@@ -1,12 +1,14 @@
-"""Rule files: a JSON list of ``{"when": "<condition>", "method": "<name>"}``.
+"""Rule files: a JSON list of ``{"when": "<condition>", "method": "<name>"}`` or ``{"when": ..., "policy": "bandit"}``.
 
 The dispatcher walks the rules in order and takes the first one whose
 condition holds and whose method is loaded.  A rule without ``"when"``
 always holds; since rules for methods that are not loaded are skipped,
 several ``"when"``-less rules at the end form a preference list
 (``dflash`` if loaded, else ``eagle``, ...).  ``"method": "none"`` asks for
-plain decoding.  An optional ``"comment"`` string is kept for people and
-ignored by the dispatcher.
+plain decoding.  ``"policy": "bandit"`` instead of a method hands the steps the
+rule matches to the learned policy (``hybrid.policy: "bandit"``, which must be
+configured; ``hyspec.dispatch.bandit``), and a rule naming a method pins it.  An
+optional ``"comment"`` string is kept for people and ignored by the dispatcher.
 
 Every error names the file, line and column (1-based, in characters, as
 editors count): JSON syntax errors where the JSON parser stopped, condition
@@ -27,7 +29,10 @@ from hyspec.dispatch.conditions import ConditionError, Predicate, compile_condit
 from hyspec.dispatch.signals import METHODS, NONE
 from hyspec.errors import HyspecError
 
-RULE_KEYS = ("when", "method", "comment")
+RULE_KEYS = ("when", "method", "policy", "comment")
+#: the target of a rule that hands its steps to the bandit policy (never a method name: see signals.METHODS)
+BANDIT = "policy:bandit"
+POLICIES = {"bandit": BANDIT}
 DEFAULT_RULES_FILE = "default_rules.json"
 
 
@@ -50,7 +55,7 @@ class RuleFileError(HyspecError):
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    method: str  # a name in METHODS, or "none"
+    method: str  # a name in METHODS, "none", or BANDIT (the bandit policy decides)
     when: str | None  # the condition text; None: always holds
     predicate: Predicate | None  # compiled ``when``; None: always holds
     line: int  # where the rule's '{' is in its file
@@ -110,15 +115,26 @@ class _RuleReader:
             if key not in RULE_KEYS:
                 raise self.error(self.key_offset(item, key), f"{where} has an unknown key {key!r}; "
                                                              f"keys are {', '.join(RULE_KEYS)}")
-        if "method" not in item:
-            raise self.error(item.start, f"{where} has no \"method\"")
-        method = item["method"]
-        method_start = item.value_starts["method"]
-        if not isinstance(method, str):
-            raise self.error(method_start, f"{where}: \"method\" must be a string, not {_json_type(method)}")
-        if method not in METHODS and method != NONE:
-            raise self.error(method_start + 1, f"{where}: unknown method {method!r}; "
-                                               f"methods are {', '.join((*METHODS, NONE))}")
+        if "method" in item and "policy" in item:
+            raise self.error(item.value_starts["policy"], f"{where} has both \"method\" and \"policy\": a rule "
+                                                          "pins a method or hands its steps to a policy, not both")
+        if "policy" in item:
+            policy = item["policy"]
+            policy_start = item.value_starts["policy"]
+            if not isinstance(policy, str) or policy not in POLICIES:
+                raise self.error(policy_start, f"{where}: unknown policy {policy!r}; policies are "
+                                               f"{', '.join(POLICIES)}")
+            method = POLICIES[policy]
+        else:
+            if "method" not in item:
+                raise self.error(item.start, f"{where} has no \"method\" (nor \"policy\")")
+            method = item["method"]
+            method_start = item.value_starts["method"]
+            if not isinstance(method, str):
+                raise self.error(method_start, f"{where}: \"method\" must be a string, not {_json_type(method)}")
+            if method not in METHODS and method != NONE:
+                raise self.error(method_start + 1, f"{where}: unknown method {method!r}; "
+                                                   f"methods are {', '.join((*METHODS, NONE))}")
         if "comment" in item and not isinstance(item["comment"], str):
             raise self.error(item.value_starts["comment"], f"{where}: \"comment\" must be a string")
         when = item.get("when")

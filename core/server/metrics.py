@@ -223,6 +223,20 @@ def _dispatch_families(snap: Any) -> Iterator[Any]:
                               "the label holds the error (file:line:column: message).", labels=["error"])
     latency = GaugeMetricFamily("hyspec_dispatch_decision_latency_seconds",
                                 "Decision latency over the dispatcher's recent decisions.", labels=["quantile"])
+    bandit_choices = CounterMetricFamily("hyspec_dispatch_bandit_choices", "Steps the bandit policy gave each "
+                                         "method, per class of step (context length and batch size buckets).",
+                                         labels=["step_class", "method"])
+    bandit_goodput = GaugeMetricFamily("hyspec_dispatch_bandit_goodput_tokens_per_second", "The bandit's discounted "
+                                       "mean goodput of each method, per class of step.",
+                                       labels=["step_class", "method"])
+    bandit_explorations = CounterMetricFamily("hyspec_dispatch_bandit_explorations",
+                                              "Steps the bandit spent trying a method other than its best.")
+    if snap is not None and snap.bandit is not None:
+        for (klass, method), n in sorted(snap.bandit.choices.items()):
+            bandit_choices.add_metric([klass, method], n)
+        for (klass, method), value in sorted(snap.bandit.goodput.items()):
+            bandit_goodput.add_metric([klass, method], value)
+        bandit_explorations.add_metric([], snap.bandit.explorations)
     if snap is not None:
         for method, n in sorted(snap.decisions.items()):
             decisions.add_metric([method], n)
@@ -237,4 +251,5 @@ def _dispatch_families(snap: Any) -> Iterator[Any]:
         for quantile, ns in (("0.5", snap.latency_p50_ns), ("0.99", snap.latency_p99_ns)):
             if ns is not None:
                 latency.add_metric([quantile], ns * 1e-9)
-    yield from (decisions, fallback, load, fallback_steps, engagements, version, failures, error, latency)
+    yield from (decisions, fallback, load, fallback_steps, engagements, version, failures, error, latency,
+                bandit_choices, bandit_goodput, bandit_explorations)

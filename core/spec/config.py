@@ -219,8 +219,20 @@ class HybridConfig:
                                   "max_num_seqs); max the largest of them (any saturated resource makes "
                                   "drafting a loss).")
     speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
+    policy: str = key("rules", "rules: steps no rule matches decode plainly; bandit: they (and rules with "
+                               "\"policy\": \"bandit\") go to a bandit over the loaded methods and none, learnt "
+                               "per class of step from measured goodput (without rules_path: no rules at all).")
+    bandit_explore_fraction: float = key(0.1, "bandit: the most steps of a class it spends trying other arms, "
+                                              "in (0, 0.5].")
+    bandit_warmup: int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).")
+    bandit_discount: float = key(0.97, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
+
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)
+        chk.check_choice(self, "policy", ("rules", "bandit"))
+        chk.check_float(self, "bandit_explore_fraction", 0.0, 0.5, lo_open=True)
+        chk.check_int(self, "bandit_warmup", 1, 1000)
+        chk.check_float(self, "bandit_discount", 0.0, 1.0, lo_open=True)
         chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
         chk.check_float(self, "load_resume_threshold", 0.0, 1.0)
         if self.load_resume_threshold >= self.load_threshold:

@@ -52,6 +52,7 @@ class SpecDecoder(Speculation):
         self.specs = specs or {}  # how to rebuild a proposer released under memory pressure
         self.controller = controller
         self.dispatcher = dispatcher
+        self._step_started = time.perf_counter()
         self.metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
         self.quality = DraftQualityMonitor(config, self.metrics)
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
@@ -93,10 +94,17 @@ class SpecDecoder(Speculation):
             from hyspec.dispatch.dispatcher import HybridDispatcher
 
             h = cfg.hybrid
+            bandit = None
+            if h.policy == "bandit":
+                from hyspec.dispatch.bandit import BanditPolicy
+                from hyspec.spec.registry import NONE as PLAIN
+
+                bandit = BanditPolicy([*proposers, PLAIN], h.bandit_explore_fraction, h.bandit_warmup,
+                                      h.bandit_discount)
             dispatcher = HybridDispatcher(
                 h.rules_path, list(proposers), load_threshold=h.load_threshold,
                 load_resume_threshold=h.load_resume_threshold,
-                load_signal=h.load_signal, max_batch_size=target.max_num_seqs)
+                load_signal=h.load_signal, max_batch_size=target.max_num_seqs, bandit=bandit)
         return cls(target, cfg, proposers, controller, dispatcher, {s.method: s for s in specs})
 
     # -- request lifecycle ------------------------------------------------------------------------
@@ -132,6 +140,7 @@ class SpecDecoder(Speculation):
     # -- planning ---------------------------------------------------------------------------------
 
     def plan(self, scheduler: "Scheduler") -> StepPlan:
+        self._step_started = time.perf_counter()  # the step's wall time teaches the dispatcher's bandit
         running = scheduler.running
         decoding = [s for s in running if not s.in_prefill and s.arm == "spec"]
         batch = max(1, len(running))
@@ -348,6 +357,10 @@ class SpecDecoder(Speculation):
         if run.rows and all(row.kind.decodes for row in run.rows):
             tokens_per_seq = max(len(f.tokens) for f in run.feeds)
             self.controller.observe_step_time(len(run.feeds), tokens_per_seq, run.seconds)
+            if self.dispatcher is not None:  # committed tokens over the whole step: plan, draft, forward, verify
+                committed = sum(len(accepted.tokens.get(row.seq.request_id, ())) if row.kind is RowKind.TREE else 1
+                                for row in run.rows)
+                self.dispatcher.observe_step(committed, time.perf_counter() - self._step_started)
 
     # -- metrics ----------------------------------------------------------------------------------
 

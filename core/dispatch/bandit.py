@@ -1,0 +1,135 @@
+"""``hybrid.policy: "bandit"``: which method (plain included) pays, learnt from measured goodput.
+
+The engine verifies one method per step, so the choice is per step; what is learnt is per *class*
+of step -- the batch's mean context length and its size, each in a few buckets -- because which
+drafter pays depends on both (prompt lookup pays on long prompts it can copy from; at large batches
+the verification forward stops being free and plain decoding wins).
+
+Per class and arm the policy keeps a discounted mean of goodput: the tokens a step committed over
+the step's wall time (drafting, the target forward and verification), so a drafter that is
+accepted often but costs too much loses to one that is accepted less and costs nothing.  Choice:
+
+1. every arm is chosen ``warmup`` times in a class before anything else (least-chosen first);
+2. then the arm with the highest mean, except that one step in ``1 / explore_fraction`` (counted
+   per class, deterministic) tries the arm chosen longest ago -- so exploration is
+   bounded by ``explore_fraction`` of the steps, and a method that got better (a warmer cache, a
+   longer prompt) is found again;
+3. the discount (``discount`` per observation of that arm) lets old measurements fade.
+
+Only decode steps teach it (a step that also prefills says nothing about the method's speed).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from hyspec.errors import ConfigError
+
+#: mean context length buckets (upper bounds, tokens) and batch size buckets (upper bounds)
+CONTEXT_BUCKETS = (256, 1024, 4096)
+BATCH_BUCKETS = (1, 4, 16)
+
+
+def step_class(context_length: float, batch_size: int) -> str:
+    """A label like ``ctx<=1024,bs<=4`` (the last bucket of each is ``>``)."""
+    def bucket(value: float, bounds: tuple[int, ...], name: str) -> str:
+        for b in bounds:
+            if value <= b:
+                return f"{name}<={b}"
+        return f"{name}>{bounds[-1]}"
+
+    return f"{bucket(context_length, CONTEXT_BUCKETS, 'ctx')},{bucket(batch_size, BATCH_BUCKETS, 'bs')}"
+
+
+@dataclass
+class ArmStats:
+    weight: float = 0.0  # discounted count
+    mean: float = 0.0  # discounted mean goodput, tokens/s
+    pulls: int = 0  # undiscounted: times observed
+    chosen: int = 0  # times chosen (a chosen step that also prefilled is not observed)
+    last_step: int = -1  # the class step at which it was last chosen
+
+
+@dataclass
+class ClassState:
+    arms: dict[str, ArmStats] = field(default_factory=dict)
+    steps: int = 0
+    explorations: int = 0
+
+
+@dataclass(frozen=True)
+class BanditSnapshot:
+    choices: dict[tuple[str, str], int]  # (class, arm) -> steps it was chosen
+    goodput: dict[tuple[str, str], float]  # (class, arm) -> discounted mean tokens/s
+    explorations: int
+
+
+class BanditPolicy:
+    def __init__(self, arms: list[str] | tuple[str, ...], explore_fraction: float = 0.1, warmup: int = 2,
+                 discount: float = 0.97):
+        arms = tuple(dict.fromkeys(arms))
+        if not arms:
+            raise ConfigError("speculative_config.hybrid.policy", "the bandit needs at least one method to choose "
+                                                                  "from, and none is loaded")
+        if not 0.0 < explore_fraction <= 0.5:
+            raise ConfigError("speculative_config.hybrid.bandit_explore_fraction",
+                              f"must be in (0, 0.5], got {explore_fraction}")
+        if warmup < 1:
+            raise ConfigError("speculative_config.hybrid.bandit_warmup", f"must be >= 1, got {warmup}")
+        if not 0.0 < discount <= 1.0:
+            raise ConfigError("speculative_config.hybrid.bandit_discount", f"must be in (0, 1], got {discount}")
+        self.arms = arms
+        self.explore_every = max(2, round(1.0 / explore_fraction))
+        self.warmup = warmup
+        self.discount = discount
+        self._classes: dict[str, ClassState] = {}
+        self._choices: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()  # choose/observe on the engine thread, snapshot at scrape time
+
+    def choose(self, klass: str) -> str:
+        with self._lock:
+            state = self._state(klass)
+            state.steps += 1
+            cold = [a for a in self.arms if state.arms[a].chosen < self.warmup]
+            if cold:
+                arm = min(cold, key=lambda a: state.arms[a].chosen)
+            elif state.steps % self.explore_every == 0 and len(self.arms) > 1:
+                best = self._best(state)
+                arm = min((a for a in self.arms if a != best), key=lambda a: state.arms[a].last_step)
+                state.explorations += 1
+            else:
+                arm = self._best(state)
+            state.arms[arm].chosen += 1
+            state.arms[arm].last_step = state.steps
+            self._choices[(klass, arm)] = self._choices.get((klass, arm), 0) + 1
+            return arm
+
+    def observe(self, klass: str, arm: str, tokens: int, seconds: float) -> None:
+        """A step of class ``klass`` decoded with ``arm`` committed ``tokens`` in ``seconds``."""
+        if arm not in self.arms or seconds <= 0 or tokens < 0:
+            return
+        with self._lock:
+            state = self._state(klass)
+            stats = state.arms[arm]
+            goodput = tokens / seconds
+            stats.weight = self.discount * stats.weight + 1.0
+            stats.mean += (goodput - stats.mean) / stats.weight
+            stats.pulls += 1
+
+    def snapshot(self) -> BanditSnapshot:
+        with self._lock:
+            goodput = {(k, a): s.mean for k, st in self._classes.items() for a, s in st.arms.items() if s.pulls}
+            return BanditSnapshot(dict(self._choices), goodput,
+                                  sum(st.explorations for st in self._classes.values()))
+
+    def _state(self, klass: str) -> ClassState:
+        state = self._classes.get(klass)
+        if state is None:
+            state = self._classes[klass] = ClassState({a: ArmStats() for a in self.arms})
+        return state
+
+    def _best(self, state: ClassState) -> str:
+        return max(self.arms, key=lambda a: (state.arms[a].mean, -self.arms.index(a)))
+
+
+__all__ = ["BanditPolicy", "BanditSnapshot", "step_class"]

@@ -1,0 +1,157 @@
+"""The hybrid's learned policy: warm-up, exploitation of measured goodput, bounded exploration, classes, rules."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hyspec.dispatch.bandit import BanditPolicy, step_class
+from hyspec.dispatch.dispatcher import HybridDispatcher
+from hyspec.dispatch.rules import BANDIT, RuleFileError, parse_rules
+from hyspec.dispatch.signals import StepSignals
+from hyspec.errors import ConfigError
+from hyspec.spec.config import SpeculativeConfig
+
+GOODPUT = {"ngram": 120.0, "suffix": 90.0, "none": 60.0}
+
+
+def run(policy, klass, steps, goodput=GOODPUT):
+    chosen = []
+    for _ in range(steps):
+        arm = policy.choose(klass)
+        policy.observe(klass, arm, tokens=int(goodput[arm]), seconds=1.0)
+        chosen.append(arm)
+    return chosen
+
+
+def test_every_arm_is_tried_warmup_times_first():
+    policy = BanditPolicy(["ngram", "suffix", "none"], warmup=2)
+    first = run(policy, "c", 6)
+    assert sorted(first) == ["ngram", "ngram", "none", "none", "suffix", "suffix"]
+
+
+def test_it_settles_on_the_best_goodput_and_explores_a_bounded_share():
+    policy = BanditPolicy(["ngram", "suffix", "none"], explore_fraction=0.1, warmup=2)
+    chosen = run(policy, "c", 206)
+    after = chosen[6:]
+    assert after.count("ngram") >= 0.9 * len(after) - 1
+    snap = policy.snapshot()
+    assert snap.explorations <= 0.1 * 206 + 1
+    assert snap.goodput[("c", "ngram")] == pytest.approx(120.0)
+    assert sum(n for (k, _), n in snap.choices.items() if k == "c") == 206
+
+
+def test_classes_learn_separately():
+    policy = BanditPolicy(["ngram", "none"], warmup=1)
+    run(policy, "small", 30, {"ngram": 100.0, "none": 50.0})
+    run(policy, "large", 30, {"ngram": 40.0, "none": 80.0})
+    assert policy.choose("small") == "ngram" or policy.choose("small") == "ngram"
+    picks = [policy.choose("large") for _ in range(5)]
+    assert picks.count("none") >= 4
+
+
+def test_a_method_that_stops_paying_is_dropped():
+    policy = BanditPolicy(["ngram", "none"], explore_fraction=0.2, warmup=1, discount=0.8)
+    run(policy, "c", 40, {"ngram": 100.0, "none": 50.0})
+    later = run(policy, "c", 60, {"ngram": 20.0, "none": 50.0})
+    assert later[-20:].count("none") >= 15
+
+
+@pytest.mark.parametrize("context, batch, label", [(10, 1, "ctx<=256,bs<=1"), (600, 3, "ctx<=1024,bs<=4"),
+                                                   (5000, 32, "ctx>4096,bs>16")])
+def test_step_classes(context, batch, label):
+    assert step_class(context, batch) == label
+
+
+@pytest.mark.parametrize("kwargs, key", [({"explore_fraction": 0.0}, "bandit_explore_fraction"),
+                                         ({"explore_fraction": 0.9}, "bandit_explore_fraction"),
+                                         ({"warmup": 0}, "bandit_warmup"), ({"discount": 1.5}, "bandit_discount")])
+def test_bad_settings_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=key):
+        BanditPolicy(["ngram", "none"], **kwargs)
+
+
+def test_a_bandit_over_no_methods_is_refused():
+    with pytest.raises(ConfigError, match="at least one method"):
+        BanditPolicy([])
+
+
+# -- rules and the dispatcher --------------------------------------------------------------------------
+
+def signals(batch=1, context=100.0):
+    return StepSignals(context_length=context, batch_size=batch, mem_usage=0.1, load=batch / 64, queue_depth=0,
+                       remote_health=1.0, max_context_length=context, accept_rate={})
+
+
+def test_a_rule_can_hand_steps_to_the_bandit_or_pin_a_method():
+    rules = parse_rules('[{"when": "batch_size > 8", "method": "none"}, {"when": "batch_size <= 8", '
+                        '"policy": "bandit"}]')
+    assert [r.method for r in rules] == ["none", BANDIT]
+    with pytest.raises(RuleFileError, match="both"):
+        parse_rules('[{"method": "ngram", "policy": "bandit"}]')
+    with pytest.raises(RuleFileError, match="unknown policy 'ucb'"):
+        parse_rules('[{"policy": "ucb"}]')
+
+
+def test_rules_that_hand_steps_to_an_unconfigured_bandit_are_refused(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"when": "batch_size <= 8", "policy": "bandit"}]))
+    with pytest.raises(RuleFileError, match='hybrid.policy is not "bandit"') as err:
+        HybridDispatcher(path, ["ngram"], reload_interval_s=None)
+    assert err.value.line == 1
+
+
+def test_a_reload_to_such_rules_keeps_the_old_ones(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"method": "ngram"}]))
+    d = HybridDispatcher(path, ["ngram"], reload_interval_s=0)
+    path.write_text(json.dumps([{"policy": "bandit"}, {"method": "none"}]))
+    assert not d.reload()
+    assert d.choose(signals()) == "ngram" and "bandit" in str(d.last_reload_error)
+
+
+def test_the_bandit_decides_unmatched_steps_pinned_rules_win_and_it_learns(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"when": "batch_size > 16", "method": "none"}]))
+    bandit = BanditPolicy(["ngram", "suffix", "none"], warmup=1)
+    d = HybridDispatcher(path, ["ngram", "suffix"], reload_interval_s=None, bandit=bandit)
+    assert d.choose(signals(batch=32)) == "none"  # pinned by the rule
+    d.observe_step(32, 1.0)  # a pinned step teaches the bandit nothing
+    assert bandit.snapshot().choices == {}
+    for _ in range(30):
+        method = d.choose(signals(batch=1))
+        d.observe_step(int(GOODPUT[method]), 1.0)
+    snap = d.snapshot().bandit
+    assert snap.choices[("ctx<=256,bs<=1", "ngram")] >= 24
+    assert set(snap.goodput) == {("ctx<=256,bs<=1", m) for m in ("ngram", "suffix", "none")}
+
+
+def test_without_a_rule_file_a_bandit_decides_every_step():
+    d = HybridDispatcher(None, ["eagle"], reload_interval_s=None, bandit=BanditPolicy(["eagle", "none"]))
+    assert d.rules == ()  # the built-in rules would pin eagle
+    assert {d.choose(signals()) for _ in range(4)} == {"eagle", "none"}
+
+
+def test_config_keys_are_checked_and_named():
+    cfg = SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit"}})
+    assert cfg.hybrid.policy == "bandit" and cfg.hybrid.bandit_explore_fraction == 0.1
+    for section, message in (({"policy": "ucb"}, "hybrid.policy"),
+                             ({"bandit_explore_fraction": 0.7}, "hybrid.bandit_explore_fraction"),
+                             ({"bandit_warmup": 0}, "hybrid.bandit_warmup")):
+        with pytest.raises(ConfigError, match=message):
+            SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": section})
+
+
+def test_the_bandits_state_is_exported():
+    from hyspec.server.metrics import _dispatch_families
+
+    bandit = BanditPolicy(["ngram", "none"], warmup=1)
+    d = HybridDispatcher(None, ["ngram"], reload_interval_s=None, bandit=bandit)
+    for _ in range(3):
+        d.choose(signals())
+        d.observe_step(10, 0.1)
+    families = {f.name: f for f in _dispatch_families(d.snapshot())}
+    choices = families["hyspec_dispatch_bandit_choices"].samples
+    assert {s.labels["method"] for s in choices} == {"ngram", "none"}
+    assert all(s.labels["step_class"] == "ctx<=256,bs<=1" for s in choices)
+    assert families["hyspec_dispatch_bandit_goodput_tokens_per_second"].samples[0].value == pytest.approx(100.0)
