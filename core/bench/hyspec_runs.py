@@ -9,13 +9,17 @@ from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, acceptanc
 from hyspec.bench.settings import DRAFTER_METHODS, NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
 from hyspec.bench.stats import Spread
 
+#: suffix's draft-size ceiling in the bench: vLLM's default (suffix_decoding_max_tree_depth, 24)
+SUFFIX_CEILING = 24
+
 
 def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[str, Path]) -> dict[str, Any] | None:
     """``method``'s speculative_config (None for plain decoding), with --speculative-config-extra laid over it.
 
     Prompt lookup matches 1..3-token n-grams, as transformers' prompt lookup
     does with ``max_matching_ngram_size=3``; every method drafts up to
-    ``num_speculative_tokens`` tokens per step.  ``drafters`` holds the
+    ``num_speculative_tokens`` tokens per step, except suffix, whose drafts size
+    themselves under a ceiling of at least SUFFIX_CEILING (vLLM's default).  ``drafters`` holds the
     methods whose weights were found; hybrid chooses among ngram and those.
     """
     if method == PLAIN:
@@ -23,6 +27,9 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
     if method == "ngram":
         config.update(prompt_lookup_min=NGRAM_MIN, prompt_lookup_max=NGRAM_MAX)
+    elif method == "suffix":
+        # a ceiling, not a length: suffix sizes each draft from its match (vLLM's default ceiling, the tree depth)
+        config["num_speculative_tokens"] = max(settings.num_speculative_tokens, SUFFIX_CEILING)
     elif method in DRAFTER_METHODS:
         config["model"] = str(drafters[method])
     elif method == "hybrid":
@@ -70,7 +77,8 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -
         ttfts = [o.metrics.ttft for o in outs if o.metrics is not None and o.metrics.ttft is not None]
         return [list(o.outputs[0].token_ids) for o in outs], ttfts
 
-    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave)
+    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave,
+                                                    before_pass=llm.engine.spec.forget_shared_history)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
     return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,

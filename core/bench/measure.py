@@ -66,19 +66,23 @@ class Measurement:
 
 
 def timed_passes(workload: "Workload", repeats: int,
-                 run_wave: Callable[[range], tuple[list[list[int]], list[float]]]
+                 run_wave: Callable[[range], tuple[list[list[int]], list[float]]],
+                 before_pass: Callable[[], None] | None = None,
                  ) -> tuple[list[float], list[float], list[list[list[int]]], int]:
     """``repeats`` timed passes over every wave of ``workload``, the same way for hyspec and its peers.
 
     ``run_wave(wave)`` generates one wave and returns its token ids per request and the TTFTs it
-    measured.  Returns tokens/s per pass, every TTFT, the outputs of each pass and the tokens
-    generated in one pass.
+    measured.  ``before_pass()`` runs before each pass, untimed (hyspec: drafters forget what they
+    learnt across requests, so a pass never drafts from an earlier pass's answers).  Returns
+    tokens/s per pass, every TTFT, the outputs of each pass and the tokens generated in one pass.
     """
     rates: list[float] = []
     ttfts: list[float] = []
     outputs: list[list[list[int]]] = []
     generated = 0
     for _ in range(repeats):
+        if before_pass is not None:
+            before_pass()
         repeat_outputs: list[list[int]] = []
         generated = 0
         start = time.perf_counter()

