@@ -22,7 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__F16C__)
+#include <immintrin.h>
+#define HYSPEC_AVX512 1 /* 16 lanes: two vectors per 32-weight block (twice AVX2's work per instruction) */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define HYSPEC_AVX2 1
 #endif
@@ -34,7 +37,107 @@ static const int BLOCK_BYTES[3] = {18, 20, 34};
 
 int hyspec_qgemm_version(void) { return 1; }
 
-#ifdef HYSPEC_AVX2
+#if defined(HYSPEC_AVX512)
+const char *hyspec_qgemm_isa(void) { return "avx512f+f16c"; }
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline float hsum(__m512 v) { /* halves added down to one lane, in a fixed order */
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+/* the 32 codes of one block as two vectors of sixteen floats: elements 0..15 and 16..31 */
+static inline __attribute__((always_inline)) void codes(const int qtype, const uint8_t *b, __m512 c[2]) {
+    if (qtype == Q8_0) {
+        c[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
+        c[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+        return;
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + (qtype == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    c[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));                     /* low nibbles */
+    c[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)));  /* high ones */
+}
+
+/* sum_k x_k w_k of one block, as sixteen lane partials: q[0..15] x[0..15] + q[16..31] x[16..31] */
+static inline __attribute__((always_inline)) __m512 block_dot(const __m512 c[2], const float *x) {
+    return _mm512_fmadd_ps(c[1], _mm512_loadu_ps(x + 16), _mm512_mul_ps(c[0], _mm512_loadu_ps(x)));
+}
+
+/* Output rows n0 .. n0+NB-1 (NB <= 4), two at a time, against every row of x: per block the sixteen
+ * partials scaled by d go into a vector accumulator, m times the block's sum of x into a scalar one,
+ * and the result is hsum(vector) + scalar (the AVX2 path's formula with sixteen lanes). */
+static inline __attribute__((always_inline)) void rows_block(const int qtype, const float *x, const float *xs,
+                                                             int64_t M, int64_t K, const uint8_t *w, int64_t n0,
+                                                             int NB, float *y, int64_t N) {
+    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    for (int i = 0; i < NB; i += 2) {
+        const int two = NB - i >= 2;
+        const uint8_t *w0 = w + (n0 + i) * G * bs, *w1 = two ? w0 + G * bs : w0;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xr = x + m * K, *xsr = xs + m * G;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int64_t g = 0; g < G; g++) {
+                __m512 c[2];
+                const uint8_t *b0 = w0 + g * bs, *b1 = w1 + g * bs;
+                codes(qtype, b0, c);
+                float d = f16(b0);
+                a0 = _mm512_fmadd_ps(block_dot(c, xr + 32 * g), _mm512_set1_ps(d), a0);
+                if (qtype != Q8_0) s0 = __builtin_fmaf(qtype == Q4_1 ? f16(b0 + 2) : -8.0f * d, xsr[g], s0);
+                codes(qtype, b1, c);
+                d = f16(b1);
+                a1 = _mm512_fmadd_ps(block_dot(c, xr + 32 * g), _mm512_set1_ps(d), a1);
+                if (qtype != Q8_0) s1 = __builtin_fmaf(qtype == Q4_1 ? f16(b1 + 2) : -8.0f * d, xsr[g], s1);
+            }
+            y[m * N + n0 + i] = hsum(a0) + s0;
+            if (two) y[m * N + n0 + i + 1] = hsum(a1) + s1;
+        }
+    }
+}
+
+/* R rows of x (compile-time: the accumulators stay in registers) against one output row, each block's
+ * codes converted once: every (output, row) pair gets exactly rows_block's operations, in its order. */
+static inline __attribute__((always_inline)) void one_row_r(const int qtype, const int R, const float *x,
+                                                            const float *xs, int64_t K, const uint8_t *wr,
+                                                            float *y, int64_t N) {
+    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    __m512 acc[8];
+    float sc[8];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        sc[r] = 0.0f;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *b = wr + g * bs;
+        __m512 c[2];
+        codes(qtype, b, c);
+        const float d = f16(b), mn = qtype == Q4_1 ? f16(b + 2) : -8.0f * d;
+        const __m512 vd = _mm512_set1_ps(d);
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm512_fmadd_ps(block_dot(c, x + r * K + 32 * g), vd, acc[r]);
+            if (qtype != Q8_0) sc[r] = __builtin_fmaf(mn, xs[r * G + g], sc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + sc[r];
+}
+
+/* xs[m, g]: the sum of block g of row m, in a fixed order */
+static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
+    for (int64_t i = 0; i < M * (K / 32); i++) {
+        const float *b = x + i * 32;
+        xs[i] = hsum(_mm512_add_ps(_mm512_loadu_ps(b), _mm512_loadu_ps(b + 16)));
+    }
+}
+
+#elif defined(HYSPEC_AVX2)
 const char *hyspec_qgemm_isa(void) { return "avx2+fma+f16c"; }
 
 static inline float f16(const uint8_t *p) {
@@ -139,34 +242,6 @@ static inline __attribute__((always_inline)) void one_row_r(const int qtype, con
     for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + sc[r];
 }
 
-/* The same sums as rows_block for many rows of x (verification, prefill): each block's codes are
- * converted once per chunk of up to eight rows.  Every (output, row) pair goes through exactly the
- * operations rows_block does, in the same order: the results are equal. */
-static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xs,
-                                                                  int64_t M, int64_t K, const uint8_t *w, int64_t n0,
-                                                                  int NB, float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
-    /* rows of x in chunks that stay in the L1/L2 cache while the output rows of this block pass over them */
-    for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-        const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
-        const float *xc = x + m0 * K, *xsc = xs + m0 * G;
-        for (int i = 0; i < NB; i++) {
-            const uint8_t *wr = w + (n0 + i) * G * bs;
-            float *yc = y + m0 * N + n0 + i;
-            switch (R) {
-                case 1: one_row_r(qtype, 1, xc, xsc, K, wr, yc, N); break;
-                case 2: one_row_r(qtype, 2, xc, xsc, K, wr, yc, N); break;
-                case 3: one_row_r(qtype, 3, xc, xsc, K, wr, yc, N); break;
-                case 4: one_row_r(qtype, 4, xc, xsc, K, wr, yc, N); break;
-                case 5: one_row_r(qtype, 5, xc, xsc, K, wr, yc, N); break;
-                case 6: one_row_r(qtype, 6, xc, xsc, K, wr, yc, N); break;
-                case 7: one_row_r(qtype, 7, xc, xsc, K, wr, yc, N); break;
-                default: one_row_r(qtype, 8, xc, xsc, K, wr, yc, N); break;
-            }
-        }
-    }
-}
-
 /* xs[m, g]: the sum of block g of row m, in a fixed order */
 static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
     for (int64_t i = 0; i < M * (K / 32); i++) {
@@ -244,11 +319,41 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
 }
 #endif
 
+#if defined(HYSPEC_AVX2) || defined(HYSPEC_AVX512)
+/* The same sums as rows_block for many rows of x (verification, prefill): each block's codes are
+ * converted once per chunk of up to eight rows.  Every (output, row) pair goes through exactly the
+ * operations rows_block does, in the same order: the results are equal. */
+static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xs,
+                                                                  int64_t M, int64_t K, const uint8_t *w, int64_t n0,
+                                                                  int NB, float *y, int64_t N) {
+    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    /* rows of x in chunks that stay in the L1/L2 cache while the output rows of this block pass over them */
+    for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+        const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
+        const float *xc = x + m0 * K, *xsc = xs + m0 * G;
+        for (int i = 0; i < NB; i++) {
+            const uint8_t *wr = w + (n0 + i) * G * bs;
+            float *yc = y + m0 * N + n0 + i;
+            switch (R) {
+                case 1: one_row_r(qtype, 1, xc, xsc, K, wr, yc, N); break;
+                case 2: one_row_r(qtype, 2, xc, xsc, K, wr, yc, N); break;
+                case 3: one_row_r(qtype, 3, xc, xsc, K, wr, yc, N); break;
+                case 4: one_row_r(qtype, 4, xc, xsc, K, wr, yc, N); break;
+                case 5: one_row_r(qtype, 5, xc, xsc, K, wr, yc, N); break;
+                case 6: one_row_r(qtype, 6, xc, xsc, K, wr, yc, N); break;
+                case 7: one_row_r(qtype, 7, xc, xsc, K, wr, yc, N); break;
+                default: one_row_r(qtype, 8, xc, xsc, K, wr, yc, N); break;
+            }
+        }
+    }
+}
+#endif
+
 /* one block of output rows: rows_block_many and rows_block give equal results, the first is faster for many rows */
 static inline __attribute__((always_inline)) void output_rows(const int qtype, int many, const float *x,
                                                               const float *xs, int64_t M, int64_t K, const uint8_t *w,
                                                               int64_t n0, int NB, float *y, int64_t N) {
-#ifdef HYSPEC_AVX2
+#if defined(HYSPEC_AVX2) || defined(HYSPEC_AVX512)
     if (many) {
         rows_block_many(qtype, x, xs, M, K, w, n0, NB, y, N);
         return;

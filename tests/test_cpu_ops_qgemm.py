@@ -57,26 +57,46 @@ def test_each_row_is_the_same_alone_or_in_any_batch(qtype):
     assert torch.equal(one_thread, together)  # and whatever thread computes a row
 
 
-@needs_kernel
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-def test_the_portable_path_is_exact_and_batch_invariant_too(qtype):
-    """What a CPU without AVX2 / FMA / F16C runs (built here with -march=x86-64): the same sums."""
+def _marches() -> list[str]:
+    """The -march builds this CPU can run: portable, AVX2 (haswell) where present, and its own (AVX-512 here or not)."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("-march=x86-64 is an x86 build")
-    lib = qg.variant("x86-64")
-    assert qg.isa(lib) == "portable"
+        return ["native"]
+    from hyspec.cpu_ops.native import _cpu_key
+
+    flags = set(_cpu_key().split())
+    return ["x86-64", *(["haswell"] if {"avx2", "fma", "f16c"} <= flags else []), "native"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("march", _marches())
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_every_isa_path_is_exact_and_batch_invariant(qtype, march):
+    """What each CPU runs -- portable (no AVX2), AVX2, AVX-512 -- built here for every level this CPU has."""
+    lib = qg.variant(march)
     w, ref_w = _blocks(qtype, 52, 576, seed=3)
-    x = torch.randn(9, 576)
+    x = torch.randn(13, 576)
     together = qg.qgemm(qtype, x, w.blocks, 52, lib=lib)
-    for n in (1, 2, 5):
-        assert torch.equal(qg.qgemm(qtype, x[:n].contiguous(), w.blocks, 52, lib=lib), together[:n]), n
+    for n in (1, 2, 5, 9):
+        assert torch.equal(qg.qgemm(qtype, x[:n].contiguous(), w.blocks, 52, lib=lib), together[:n]), (march, n)
     ref = (x.double() @ ref_w.double().t()).float()
     bound = 1e-6 * (x.abs().double() @ ref_w.abs().double().t()).float() + 1e-7
-    assert ((together - ref).abs() <= bound * 8).all()
-    # the vector path (this CPU's build) sums in the same order: equal to the portable path, bit for bit
-    assert torch.equal(qg.qgemm(qtype, x, w.blocks, 52), together)
+    assert ((together - ref).abs() <= bound * 8).all(), march
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_the_portable_path_sums_in_the_avx2_paths_order(qtype):
+    """The portable build is the AVX2 build's arithmetic without vectors: equal bit for bit (AVX-512 sums in
+    sixteen lanes, another order: close, not equal)."""
+    if "haswell" not in _marches():
+        pytest.skip("this CPU cannot run the AVX2 build")
+    assert qg.isa(qg.variant("x86-64")) == "portable" and qg.isa(qg.variant("haswell")) == "avx2+fma+f16c"
+    w, _ = _blocks(qtype, 52, 576, seed=4)
+    x = torch.randn(9, 576)
+    assert torch.equal(qg.qgemm(qtype, x, w.blocks, 52, lib=qg.variant("x86-64")),
+                       qg.qgemm(qtype, x, w.blocks, 52, lib=qg.variant("haswell")))
 
 
 def test_quantize_writes_blocks_that_mean_the_same_values():
