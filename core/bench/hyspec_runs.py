@@ -19,8 +19,9 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     Prompt lookup matches 1..3-token n-grams, as transformers' prompt lookup
     does with ``max_matching_ngram_size=3``; every method drafts up to
     ``num_speculative_tokens`` tokens per step, except suffix, whose drafts size
-    themselves under a ceiling of at least SUFFIX_CEILING (vLLM's default).  ``drafters`` holds the
-    methods whose weights were found; hybrid chooses among ngram and those.
+    themselves under a ceiling of at least SUFFIX_CEILING (vLLM's default).
+    hybrid is the bandit policy over ngram, suffix and every drafter found (``drafters``: the methods
+    whose weights were found).
     """
     if method == PLAIN:
         return None
@@ -33,10 +34,16 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     elif method in DRAFTER_METHODS:
         config["model"] = str(drafters[method])
     elif method == "hybrid":
+        # the learned policy over every method that can run: the built-in rules name methods the default model
+        # has no drafter for, and a hybrid that never drafts would measure nothing
+        k = settings.num_speculative_tokens
         choices: list[dict[str, Any]] = [{"method": "ngram", "prompt_lookup_min": NGRAM_MIN,
-                                          "prompt_lookup_max": NGRAM_MAX}]
-        choices += [{"method": m, "model": str(drafters[m])} for m in DRAFTER_METHODS if m in drafters]
-        config["hybrid"] = {"methods": choices}
+                                          "prompt_lookup_max": NGRAM_MAX, "num_speculative_tokens": k},
+                                         {"method": "suffix"}]  # suffix at the top-level ceiling, as alone
+        choices += [{"method": m, "model": str(drafters[m]), "num_speculative_tokens": k}
+                    for m in DRAFTER_METHODS if m in drafters]
+        config["num_speculative_tokens"] = max(k, SUFFIX_CEILING)
+        config["hybrid"] = {"policy": "bandit", "methods": choices}
     return deep_merge(config, settings.speculative_config_extra)
 
 

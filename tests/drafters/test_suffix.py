@@ -73,12 +73,21 @@ def test_speculation_depth_follows_the_match_length_and_the_tree_depth():
     assert prop.draft(store, [60, 3], budget=32).tokens == [4]
     # match of 3 tokens ("1 2 3"): three tokens, and 3 + 3 <= max_tree_depth 6
     assert prop.draft(store, [70, 1, 2, 3], budget=32).tokens == [4, 5, 6]
-    # match of 5 tokens (capped at max_tree_depth - 1): 6 - 5 = 1 token
-    assert prop.draft(store, [9, 8, 1, 2, 3], budget=32).tokens == [4]
+    # match of 5 tokens (capped at max_tree_depth - 1) allows 6 - 5 = 1 token; the balanced length
+    # 6 / (1 + 1.0) = 3 ("1 2 3", the same occurrence) allows three, and its tree scores higher
+    assert prop.draft(store, [9, 8, 1, 2, 3], budget=32).tokens == [4, 5, 6]
     factor = SuffixProposer(SuffixSettings(max_tree_depth=24, max_spec_factor=2.0, min_token_prob=0.0,
                                            max_cached_requests=0), max_tokens=32, vocab_size=100)
     assert factor.draft(store, [70, 2, 3], budget=32).tokens == [4, 5, 6, 7]  # 2 x 2
     assert factor.draft(store, [70, 2, 3], budget=2).tokens == [4, 5]  # the step's budget
+    # the balanced length loses when its suffix is ambiguous: "8 1 2 3" also ends four other responses, each
+    # going its own way (1/5 each, under min_token_prob), so the longest match's one sure token wins
+    strict = SuffixProposer(SuffixSettings(max_tree_depth=6, max_spec_factor=1.0, min_token_prob=0.3,
+                                           max_cached_requests=0), max_tokens=32, vocab_size=100)
+    for serial, last in enumerate((90, 91, 92, 93), start=1):
+        store.extend(serial, [8, 1, 2, 3, last])
+    assert strict.draft(store, [9, 8, 1, 2, 3], budget=32).tokens == [4]
+    assert strict.draft(store, [70, 1, 2, 3], budget=32).tokens == []
 
 
 class _Seq:

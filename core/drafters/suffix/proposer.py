@@ -131,17 +131,30 @@ class SuffixProposer(Proposer):
 
     def draft(self, store: TokenStore, context: list[int], budget: int,
               exclude_end: tuple[int, int] | None = None) -> Draft:
-        """The best tree ``store`` offers for ``context`` under ``budget`` nodes."""
+        """The best tree ``store`` offers for ``context`` under ``budget`` nodes.
+
+        The match and the speculation share ``max_tree_depth``, so the longest match is not always
+        the best one to draft from: a match of m tokens allows ``min(max_tree_depth - m,
+        max_spec_factor * m)`` tokens, largest near ``max_tree_depth / (1 + max_spec_factor)``.  The
+        longest match and that length are both tried (the shorter one's occurrences: those of the
+        longest match's q-gram bucket that match at least m tokens, which is all of them when
+        m >= QGRAM, as at the defaults), and the tree with the larger expected acceptance wins."""
         s = self.settings
         match = store.longest_match(context, s.max_tree_depth - 1, exclude_end)
         if match.length == 0:
             return Draft([], [], 0.0, 0)
-        depth = min(s.max_tree_depth - match.length, math.floor(s.max_spec_factor * match.length))
-        if depth < 1:
-            return Draft([], [], 0.0, match.length)
-        draft = grow_tree(store.continuations(match.ends[::-1], depth), budget, s.min_token_prob)  # newest first
-        draft.match_length = match.length
-        return draft
+        balanced = max(1, min(match.length, round(s.max_tree_depth / (1.0 + s.max_spec_factor))))
+        best = Draft([], [], 0.0, match.length)
+        for m in dict.fromkeys((match.length, balanced)):
+            depth = min(s.max_tree_depth - m, math.floor(s.max_spec_factor * m))
+            if depth < 1:
+                continue
+            ends = match.ends if m == match.length else match.ends_at_least(m)
+            draft = grow_tree(store.continuations(ends[::-1], depth), budget, s.min_token_prob)  # newest first
+            draft.match_length = m
+            if draft.score > best.score:
+                best = draft
+        return best
 
     def _tree(self, root: int, draft: Draft) -> DraftTree:
         return DraftTree([root, *draft.tokens], [-1, *draft.parents], vocab_size=self.vocab_size)

@@ -25,10 +25,17 @@ ENTRY_BYTES = 80
 
 @dataclass(frozen=True)
 class Match:
-    """Where the context's longest suffix occurs: ``length`` tokens, ending at ``ends`` (serial, position)."""
+    """Where the context's longest suffix occurs: ``length`` tokens, ending at ``ends`` (serial, position).
+
+    ``candidates`` holds every occurrence looked at with its own match length, newest last, so a
+    caller can take the occurrences of a shorter suffix too (all those matching at least ``m``)."""
 
     length: int
     ends: list[tuple[int, int]]
+    candidates: tuple[tuple[int, int, int], ...] = ()  # (serial, position, match length)
+
+    def ends_at_least(self, m: int) -> list[tuple[int, int]]:
+        return [(s, p) for s, p, n in self.candidates if n >= m]
 
 
 class TokenStore:
@@ -103,7 +110,7 @@ class TokenStore:
         return match
 
     def _best(self, candidates, context: list[int], max_length: int, exclude_end: tuple[int, int] | None) -> Match:
-        best, ends = 0, []
+        best, ends, seen = 0, [], []
         for serial, pos in candidates:
             if (serial, pos) == exclude_end:
                 continue
@@ -114,11 +121,13 @@ class TokenStore:
             while length < max_length and pos - length >= 0 and length < len(context) \
                     and seq[pos - length] == context[-1 - length]:
                 length += 1
+            if length > 0:
+                seen.append((serial, pos, length))
             if length > best:
                 best, ends = length, [(serial, pos)]
             elif length == best and length > 0:
                 ends.append((serial, pos))
-        return Match(best, ends)
+        return Match(best, ends, tuple(seen))
 
     def continuations(self, ends: list[tuple[int, int]], depth: int) -> list[list[int]]:
         """Up to ``depth`` tokens that followed each occurrence (within its own sequence)."""
