@@ -72,6 +72,21 @@ def _generate_wave(llm: Any, workload: Workload, wave: range, max_tokens: int) -
     return llm.generate(prompts, [_params(workload, i, max_tokens) for i in wave])
 
 
+def _hybrid_choices(spec: Any) -> dict[str, Any]:
+    """What the hybrid chose, for the JSON: steps per method and, under the bandit, per class of step
+    (warm-up wave included: the bandit learns there too)."""
+    dispatcher = getattr(spec, "dispatcher", None)
+    if dispatcher is None:
+        return {}
+    snap = dispatcher.snapshot()
+    out: dict[str, Any] = {"hybrid_decisions": {str(k): v for k, v in snap.decisions.items()}}
+    if snap.bandit is not None:
+        out["bandit_choices"] = {f"{klass} {arm}": n for (klass, arm), n in sorted(snap.bandit.choices.items())}
+        out["bandit_goodput_tok_s"] = {f"{klass} {arm}": round(g, 1)
+                                       for (klass, arm), g in sorted(snap.bandit.goodput.items())}
+    return out
+
+
 def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -> Measurement:
     """Warm up on one wave, then time ``repeats`` passes over every wave."""
     _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
@@ -88,6 +103,8 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -
                                                     before_pass=llm.engine.spec.forget_shared_history)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
+    if acceptance is not None:
+        acceptance.update(_hybrid_choices(spec))
     return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,
                        ttft_s=Spread.of(ttfts) if ttfts else None, outputs=outputs, peak=memory,
                        acceptance=acceptance)

@@ -90,11 +90,14 @@ def exact_law(engine: "LLMEngine", prompt: Sequence[int]) -> ExactLaw:
     return ExactLaw(joint12, y2, y3)
 
 
-def sample_through_generate(llm: Any, prompt: Sequence[int], n: int, seed: int = 0) -> list[list[int]]:
-    """``n`` seeded requests for ``prompt`` through ``LLM.generate``; the first three tokens of each."""
+def sample_through_generate(llm: Any, prompt: Sequence[int], n: int, seed: int = 0,
+                            max_tokens: int = 3) -> list[list[int]]:
+    """``n`` seeded requests for ``prompt`` through ``LLM.generate``; the first three tokens of each.
+    ``max_tokens`` > 3 lets drafts reach past the third token (the law is still the first three's)."""
     from hyspec import SamplingParams
 
-    params = [SamplingParams(**PARAMS, seed=seed * 1_000_003 + i, max_tokens=3, ignore_eos=True) for i in range(n)]
+    params = [SamplingParams(**PARAMS, seed=seed * 1_000_003 + i, max_tokens=max(3, max_tokens), ignore_eos=True)
+              for i in range(n)]
     return [o.outputs[0].token_ids[:3] for o in llm.generate([list(prompt)] * n, params)]
 
 

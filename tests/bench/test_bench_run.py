@@ -212,6 +212,10 @@ def test_embedded_default_without_drafters(tiny, tmp_path, capsys, monkeypatch):
         assert by_method[method]["status"] == "skipped"
         assert "hyspec train-draft --method " + method in by_method[method]["reason"]
     assert by_method["hybrid"]["identity"]["token_identical"] is True
+    # the bench's hybrid is the bandit over ngram and suffix (plain included): what it chose is recorded
+    choices = by_method["hybrid"]["acceptance"]["bandit_choices"]
+    assert {key.split()[-1] for key in choices} <= {"ngram", "suffix", "none"} and sum(choices.values()) > 0
+    assert sum(by_method["hybrid"]["acceptance"]["hybrid_decisions"].values()) >= sum(choices.values())
 
 
 def test_default_model_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):

@@ -67,6 +67,26 @@ def run_and_compare(ws, law_and_prompt, method, n):
     return result
 
 
+def test_suffix_trees_emit_the_target_law(workspace):
+    """Suffix drafts are trees where earlier responses to the same prompt went different ways.  With a
+    prompt that its own tokens do not continue (no lookup tokens appended), the drafts come from the
+    cache of earlier responses, forks included, and the law must still be the target's."""
+    prompt = list(prompts(6)[3])
+    law = exact_law(engine(workspace).engine, prompt)
+    llm = engine(workspace, {**CONTROLLER_OFF, "method": "suffix"})
+    try:
+        # 8 tokens, not 3: after the first token a draft may then hold more than one node (a fork)
+        samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=8)
+        stats = llm.engine.spec.proposers["suffix"].stats
+    finally:
+        llm.engine.spec.close()
+    result = compare(samples, law)
+    assert result.passed, f"suffix trees: {result.describe()}"
+    print(f"suffix trees: {result.describe()}; {stats}")  # shown with -s
+    assert stats["drafts_cache"] >= DEFAULT_SAMPLES // 4, stats
+    assert stats["branching_drafts"] >= DEFAULT_SAMPLES // 20, stats
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_emits_the_target_law_through_generate(workspace, law_and_prompt, method):
     result = run_and_compare(workspace, law_and_prompt, method, DEFAULT_SAMPLES)

@@ -105,7 +105,9 @@ class SuffixProposer(Proposer):
         self._own: dict[str, TokenStore] = {}  # request id -> its prompt and output so far
         self.cache = TokenStore(MAX_PER_KEY)  # finished responses (global)
         self._serials = itertools.count()
-        self.stats = {"drafts_own": 0, "drafts_cache": 0, "cached_responses": 0, "evicted_responses": 0}
+        # branching_drafts: drafts with a node of two or more children (trees, not chains)
+        self.stats = {"drafts_own": 0, "drafts_cache": 0, "branching_drafts": 0, "cached_responses": 0,
+                      "evicted_responses": 0}
 
     def max_budget(self) -> int:
         return self.max_tokens
@@ -126,6 +128,7 @@ class SuffixProposer(Proposer):
                     self.stats["drafts_own"] += bool(best.tokens)
             else:
                 self.stats["drafts_own"] += bool(best.tokens)
+            self.stats["branching_drafts"] += len(set(best.parents)) < len(best.parents)
             out.append(self._tree(req.seq.last_token, best) if best.tokens else None)
         return out
 
