@@ -20,10 +20,23 @@ class NPUBackend(AcceleratorBackend):
     ops_function = "npu_op_overrides"
     ops_source = "torch_npu"
 
+    #: KV budget of an emulated NPU (HYSPEC_NPU_EMULATE) when the caller names none: it is host memory
+    EMULATED_KV_BYTES = 256 << 20
+
     def __init__(self, capabilities: NpuCapabilities, device_index: int = 0):
         # torch_npu registers the "npu" device type with torch; torch.device("npu") needs it first
-        importlib.import_module("torch_npu")
-        super().__init__(capabilities, device_index)
+        module = importlib.import_module("torch_npu")
+        self.emulated = getattr(module, "HYSPEC_EMULATION", None)
+        if self.emulated:
+            self.device_type = "cpu"  # hyspec's emulated torch_npu computes on the host (npu_ops/emulation.py)
+        super().__init__(capabilities, device_index if not self.emulated else 0)
+        if self.emulated:
+            self.name = "npu"
+
+    def kv_cache_budget_bytes(self, memory_fraction: float, cpu_kv_bytes: int | None = None) -> int:
+        if self.emulated:
+            return int(cpu_kv_bytes or self.EMULATED_KV_BYTES)
+        return super().kv_cache_budget_bytes(memory_fraction, cpu_kv_bytes)
 
     def device_module(self) -> ModuleType:
         import torch_npu

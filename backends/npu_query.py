@@ -37,6 +37,16 @@ def query_devices(torch_npu: Any) -> dict[str, Any]:
     return out
 
 
+def query_ops() -> dict[str, Any]:
+    """hyspec.npu_ops.plan's choice per op (signatures, documented limits, one ATB call), or why it failed."""
+    try:
+        from hyspec.npu_ops import npu_op_plan
+
+        return npu_op_plan()
+    except Exception as exc:  # the device answered; a failing plan costs the op report, not the probe
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
     """Child process: import torch, then torch_npu, then query; print one marked JSON line."""
     result: dict[str, Any] = {"stage": "import torch"}
@@ -51,6 +61,9 @@ def main() -> None:
         result["torch_npu_version"] = getattr(torch_npu, "__version__", None)
         result["stage"] = "query devices"
         result.update(query_devices(torch_npu))
+        if result.get("device_count"):
+            result["stage"] = "plan ops"
+            result["ops"] = query_ops()
         result["stage"] = "done"
     except BaseException:  # noqa: BLE001 - report every failure, SystemExit from a broken package too
         sys.stderr.write(traceback.format_exc())

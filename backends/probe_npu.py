@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyspec.backends.npu_query import CHILD_CODE, MARK, query_devices
+from hyspec.backends.npu_query import CHILD_CODE, MARK, query_devices, query_ops
 from hyspec.backends.installed import dist_version
 from hyspec.backends.records import NpuCapabilities, NpuDevice
 
@@ -176,11 +176,50 @@ def _query_in_process(torch_npu: Any) -> tuple[dict[str, Any], str, int]:
         found.update(query_devices(torch_npu))
     except Exception:  # a device query that fails is reported, as it is from the child
         return found, traceback.format_exc(), 3
+    found["ops"] = query_ops() if found.get("device_count") else None
     found["stage"] = "done"
     return found, "", 0
 
 
+#: HYSPEC_NPU_EMULATE=<op-plugin branch>[:no-atb] stands a pure-torch torch_npu of that release in for the
+#: real one (hyspec.npu_ops.emulation): the NPU backend then runs on the host, for tests and dry runs
+EMULATE_ENV = "HYSPEC_NPU_EMULATE"
+
+
+def emulation_request(env: dict[str, str] | None = None) -> tuple[str, bool] | None:
+    """(branch, ATB loaded) asked for by HYSPEC_NPU_EMULATE, or None."""
+    value = (os.environ if env is None else env).get(EMULATE_ENV, "").strip()
+    if not value:
+        return None
+    branch, _, flag = value.partition(":")
+    if flag not in ("", "no-atb"):
+        raise ValueError(f"{EMULATE_ENV}={value!r}: the only flag is ':no-atb' (e.g. 26.1.0:no-atb)")
+    return branch, flag != "no-atb"
+
+
+def _probe_emulated(branch: str, atb_loaded: bool) -> NpuCapabilities:
+    """The probe of an emulated stack: torch_npu is hyspec's stand-in, installed in this process."""
+    from hyspec.npu_ops.emulation import install_emulation
+
+    module = install_emulation(branch, atb_loaded)
+    found, stderr, returncode = _query_in_process(module)
+    release = found.get("ops", {}).get("op_plugin", branch)
+    devices = tuple(NpuDevice(**d) for d in found.get("devices", ()))
+    return NpuCapabilities(
+        available=returncode == 0, reason=None if returncode == 0 else f"emulated torch_npu failed: {stderr}",
+        hint=f"EMULATED ({EMULATE_ENV}={branch}): {release}; computes on the host, proves nothing about kernels",
+        installed=True, failure_mode=None if returncode == 0 else "query_failed", import_error=None,
+        torch_version=found.get("torch_version"), torch_npu_version=module.__version__,
+        torch_npu_built_for_torch=release_of(module.__version__), version_mismatch=None,
+        device_count=int(found.get("device_count", 0)), devices=devices, soc_name=devices[0].name if devices else None,
+        soc_version=found.get("soc_version"), soc_family=soc_family(found.get("soc_version")),
+        cann_version=module.HYSPEC_CANN, cann_home=None, emulated=branch, op_plan=found.get("ops"))
+
+
 def probe_npu(timeout_s: float = DEFAULT_TIMEOUT_S) -> NpuCapabilities:
+    emulation = emulation_request()
+    if emulation is not None:
+        return _probe_emulated(*emulation)
     cann_version, cann_home = read_cann_version()
     spec = importlib.util.find_spec("torch_npu")
     torch_version = dist_version("torch")
@@ -231,4 +270,4 @@ def probe_npu(timeout_s: float = DEFAULT_TIMEOUT_S) -> NpuCapabilities:
                                hint="check npu-smi info and ASCEND_RT_VISIBLE_DEVICES", installed=True,
                                failure_mode="no_devices", **base)
     return NpuCapabilities(available=True, reason=None, hint=mismatch_note, installed=True, failure_mode=None,
-                           **base)
+                           op_plan=found.get("ops"), **base)

@@ -170,6 +170,10 @@ class NpuCapabilities:
     soc_family: str | None  # "910B/A2", "910_93/A3", "310P", "A5/950", ...
     cann_version: str | None
     cann_home: str | None
+    #: the op-plugin branch an emulated torch_npu stands for (HYSPEC_NPU_EMULATE), None on a real stack
+    emulated: str | None = None
+    #: per op, the torch_npu variants used and why others were rejected (hyspec.npu_ops.plan), when found
+    op_plan: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.failure_mode is not None and self.failure_mode not in NPU_FAILURE_MODES:

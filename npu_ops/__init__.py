@@ -37,83 +37,65 @@ NPU_OPS = ("attention", "write_kv", "rms_norm", "rotary")
 _NO_NPU_VERSION = "reference: hyspec uses no torch_npu op for this (plain torch on the NPU)"
 
 
-def npu_op_overrides() -> dict[str, Callable]:
+def npu_op_overrides(device=None) -> dict[str, Callable]:
     """The ops the installed torch_npu can back, keyed by ``OpTable`` op name (absent ops fall back).
 
-    Raises ImportError when torch_npu cannot be imported.
+    Which function serves each op is ``hyspec.npu_ops.plan.plan``'s choice
+    (signatures, documented limits, ATB loaded or not).  Raises ImportError
+    when torch_npu cannot be imported.
     """
-    from hyspec.npu_ops.detect import find_functions, import_torch_npu
+    from hyspec.npu_ops.detect import import_torch_npu
+    from hyspec.npu_ops.plan import plan
 
-    fns = find_functions(import_torch_npu())
-    return _build(fns)
+    return build_ops(plan(import_torch_npu(), device))
 
 
-def _build(fns) -> dict[str, Callable]:
+def build_ops(p) -> dict[str, Callable]:
+    """The op wrappers for a plan (hyspec.npu_ops.plan.NpuPlan): only the functions it found usable."""
     from hyspec.npu_ops.attention import NpuAttention
     from hyspec.npu_ops.kv import NpuWriteKV
     from hyspec.npu_ops.norm import NpuRmsNorm
     from hyspec.npu_ops.rotary import NpuRotary
 
+    fns = p.functions
     ops: dict[str, Callable] = {}
-    if fns.fia is not None:
-        ops["attention"] = NpuAttention(fns.fia, fns.paged_attention)
-    if fns.scatter_pa_kv_cache is not None or fns.reshape_and_cache is not None:
-        ops["write_kv"] = NpuWriteKV(fns.scatter_pa_kv_cache, fns.reshape_and_cache)
-    if fns.rms_norm is not None or fns.add_rms_norm is not None:
-        ops["rms_norm"] = NpuRmsNorm(fns.rms_norm, fns.add_rms_norm)
-    if fns.apply_rotary_pos_emb is not None or fns.rotary_embedding is not None:
-        ops["rotary"] = NpuRotary(fns.apply_rotary_pos_emb, fns.rotary_embedding)
+    if "fia" in fns or "paged_attention" in fns:
+        ops["attention"] = NpuAttention(fns.get("fia"), fns.get("paged_attention"), limits=p.release)
+    if "scatter_pa_kv_cache" in fns or "reshape_and_cache" in fns:
+        ops["write_kv"] = NpuWriteKV(fns.get("scatter_pa_kv_cache"), fns.get("reshape_and_cache"))
+    if "rms_norm" in fns or "add_rms_norm" in fns:
+        ops["rms_norm"] = NpuRmsNorm(fns.get("rms_norm"), fns.get("add_rms_norm"))
+    if any(k in fns for k in ("apply_rotary_pos_emb", "rotary_mul", "rotary_embedding")):
+        ops["rotary"] = NpuRotary(fns.get("apply_rotary_pos_emb"), fns.get("rotary_embedding"),
+                                  rotary_mul=fns.get("rotary_mul"), limits=p.release)
     return ops
 
 
-def npu_op_report() -> dict[str, str]:
-    """For every op name: the torch_npu function(s) backing it, or why it runs the reference."""
-    from hyspec.npu_ops.detect import find_functions, import_torch_npu
+def npu_op_plan(device=None) -> dict:
+    """The plan as data (``hyspec probe --json``'s ``npu.ops``), or why there is none."""
+    from hyspec.npu_ops.detect import import_torch_npu
+    from hyspec.npu_ops.plan import plan
 
     try:
-        fns = find_functions(import_torch_npu())
+        module = import_torch_npu()
+    except ImportError as exc:
+        return {"error": f"torch_npu cannot be imported ({exc})"}
+    return plan(module, device).to_dict()
+
+
+def npu_op_report() -> dict[str, str]:
+    """For every op name: the torch_npu function(s) backing it (in the order tried), or why it runs the reference."""
+    from hyspec.npu_ops.detect import import_torch_npu
+    from hyspec.npu_ops.plan import plan
+
+    try:
+        p = plan(import_torch_npu())
     except ImportError as exc:
         reason = f"reference: torch_npu cannot be imported ({exc})"
         return {name: (reason if name in NPU_OPS else _NO_NPU_VERSION) for name in OP_NAMES}
     report = {name: _NO_NPU_VERSION for name in OP_NAMES}
-    report.update(_describe(fns))
+    report.update({op: op_plan.describe() for op, op_plan in p.ops.items()})
     return report
 
 
-def _describe(fns) -> dict[str, str]:
-    def missing(*which: str) -> str:
-        return "reference: torch_npu has no " + " and no ".join(fns.name(w) for w in which)
-
-    if fns.fia is None:
-        attention = missing("fia")
-    else:
-        attention = f"{fns.name('fia')} (prefill, chains: TND sparse_mode 3; trees: BSND explicit mask)"
-        attention += (f" + {fns.name('paged_attention')} (single-token decode)" if fns.paged_attention is not None
-                      else f"; single-token decode also on FIA ({fns.name('paged_attention')} missing)")
-    if fns.scatter_pa_kv_cache is not None:
-        write_kv = f"{fns.name('scatter_pa_kv_cache')} (cache_mode='Norm')"
-    elif fns.reshape_and_cache is not None:
-        write_kv = f"{fns.name('reshape_and_cache')} (float32 caches: reference)"
-    else:
-        write_kv = missing("scatter_pa_kv_cache", "reshape_and_cache")
-    if fns.rms_norm is None and fns.add_rms_norm is None:
-        rms = missing("rms_norm", "add_rms_norm")
-    else:
-        parts = []
-        parts.append(f"{fns.name('rms_norm')}" if fns.rms_norm else "no residual: reference (npu_rms_norm missing)")
-        parts.append(f"{fns.name('add_rms_norm')} (with residual)" if fns.add_rms_norm
-                     else "with residual: torch add + npu_rms_norm")
-        rms = " + ".join(parts)
-    if fns.apply_rotary_pos_emb is None and fns.rotary_embedding is None:
-        rotary = missing("apply_rotary_pos_emb", "rotary_embedding")
-    else:
-        parts = []
-        if fns.apply_rotary_pos_emb:
-            parts.append(f"{fns.name('apply_rotary_pos_emb')} (head_dim 64/128)")
-        if fns.rotary_embedding:
-            parts.append(f"{fns.name('rotary_embedding')} (other head dims; the first RoPE table only)")
-        rotary = ", else ".join(parts) + "; otherwise reference"
-    return {"attention": attention, "write_kv": write_kv, "rms_norm": rms, "rotary": rotary}
-
-
-__all__ = ["NPU_OPS", "npu_op_overrides", "npu_op_report"]
+__all__ = ["NPU_OPS", "build_ops", "npu_op_overrides", "npu_op_plan", "npu_op_report"]

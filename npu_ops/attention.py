@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from hyspec.npu_ops import graph
-from hyspec.npu_ops.attention_args import TreeArgs, causal_args, causal_mask, decode_args, tree_args
+from hyspec.npu_ops.attention_args import (TreeArgs, causal_args, causal_mask, causal_tree_mask, decode_args,
+                                           tree_args)
 from hyspec.npu_ops.layout import PagedCache, paged_cache
 from hyspec.npu_ops.limits import (MAX_TREE_QUERY_TOKENS, NpuOpUnsupportedError, check_fia_shapes,
-                                   paged_attention_fits)
+                                   layout_problems, paged_attention_fits, warn_once)
 from hyspec.ops.attention import AttentionMetadata
+from hyspec.ops.attention import paged_attention as reference_attention
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,18 @@ class _StepCache:
 class NpuAttention:
     """``OpTable.attention`` backed by torch_npu (see the module docstring)."""
 
-    def __init__(self, fia: Callable, paged_attention: Callable | None = None,
-                 config: NpuAttentionConfig = NpuAttentionConfig()):
+    def __init__(self, fia: Callable | None, paged_attention: Callable | None = None,
+                 config: NpuAttentionConfig = NpuAttentionConfig(), limits: Any = None):
+        if fia is None and paged_attention is None:
+            raise ValueError("NpuAttention needs npu_fused_infer_attention_score or _npu_paged_attention")
         self.fia = fia
         self.paged_attention = paged_attention
         self.config = config
+        # the release's documented PageAttention layouts (hyspec.npu_ops.op_schemas); None: generic limits only
+        fia_limits = limits.limits("npu_fused_infer_attention_score") if limits is not None else {}
+        self.layout_rules: dict | None = fia_limits.get("paged_layouts")
         self._tree_cache = _StepCache()
+        self._causal_masks = _StepCache()
 
     def __call__(
         self,
@@ -85,14 +93,52 @@ class NpuAttention:
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         cache = paged_cache(k_cache, v_cache)
-        check_fia_shapes(q, k_cache, meta.num_seqs, cache.block_size, meta.max_seq_len)
+        route, why = self.route(q, cache, meta)
+        if route == "reference":
+            warn_once(f"attention:{why}", f"NPU attention runs the reference op: {why}")
+            return reference_attention(q, k_cache, v_cache, meta, scale)
         q = q.contiguous()
         static = graph.capturing()
-        if meta.max_query_len == 1 and self._use_paged_attention(q, cache, meta):
+        if route == "paged_attention":
             return self._decode(q, cache, meta, scale, static)
-        if meta.tree_mask is None or meta.max_query_len == 1:  # a one-node tree is the causal case
+        if route == "TND":
             return self._causal(q, cache, meta, scale, static)
-        return self._tree(q, cache, meta, scale, static)
+        return self._tree(q, cache, meta, scale, static, self._tree_mask(meta))
+
+    def route(self, q: torch.Tensor, cache: PagedCache, meta: AttentionMetadata) -> tuple[str, str | None]:
+        """("paged_attention" | "TND" | "BSND" | "reference", why the reference) for this step.
+
+        Single-token decode goes to ATB PA where it fits; causal steps to TND
+        (sparse_mode 3) where the release documents TND PageAttention for this
+        head dim, else to BSND with an explicit causal mask; trees to BSND.
+        """
+        if meta.max_query_len == 1 and self._use_paged_attention(q, cache, meta):
+            return "paged_attention", None
+        if self.fia is None:
+            return "reference", "this torch_npu offers no usable npu_fused_infer_attention_score"
+        problems = check_fia_shapes(q, cache.key, meta.num_seqs, cache.block_size, meta.max_seq_len)
+        if problems:
+            return "reference", "; ".join(problems)
+        multi = meta.max_query_len > 1
+        args = (q.shape[2], q.dtype, cache.block_size, multi, meta.num_seqs)
+        tnd = layout_problems(self.layout_rules, "TND", *args)
+        if (meta.tree_mask is None or not multi) and not tnd:  # a one-node tree is the causal case
+            return "TND", None
+        bsnd = layout_problems(self.layout_rules, "BSND", *args)
+        if not bsnd:
+            return "BSND", None
+        return "reference", "; ".join(bsnd + ([] if meta.tree_mask is not None and multi else tnd))
+
+    def _tree_mask(self, meta: AttentionMetadata) -> torch.Tensor:
+        """The step's tree mask, or for a causal step on BSND the causal one (each row sees its predecessors)."""
+        if meta.tree_mask is not None:
+            return meta.tree_mask
+        key = (tuple(meta.query_lens),)
+        mask = self._causal_masks.get(meta, key)
+        if mask is None:
+            mask = causal_tree_mask(meta)
+            self._causal_masks.put(meta, key, mask)
+        return mask
 
     def _use_paged_attention(self, q: torch.Tensor, cache: PagedCache, meta: AttentionMetadata) -> bool:
         return (self.paged_attention is not None and self.config.paged_attention_for_decode
@@ -109,18 +155,18 @@ class NpuAttention:
                       sparse_mode=3, **self._fia_common(q, cache, scale))
         return self._launch_fia(q, cache, kwargs, lambda m: {"actual_seq_lengths_kv": list(m.seq_lens_host)})
 
-    def _tree(self, q, cache, meta, scale, static) -> torch.Tensor:
+    def _tree(self, q, cache, meta, scale, static, tree_mask) -> torch.Tensor:
         cap = self.config.max_tree_query_tokens
         if meta.max_query_len > cap and not self.config.split_large_trees:
             raise NpuOpUnsupportedError(
                 f"NPU tree attention: a request verifies {meta.max_query_len} tree tokens, FIA serves at most {cap} "
                 "query rows per request against a tree mask; shrink the tree budget or enable split_large_trees")
         # keyed on the capture too: a mask built before capturing would be a constant inside the graph
-        key = (id(meta.tree_mask), id(meta.block_tables), tuple(meta.query_lens), tuple(meta.seq_lens_host),
+        key = (id(tree_mask), id(meta.block_tables), tuple(meta.query_lens), tuple(meta.seq_lens_host),
                cache.block_stride, cache.block_size, cap, id(graph.active_capture()))
         args = self._tree_cache.get(meta, key)
         if args is None:
-            args = tree_args(meta, cache, cap, static_shapes=static)
+            args = tree_args(meta, cache, cap, static_shapes=static, tree_mask=tree_mask)
             self._tree_cache.put(meta, key, args)
         pieces = args.pieces
         E, C = len(pieces.entry_rows), pieces.rows

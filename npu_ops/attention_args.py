@@ -140,10 +140,22 @@ def tree_pieces(query_lens: list[int], cap: int, device: torch.device) -> TreePi
     return pieces
 
 
-def tree_args(meta: AttentionMetadata, cache: PagedCache, cap: int, static_shapes: bool = False) -> TreeArgs:
-    if meta.tree_mask is None:
+def causal_tree_mask(meta: AttentionMetadata) -> torch.Tensor:  # [T, max_query_len] bool
+    """The causal rule as a tree mask: row ``i`` of a request sees its new tokens ``0..i`` (for BSND steps)."""
+    device = meta.query_start_loc.device
+    qsl = meta.query_start_loc.to(dtype=torch.long)
+    lens = qsl[1:] - qsl[:-1]
+    T = int(qsl[-1])
+    local = torch.arange(T, device=device) - torch.repeat_interleave(qsl[:-1], lens, output_size=T)
+    return torch.arange(meta.max_query_len, device=device)[None, :] <= local[:, None]
+
+
+def tree_args(meta: AttentionMetadata, cache: PagedCache, cap: int, static_shapes: bool = False,
+              tree_mask: torch.Tensor | None = None) -> TreeArgs:
+    tree_mask = meta.tree_mask if tree_mask is None else tree_mask
+    if tree_mask is None:
         raise ValueError("tree_args needs a tree_mask")
-    device = meta.tree_mask.device
+    device = tree_mask.device
     pieces = tree_pieces(meta.query_lens, cap, device)
     width = _table_width(meta, cache.block_size, static_shapes)
     seq = pieces.entry_seq
@@ -152,7 +164,7 @@ def tree_args(meta: AttentionMetadata, cache: PagedCache, cap: int, static_shape
     qlen = (qsl[1:] - qsl[:-1])[seq]  # [E] query rows of the entry's request
     kv_len = seq_lens[seq]  # [E]
     context = kv_len - qlen  # [E] committed KV before this step's tokens
-    mask = tree_mask_for_fia(meta.tree_mask, pieces, context, qlen, width * cache.block_size)
+    mask = tree_mask_for_fia(tree_mask, pieces, context, qlen, width * cache.block_size)
     table = meta.block_tables[:, :width].index_select(0, seq.to(meta.block_tables.device))
     return TreeArgs(pieces=pieces, actual_seq_lengths=list(pieces.entry_rows),
                     actual_seq_lengths_kv=[meta.seq_lens_host[b] for b in pieces.entry_seq_host],

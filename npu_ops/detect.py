@@ -5,6 +5,8 @@ registered with torch as ``torch.ops.npu.<name>`` (aclnn ops from op-plugin)
 or ``torch.ops.atb.<name>`` (ATB ops: the ``_npu_*`` wrappers).  Older or
 trimmed builds lack some of them, so every function is looked up on its own
 and an op whose functions are all missing falls back to the reference.
+Whether a function found here is used is decided by hyspec.npu_ops.plan
+(its signature, the documented limits, ATB's state).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
     "rms_norm": ("npu_rms_norm", "npu"),
     "add_rms_norm": ("npu_add_rms_norm", "npu"),
     "apply_rotary_pos_emb": ("npu_apply_rotary_pos_emb", "npu"),
+    "rotary_mul": ("npu_rotary_mul", "npu"),
     "rotary_embedding": ("_npu_rotary_embedding", "atb"),
 }
 
@@ -39,6 +42,7 @@ class NpuFunctions:
     rms_norm: Callable | None = None
     add_rms_norm: Callable | None = None
     apply_rotary_pos_emb: Callable | None = None
+    rotary_mul: Callable | None = None
     rotary_embedding: Callable | None = None
     origin: dict[str, str] = field(default_factory=dict)  # field -> "torch_npu.X" / "torch.ops.npu.X"
 

@@ -20,8 +20,8 @@ from typing import Iterable
 
 import torch
 
-class EmulationError(ValueError):
-    """An argument the documentation rules out (the real op would reject it or compute garbage)."""
+class EmulationError(RuntimeError):
+    """An argument the documentation rules out: a real NPU fails the op's aclnn/ATB check (RuntimeError)."""
 
 
 def _need(cond: bool, message: str) -> None:
@@ -54,7 +54,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
 def npu_fused_infer_attention_score(query, key, value, *, atten_mask=None, actual_seq_lengths=None,
                                     actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0,
                                     input_layout="BSH", num_key_value_heads=0, sparse_mode=0, block_size=0,
-                                    inner_precise=0, pre_tokens=2147483647, next_tokens=2147483647, **unused):
+                                    inner_precise=0, pre_tokens=2147483647, next_tokens=2147483647, _limits=None,
+                                    **unused):
     _need(not unused, f"emulation does not cover FIA arguments {sorted(unused)}")
     _need(query.dtype in (torch.float16, torch.bfloat16), f"query dtype {query.dtype}")
     _need(key.dtype == query.dtype and value.dtype == query.dtype, "key/value dtype must match the query's here")
@@ -82,6 +83,7 @@ def npu_fused_infer_attention_score(query, key, value, *, atten_mask=None, actua
         batches = [((b, slice(0, n)), n) for b, n in enumerate(lens[:query.shape[0]])]
     else:
         raise EmulationError(f"emulation covers input_layout TND and BSND, not {input_layout!r}")
+    _fia_release_rules(_limits, input_layout, max(n for _, n in batches), query.shape[-1], block_size, query.dtype)
     B = len(batches)
     kv_lens = list(actual_seq_lengths_kv)
     _need(len(kv_lens) >= B and block_table.shape[0] == B, "actual_seq_lengths_kv / block_table rows != batch")
@@ -122,8 +124,31 @@ def npu_fused_infer_attention_score(query, key, value, *, atten_mask=None, actua
     return out, torch.zeros(1, dtype=torch.float32, device=query.device)
 
 
+def _fia_release_rules(limits: dict | None, layout: str, max_rows: int, head_dim: int, block_size: int,
+                       dtype: torch.dtype) -> None:
+    """The documented PageAttention limits of the emulated release (op_plugin_data/<branch>.json)."""
+    if not limits:
+        return
+    paged = limits.get("paged_layouts", {})
+    _need(layout in paged, f"input_layout {layout!r} with block_table (PageAttention) is not documented in this "
+                           f"release (documented: {sorted(paged)})")
+    rules = paged[layout]
+    dims = rules.get("head_dims")
+    _need(dims is None or head_dim in dims, f"PageAttention {layout}: head dim {head_dim} not in {dims}")
+    _need(head_dim % rules.get("head_dim_multiple", 16) == 0 and head_dim <= rules.get("max_head_dim", 512),
+          f"PageAttention {layout}: head dim {head_dim}")
+    dtypes = rules.get("dtypes")
+    _need(dtypes is None or str(dtype).removeprefix("torch.") in dtypes, f"PageAttention {layout}: dtype {dtype}")
+    multiple = rules.get("multi_query_block_size_multiple")
+    _need(max_rows == 1 or multiple is None or block_size % multiple == 0,
+          f"PageAttention {layout} with Q_S > 1: block_size {block_size} must be a multiple of {multiple}")
+    low, high = rules.get("block_size_range", (16, 512))
+    _need(low <= block_size <= high and block_size % rules.get("block_size_multiple", 16) == 0,
+          f"PageAttention {layout}: block_size {block_size} outside the documented range")
+
+
 def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-                         context_lens, out, workspace=None):
+                         context_lens, out, workspace=None, _limits=None):
     _need(query.dim() == 3 and query.shape[1] == num_heads, "query must be [num_tokens, num_heads, head_size]")
     _need(key_cache.dim() == 4 and key_cache.shape[2] == num_kv_heads, "key_cache [nb, bs, kv_heads, head_size]")
     _need(key_cache.shape[1] % 16 == 0 and key_cache.shape[1] * key_cache.shape[3] <= 128 * 128,
@@ -140,7 +165,9 @@ def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
 
 
 def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *, compress_lens=None,
-                            compress_seq_offsets=None, seq_lens=None, cache_mode="PA_NZ"):
+                            compress_seq_offsets=None, seq_lens=None, cache_mode="PA_NZ", _limits=None):
+    modes = (_limits or {}).get("cache_modes")
+    _need(modes is None or cache_mode in modes, f"cache_mode {cache_mode!r} is not documented in this release")
     _need(cache_mode in (None, "Norm"), f"cache_mode {cache_mode!r}: the emulation covers ND caches ('Norm') only")
     _need(compress_lens is None and compress_seq_offsets is None and seq_lens is None, "compression not emulated")
     _contiguous(key=key, value=value, key_cache=key_cache, value_cache=value_cache, slot_mapping=slot_mapping)
@@ -167,7 +194,8 @@ def _scatter(key, value, key_cache, value_cache, slots, unique: bool) -> None:
     value_cache[s // bs, s % bs] = value.view(-1, *value_cache.shape[2:])
 
 
-def npu_rms_norm(x, gamma, epsilon=1e-6):
+def npu_rms_norm(self, gamma, epsilon=1e-6):  # noqa: PLW0211 - the schema names its input `self`
+    x = self
     _need(2 <= x.dim() <= 8 and gamma.shape == x.shape[x.dim() - gamma.dim():], "shapes")
     rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + epsilon)
     return (x.float() * rstd * gamma.float()).to(x.dtype), rstd
@@ -185,10 +213,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND", rotary_mode="half"):
+def npu_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half", *, _limits=None):
+    limits = _limits or {}
+    _need(layout in limits.get("layouts", ("BSND",)), f"layout {layout!r} is not documented for this release")
     _need(layout == "BSND" and rotary_mode == "half", "emulation covers BSND, rotary_mode 'half'")
     _need(query.dim() == 4 and key.dim() == 4 and cos.shape == sin.shape, "4-D BSND tensors")
-    _need(query.shape[-1] in (64, 128) and key.shape[-1] == query.shape[-1], "A2/A3: D must be 64 or 128")
+    dims = tuple(limits.get("head_dims", (64, 128)))
+    _need(query.shape[-1] in dims and key.shape[-1] == query.shape[-1], f"A2/A3: D must be one of {dims}")
     _need(cos.shape == (*query.shape[:2], 1, query.shape[-1]), "cos/sin (B, S, 1, D)")
     _need(query.dtype == key.dtype == cos.dtype == sin.dtype, "query, key, cos, sin share a dtype")
     c, s = cos.float(), sin.float()
@@ -197,10 +228,24 @@ def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND", rotary_mode
     return query, key
 
 
+def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None, *, _limits=None):  # noqa: PLW0211
+    """``x * r1 + rotate_half(x) * r2``, a new tensor (the documented formula for rotary_mode 'half')."""
+    limits, x = _limits or {}, self
+    _need(rotary_mode in limits.get("rotary_modes", ("half",)), f"rotary_mode {rotary_mode!r}")
+    _need(rotary_mode == "half" and rotate is None, "emulation covers rotary_mode 'half' without `rotate`")
+    _need(x.dim() == 4 and r1.dim() == 4 and r1.shape == r2.shape, "x, r1, r2 must be 4-D")
+    _need(x.shape[-1] % int(limits.get("head_dim_multiple", 2)) == 0
+          and x.shape[-1] <= int(limits.get("max_head_dim", 1024)), f"D = {x.shape[-1]}")
+    _need(x.dtype == r1.dtype == r2.dtype, "x, r1 and r2 share a dtype")
+    _need(all(a == b or b == 1 for a, b in zip(x.shape, r1.shape)), "r1/r2 must broadcast to x")
+    return (x.float() * r1.float() + _rotate_half(x.float()) * r2.float()).to(x.dtype)
+
+
 def _fia_out(query, key, value, *, workspace=None, out, **kwargs):
-    """``npu_fused_infer_attention_score.out``: the same op writing into ``out = [attention_out, lse]``."""
+    """``npu_fused_infer_attention_score.out``: the same op writing into ``out = [attention_out, softmax_lse]``."""
     result, _ = npu_fused_infer_attention_score(query, key, value, **kwargs)
     out[0].copy_(result)
+    return tuple(out)
 
 
 def _fia_workspace(query, key, value, **kwargs):
@@ -233,39 +278,128 @@ class _AtbRope:
             t.copy_((heads * cos + _rotate_half(heads) * sin).reshape(t.shape))
 
 
-def fake_torch_npu(missing: Iterable[str] = ()) -> types.ModuleType:
-    """A module named ``torch_npu`` with the emulated ops, minus the attribute names in ``missing``."""
+_IMPLEMENTATIONS = {
+    "npu_fused_infer_attention_score": npu_fused_infer_attention_score,
+    "_npu_paged_attention": _npu_paged_attention,
+    "npu_scatter_pa_kv_cache": npu_scatter_pa_kv_cache,
+    "_npu_reshape_and_cache": _npu_reshape_and_cache,
+    "npu_rms_norm": npu_rms_norm,
+    "npu_add_rms_norm": npu_add_rms_norm,
+    "npu_apply_rotary_pos_emb": npu_apply_rotary_pos_emb,
+    "npu_rotary_mul": npu_rotary_mul,
+    "_npu_fused_infer_attention_score_get_max_workspace": _fia_workspace,
+    "_npu_paged_attention_get_workspace": _pa_workspace,
+}
+_TAKES_LIMITS = ("npu_fused_infer_attention_score", "npu_apply_rotary_pos_emb", "npu_rotary_mul",
+                 "npu_scatter_pa_kv_cache", "_npu_paged_attention",
+                 "_npu_fused_infer_attention_score_get_max_workspace")
+#: the op whose documented limits a helper shares
+_LIMITS_OF = {"_npu_fused_infer_attention_score_get_max_workspace": "npu_fused_infer_attention_score",
+              "_npu_paged_attention_get_workspace": "_npu_paged_attention"}
+ATB_FUNCTIONS = ("_npu_paged_attention", "_npu_paged_attention_get_workspace", "_npu_reshape_and_cache",
+                 "_npu_rotary_embedding")
+#: what the lazy ATB wrappers raise when NNAL's set_env.sh was not sourced (hyspec.npu_ops.plan.check_atb)
+ATB_NOT_LOADED = ("Please check that the nnal package is installed. Please run 'source set_env.sh' in the NNAL "
+                  "installation path.")  # op_plugin/python/atb/_atb_ops.py: OSError(errno, msg) on the first call
+
+
+def fake_torch_npu(missing: Iterable[str] = (), version: str | None = None,
+                   atb_loaded: bool = True) -> types.ModuleType:
+    """A module named ``torch_npu`` emulating op-plugin branch ``version`` (default: the pinned one).
+
+    Only the functions that branch defines exist, each with that branch's
+    signature: a call with a keyword it does not take raises TypeError as
+    torch's argument parser does, and the signature is readable as ``_schema``
+    like a real op's.  Documented limits of the branch (head dims, layouts,
+    cache modes, block sizes) raise EmulationError, a RuntimeError like a
+    failed aclnn check.  ``atb_loaded=False``: the ATB ops raise OSError on
+    every call, as their lazy wrappers do without NNAL.  ``missing`` removes
+    more functions by name.
+    """
+    from hyspec.npu_ops.op_schemas import PINNED_BRANCH, Signature, load_release
+
+    release = load_release(version or PINNED_BRANCH)
     module = types.ModuleType("torch_npu")
-    module.__version__ = "0.0.0+hyspec.emulation"
+    module.__version__ = release.torch_npu[0]
+    module.HYSPEC_EMULATION = release.branch
+    module.HYSPEC_CANN = release.cann
+    module.HYSPEC_ATB = atb_loaded
     module.calls = []
-    ops = {
-        "npu_fused_infer_attention_score": npu_fused_infer_attention_score,
-        "_npu_paged_attention": _npu_paged_attention,
-        "npu_scatter_pa_kv_cache": npu_scatter_pa_kv_cache,
-        "_npu_reshape_and_cache": _npu_reshape_and_cache,
-        "npu_rms_norm": npu_rms_norm,
-        "npu_add_rms_norm": npu_add_rms_norm,
-        "npu_apply_rotary_pos_emb": npu_apply_rotary_pos_emb,
-        "_npu_rotary_embedding": _AtbRope(),
-        "_npu_fused_infer_attention_score_get_max_workspace": _fia_workspace,
-        "_npu_paged_attention_get_workspace": _pa_workspace,
-    }
-    unknown = set(missing) - set(ops)
+    module.npu = _fake_device_module()
+    module._C = types.SimpleNamespace(_npu_get_soc_version=lambda: 223)  # an Ascend910B3
+    impls = dict(_IMPLEMENTATIONS, _npu_rotary_embedding=_AtbRope())
+    unknown = set(missing) - set(impls)
     if unknown:
-        raise ValueError(f"unknown torch_npu function(s) {sorted(unknown)}; emulated: {sorted(ops)}")
-    for name, fn in ops.items():
-        if name not in missing:
-            setattr(module, name, _recorded(module.calls, name, fn))
-    if hasattr(module, "npu_fused_infer_attention_score"):
-        module.npu_fused_infer_attention_score.out = _recorded(module.calls, "npu_fused_infer_attention_score.out",
-                                                               _fia_out)
+        raise ValueError(f"unknown torch_npu function(s) {sorted(unknown)}; emulated: {sorted(impls)}")
+    for name, impl in impls.items():
+        schema = release.functions.get(name)
+        if name in missing or schema is None:
+            continue
+        fn = _bound(module.calls, name, impl, Signature.from_schema(schema), release.limits(_LIMITS_OF.get(name, name)),
+                    broken=name in ATB_FUNCTIONS and not atb_loaded)
+        fn._schema = _parse(schema)
+        setattr(module, name, fn)
+        out_schema = release.functions.get(f"{name}.out")
+        if name == "npu_fused_infer_attention_score" and out_schema is not None:
+            fn.out = _bound(module.calls, f"{name}.out", _fia_out, _out_signature(out_schema), release.limits(name))
+            fn.out._schema = _parse(out_schema)
     return module
 
 
-def _recorded(calls: list, name: str, fn):
+def _parse(schema: str):
+    return torch._C.parse_schema(schema)
+
+
+def _out_signature(schema: str):
+    """The Python binding of an ``.out`` overload: its mutable outputs are passed as one ``out=[...]``."""
+    from hyspec.npu_ops.op_schemas import Signature
+
+    sig = Signature.from_schema(schema)
+    outs = {a.name for a in _parse(schema).arguments if a.alias_info is not None and a.alias_info.is_write}
+    keyword_only = tuple(k for k in sig.keyword_only if k not in outs) + ("out",)
+    return Signature(sig.name, sig.positional, keyword_only, (sig.required - outs) | {"out"}, sig.text)
+
+
+def _bound(calls: list, name: str, impl, signature, limits: dict, broken: bool = False):
     def call(*args, **kwargs):
+        bound = signature.bind(args, kwargs)  # TypeError for what this release's signature does not take
         calls.append((name, args, kwargs))
-        return fn(*args, **kwargs)
+        if broken:
+            raise OSError(2, ATB_NOT_LOADED)
+        if name.split(".")[0] in _TAKES_LIMITS:
+            bound["_limits"] = limits
+        return impl(**bound)
 
     call.__name__ = name
     return call
+
+
+def _fake_device_module() -> types.SimpleNamespace:
+    """``torch_npu.npu`` for the emulated device: one 910B whose memory is the host's."""
+    total = 64 << 30
+
+    def props(index: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(name="Ascend910B3 (emulated)", total_memory=total)
+
+    return types.SimpleNamespace(
+        device_count=lambda: 1, get_device_name=lambda index=0: "Ascend910B3 (emulated)",
+        get_device_properties=props, mem_get_info=lambda device=None: (total // 2, total),
+        set_per_process_memory_fraction=lambda fraction, device=None: None, synchronize=lambda device=None: None,
+        Stream=lambda device=None, priority=0: None, stream=lambda s: __import__("contextlib").nullcontext())
+
+
+def install_emulation(branch: str, atb_loaded: bool = True) -> types.ModuleType:
+    """Put an emulated torch_npu of ``branch`` in ``sys.modules`` (kept if one of that branch is there already).
+
+    Refuses to shadow a real torch_npu that this process imported.
+    """
+    import sys
+
+    current = sys.modules.get("torch_npu")
+    if current is not None and not getattr(current, "HYSPEC_EMULATION", None):
+        raise RuntimeError("a real torch_npu is imported in this process; unset HYSPEC_NPU_EMULATE")
+    if current is not None and current.HYSPEC_EMULATION == branch and current.HYSPEC_ATB == atb_loaded:
+        return current
+    module = fake_torch_npu(version=branch, atb_loaded=atb_loaded)
+    sys.modules["torch_npu"] = module
+    return module

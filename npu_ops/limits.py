@@ -10,10 +10,13 @@ the limit, not later as an AiCore fault on the device.  Sources (read
 * PA = ``torch_npu._npu_paged_attention`` (ATB ``PagedAttentionOperation``),
   CANN ascendtb API reference ``ascendtb_01_0070``.
 
-Where the documents disagree (FIA's paged ``block_size``: "multiple of 128"
-in the PageAttention section, "multiple of 16, <= 1024" in the TND section;
-vllm-ascend's tree backend runs multiples of 16) the looser rule that
-vllm-ascend runs in production is enforced and the stricter one is logged.
+The generic limits below hold in every release hyspec knows; what differs
+between releases (which layouts take PageAttention, for which head dims and
+block sizes) comes from ``op_plugin_data/<branch>.json`` (``layout_problems``).
+Where the documents disagree (FIA's paged ``block_size`` for more than one
+query row: "min 128, max 512, a multiple of 128" in the PageAttention section,
+"16-aligned, <= 1024" in the TND section) the stricter rule is kept.  A shape
+outside them runs the reference op, never a kernel call the docs rule out.
 """
 from __future__ import annotations
 
@@ -47,9 +50,6 @@ MAX_KV_LEN = 20971520  # KV_S for Q_S > 1 (20M)
 BLOCK_SIZE_ALIGN = 16
 MAX_BLOCK_SIZE = 512
 RECOMMENDED_BLOCK_SIZE = 128
-#: the newest FIA text lists Q_D = K_D = V_D = 128 (or Q/K 192, V 128/192) for TND without rope, while
-#: vllm-ascend calls TND for every head size; other head dims are let through with a warning
-TND_DOCUMENTED_HEAD_DIMS = (128, 192)
 #: Query tokens per request that one FIA call verifies against a tree mask.  The documented FIA paths
 #: for masked multi-token decode (MTP, rope/MLA, KV-antiquant) all stop at Q_S <= 16 and vllm-ascend
 #: asserts its speculative decode threshold <= 16; hyspec splits bigger trees into 16-row pieces.
@@ -62,54 +62,80 @@ PA_MAX_HEAD_DIM_X_BLOCK = 128 * 128
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(message)
 
 
 def check_fia_shapes(q: torch.Tensor, k_cache: torch.Tensor, num_seqs: int, block_size: int,
-                     max_seq_len: int) -> None:
-    """Raise NpuOpUnsupportedError unless FIA (TND or BSND, paged) can serve these shapes.
+                     max_seq_len: int) -> list[str]:
+    """What stops FIA (any layout, paged) from serving these shapes; [] when nothing does.
 
-    ``q: [T, Hq, D]``, ``k_cache: [num_blocks, block_size, Hkv, D]``.
+    ``q: [T, Hq, D]``, ``k_cache: [num_blocks, block_size, Hkv, D]``.  Shapes
+    that are inconsistent in themselves (the reference could not serve them
+    either) raise NpuOpUnsupportedError; shapes only FIA cannot take are
+    returned, and the caller runs the reference instead.
     """
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
+    broken = []
+    if k_cache.dtype != q.dtype:
+        broken.append(f"KV cache dtype {k_cache.dtype} differs from the query dtype {q.dtype}")
+    if k_cache.shape[3] != D:
+        broken.append(f"KV head_dim {k_cache.shape[3]} != query head_dim {D}")
+    if Hq % Hkv:
+        broken.append(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
+    if broken:
+        raise NpuOpUnsupportedError("NPU attention cannot serve this call: " + "; ".join(broken))
     problems = []
     if q.dtype not in FIA_DTYPES:
         problems.append(f"dtype {q.dtype} (npu_fused_infer_attention_score takes float16/bfloat16 queries; "
                         "load the model in bfloat16 on the NPU backend)")
-    if k_cache.dtype != q.dtype:
-        problems.append(f"KV cache dtype {k_cache.dtype} differs from the query dtype {q.dtype}")
-    if k_cache.shape[3] != D:
-        problems.append(f"KV head_dim {k_cache.shape[3]} != query head_dim {D}")
     if D > MAX_HEAD_DIM or D % HEAD_DIM_ALIGN:
         problems.append(f"head_dim {D} (must be a multiple of {HEAD_DIM_ALIGN} and <= {MAX_HEAD_DIM})")
     if Hq > MAX_HEADS or Hkv > MAX_HEADS:
         problems.append(f"{Hq} query / {Hkv} KV heads (at most {MAX_HEADS} each)")
-    if Hq % Hkv:
-        problems.append(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
     elif Hq // Hkv > MAX_GQA_RATIO:
         problems.append(f"GQA ratio {Hq // Hkv} > {MAX_GQA_RATIO}")
     if block_size % BLOCK_SIZE_ALIGN or block_size > MAX_BLOCK_SIZE:
         problems.append(f"block_size {block_size} (must be a multiple of {BLOCK_SIZE_ALIGN} and <= {MAX_BLOCK_SIZE})")
-    if num_seqs > MAX_TND_BATCH:
-        problems.append(f"{num_seqs} sequences in one step (TND takes at most {MAX_TND_BATCH})")
     if max_seq_len > MAX_KV_LEN:
         problems.append(f"a sequence of {max_seq_len} tokens (FIA takes at most {MAX_KV_LEN})")
     if T > MAX_TND_TOKENS:
-        problems.append(f"{T} query tokens in one step (TND takes at most {MAX_TND_TOKENS})")
-    if problems:
-        raise NpuOpUnsupportedError("NPU attention (npu_fused_infer_attention_score) cannot serve this call: "
-                                    + "; ".join(problems))
-    if D not in TND_DOCUMENTED_HEAD_DIMS:
-        _warn_once(f"d{D}", f"head_dim {D}: the FIA documentation's TND section lists head_dim 128/192; vllm-ascend "
-                   "runs TND with other head dims, but if FIA rejects this one, that is why")
-    if block_size % RECOMMENDED_BLOCK_SIZE:
-        _warn_once(f"bs{block_size}", f"KV block_size {block_size} is not a multiple of {RECOMMENDED_BLOCK_SIZE}: "
-                   "the FIA PageAttention section asks for multiples of 128 when Q_S > 1 (its TND section and "
-                   "vllm-ascend's tree backend accept multiples of 16); use block_size 128 if FIA rejects it")
+        problems.append(f"{T} query tokens in one step (at most {MAX_TND_TOKENS})")
+    return problems
+
+
+def layout_problems(rules: dict | None, layout: str, head_dim: int, dtype: torch.dtype, block_size: int,
+                    multi_query: bool, num_seqs: int) -> list[str]:
+    """Why FIA's PageAttention in ``layout`` cannot serve this call under a release's documented rules.
+
+    ``rules`` is the release's ``paged_layouts`` table (op_plugin_data/<branch>.json); None = no data, the
+    generic limits above only.  A layout absent from a table is not documented with PageAttention.
+    """
+    if rules is None:
+        return [] if layout != "TND" or num_seqs <= MAX_TND_BATCH else [f"{num_seqs} sequences (TND: <= 4096)"]
+    if layout not in rules:
+        return [f"{layout} with PageAttention is not documented in this release"]
+    rule = rules[layout]
+    problems = []
+    dims = rule.get("head_dims")
+    if dims is not None and head_dim not in dims:
+        problems.append(f"{layout} with PageAttention documents head_dim {'/'.join(map(str, dims))}, not {head_dim}")
+    dtypes = rule.get("dtypes")
+    if dtypes is not None and str(dtype).removeprefix("torch.") not in dtypes:
+        problems.append(f"{layout} with PageAttention documents {'/'.join(dtypes)}, not {dtype}")
+    multiple = rule.get("multi_query_block_size_multiple")
+    if multi_query and multiple and block_size % multiple:
+        problems.append(f"PageAttention with more than one query row needs block_size a multiple of {multiple} "
+                        f"(got {block_size}; start hyspec with block_size={multiple})")
+    low, high = rule.get("block_size_range", (BLOCK_SIZE_ALIGN, MAX_BLOCK_SIZE))
+    if not low <= block_size <= high:
+        problems.append(f"block_size {block_size} outside [{low}, {high}]")
+    if layout == "TND" and num_seqs > MAX_TND_BATCH:
+        problems.append(f"{num_seqs} sequences in one step (TND takes at most {MAX_TND_BATCH})")
+    return problems
 
 
 def check_tree_entries(num_entries: int) -> None:

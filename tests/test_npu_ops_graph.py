@@ -10,15 +10,18 @@ import torch
 from hyspec.cuda_ops.cases import paged_attention_case
 from hyspec.npu_ops.attention import NpuAttention
 from hyspec.npu_ops.emulation import fake_torch_npu
+from hyspec.npu_ops.op_schemas import PINNED_BRANCH, load_release
 from hyspec.npu_ops.graph import GraphKey, NpuGraphRunner, ScratchPages, capturing, graph_key, pad_metadata
 from hyspec.npu_ops.tolerances import tolerance
 from hyspec.ops import reference_ops
 
 REF = reference_ops()
+PINNED = load_release(PINNED_BRANCH)
 
 
-def case_with_scratch(ctx, qlens, tree=False, block_size=16):
-    case = paged_attention_case(ctx, qlens, 4, 2, 32, block_size, torch.bfloat16, tree=tree, seed=11)
+def case_with_scratch(ctx, qlens, tree=False, block_size=128):
+    """D = 128 and 128-token blocks: FIA's documented PageAttention shapes for more than one query row."""
+    case = paged_attention_case(ctx, qlens, 4, 2, 128, block_size, torch.bfloat16, tree=tree, seed=11)
     used = {int(p) for b, length in enumerate(case.meta.seq_lens_host)
             for p in case.meta.block_tables[b, :math.ceil(length / block_size)]}
     free = [p for p in range(case.pool.shape[0]) if p not in used]
@@ -45,21 +48,21 @@ def test_padding_sequences_change_no_real_output_and_write_only_scratch(monkeypa
     assert padded.num_seqs == 8 and padded.num_tokens == 24 and padded.query_lens == [3] * 8
     pad_slots = padded.slot_mapping[9:]
     assert len(set(pad_slots.tolist())) == 15  # distinct: npu_scatter_pa_kv_cache leaves duplicates undefined
-    assert set((pad_slots // 16).tolist()) <= set(scratch.pages)
+    assert set((pad_slots // 128).tolist()) <= set(scratch.pages)
     q = torch.cat([case.q, torch.zeros(15, *case.q.shape[1:], dtype=case.q.dtype)])
     expected = REF.attention(case.q, case.k_cache, case.v_cache, case.meta, case.scale)
     padded_ref = REF.attention(q, case.k_cache, case.v_cache, padded, case.scale)
     assert torch.equal(padded_ref[:9], expected)
     module = fake_torch_npu()
     monkeypatch.setitem(sys.modules, "torch_npu", module)
-    npu = NpuAttention(module.npu_fused_infer_attention_score, module._npu_paged_attention)
+    npu = NpuAttention(module.npu_fused_infer_attention_score, module._npu_paged_attention, limits=PINNED)
     tolerance("attention", torch.bfloat16).check(npu(q, case.k_cache, case.v_cache, padded, case.scale)[:9],
                                                  expected, "padded step on the NPU wrapper")
     before = case.pool.clone()
-    k = torch.randn(24, 2, 32).to(torch.bfloat16)
+    k = torch.randn(24, 2, 128).to(torch.bfloat16)
     REF.write_kv(k, k, case.k_cache, case.v_cache, padded.slot_mapping)
     changed_pages = {int(p) for p in (case.pool != before).flatten(1).any(1).nonzero().flatten()}
-    real_pages = {int(s) // 16 for s in case.meta.slot_mapping}
+    real_pages = {int(s) // 128 for s in case.meta.slot_mapping}
     assert changed_pages <= real_pages | set(scratch.pages)
 
 
@@ -129,8 +132,8 @@ def test_captured_attention_is_reissued_with_the_next_steps_lengths(monkeypatch,
     monkeypatch.setitem(sys.modules, "torch_npu", module)
     api = FakeNpuGraphApi()
     monkeypatch.setattr(torch, "npu", api, raising=False)
-    case = paged_attention_case([5, 20], qlens, 4, 2, 32, 16, torch.bfloat16, seed=12)
-    op = NpuAttention(module.npu_fused_infer_attention_score, module._npu_paged_attention)
+    case = paged_attention_case([5, 20], qlens, 4, 2, 128, 128, torch.bfloat16, seed=12)
+    op = NpuAttention(module.npu_fused_infer_attention_score, module._npu_paged_attention, limits=PINNED)
     capture = graph._Capture()
     token = graph._active.set(capture)
     try:

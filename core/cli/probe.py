@@ -103,6 +103,16 @@ def _details(b) -> list[str]:
                                f"torch {caps.torch_version}" + ("  MISMATCH" if caps.version_mismatch else ""))]
         if caps.hint:
             rows.append(("note", caps.hint))
+        plan = caps.op_plan or {}
+        if "ops" in plan:
+            atb = plan["atb"]
+            rows += [("op-plugin", f"{plan['op_plugin']} ({plan['op_plugin_choice']})"),
+                     ("atb", "loaded" if atb["loaded"] else f"NOT loaded: {atb['detail']}")]
+            for op, choice in plan["ops"].items():
+                rows.append((f"{op}", " > ".join(choice["uses"])))
+                rows += [("", f"  not {name}: {why}") for name, why in choice["rejected"].items()]
+        elif "error" in plan:
+            rows.append(("op plan", plan["error"]))
     native = ", ".join(b.native_ops) or "none"
     reference = ", ".join(op for op, source in b.op_sources if source == "reference") or "none"
     rows += [("native ops", native), ("reference ops", reference)]

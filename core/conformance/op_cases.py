@@ -30,6 +30,14 @@ ATTENTION_SCENARIOS = {
     "ragged": ([0, 30, 7, 64], [9, 1, 4, 2], 32, False),  # prefill, decode and short chains in one batch
     "tree": ([20, 70, 0], [8, 1, 13], 16, True),  # random draft trees (ancestor masks, depth positions)
 }
+#: Shapes of the Ascend paths (docs/npu.md): FIA PageAttention takes 128-token blocks when more than one query
+#: row attends; the default model (SmolLM2: 9 query / 3 KV heads, D = 64) runs BSND with an explicit mask,
+#: D = 128 causal steps run TND.  name -> (context lengths, query lengths, heads, head dim, block size, tree?)
+NPU_SHAPED_SCENARIOS = {
+    "smollm2 prefill": ([0, 150], [40, 3], (9, 3), 64, 128, False),
+    "smollm2 tree": ([20, 170], [8, 13], (9, 3), 64, 128, True),
+    "d128 chain": ([0, 140], [33, 4], (8, 2), 128, 128, False),
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,11 @@ def attention_cases(quick: bool) -> list[OpCase]:
         master = paged_attention_case(ctx, qlens, *HEADS[heads_name], 32, block_size, dtype, tree=tree, seed=i)
         out.append(OpCase("attention", f"{scenario} {heads_name} block {block_size}", dtype,
                           lambda dev, c=master: _paged_to(c, dev), lambda ret, args: [ret]))
+    for j, (name, (ctx, qlens, heads, head_dim, block_size, tree)) in enumerate(NPU_SHAPED_SCENARIOS.items()):
+        for dtype in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
+            master = paged_attention_case(ctx, qlens, *heads, head_dim, block_size, dtype, tree=tree, seed=50 + j)
+            out.append(OpCase("attention", f"{name} D={head_dim} block {block_size}", dtype,
+                              lambda dev, c=master: _paged_to(c, dev), lambda ret, args: [ret]))
     return out
 
 

@@ -31,7 +31,8 @@ def test_an_older_torch_npu_reports_which_ops_fall_back(monkeypatch):
     torch_npu does serve meet the NPU tolerance table through the wrappers.
     """
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu(missing=[
-        "npu_fused_infer_attention_score", "npu_apply_rotary_pos_emb", "_npu_rotary_embedding"]))
+        "npu_fused_infer_attention_score", "_npu_paged_attention", "npu_apply_rotary_pos_emb", "npu_rotary_mul",
+        "_npu_rotary_embedding"]))
     backend = CPUBackend(probe_cpu())
     backend.ops = resolve_ops("hyspec.npu_ops", "npu_op_overrides", source="torch_npu").table
     target = Target("npu", "emulated torch_npu", torch.device("cpu"), backend, op_notes("npu", backend))
@@ -39,8 +40,32 @@ def test_an_older_torch_npu_reports_which_ops_fall_back(monkeypatch):
     assert {op: r.source for op, r in ops.items()} == {
         "attention": "reference", "write_kv": "torch_npu", "compact_kv": "reference", "rms_norm": "torch_npu",
         "rotary": "reference", "logits": "reference", "sample": "reference", "rejection_sample": "reference"}
-    assert "no torch_npu.npu_fused_infer_attention_score" in ops["attention"].note
-    assert "no torch_npu.npu_apply_rotary_pos_emb" in ops["rotary"].note
+    assert "torch_npu has no npu_fused_infer_attention_score" in ops["attention"].note
+    assert "torch_npu has no npu_apply_rotary_pos_emb" in ops["rotary"].note
     for result in ops.values():
         assert_passed(result)
     assert {c.origin for c in ops["write_kv"].cases} == {"hyspec.npu_ops.tolerances"}
+
+
+@pytest.mark.parametrize("version", ["7.1.0", "26.1.0"])
+def test_each_release_passes_the_op_checks_on_its_own_variants(monkeypatch, version):
+    """The pinned release and an older one (op-plugin 7.1.0: no rotary_mode, no scatter, no TND PageAttention):
+    the plan picks what each documents, nothing raises, and every op meets the NPU tolerance table."""
+    module = fake_torch_npu(version=version)
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    backend = CPUBackend(probe_cpu())
+    backend.ops = resolve_ops("hyspec.npu_ops", "npu_op_overrides", source="torch_npu").table
+    target = Target("npu", f"emulated op-plugin {version}", torch.device("cpu"), backend, op_notes("npu", backend))
+    ops = check_ops(target, quick=True)
+    for result in ops.values():
+        assert_passed(result)
+    served = {name for name, *_ in module.calls}
+    if version == "7.1.0":
+        assert "npu_rotary_mul" in served and "npu_apply_rotary_pos_emb" not in served
+        assert "_npu_reshape_and_cache" in served
+        assert all(kw.get("input_layout") != "TND" for name, _, kw in module.calls
+                   if name == "npu_fused_infer_attention_score")
+    else:
+        assert {"npu_apply_rotary_pos_emb", "npu_scatter_pa_kv_cache"} <= served
+    layouts = {kw["input_layout"] for name, _, kw in module.calls if name == "npu_fused_infer_attention_score"}
+    assert "BSND" in layouts  # the D = 64 shapes (SmolLM2) and trees
