@@ -33,6 +33,20 @@ class NPUBackend(AcceleratorBackend):
         if self.emulated:
             self.name = "npu"
 
+    def default_block_size(self) -> int:
+        """128: FIA's PageAttention takes multiples of 128 (up to 512) when more than one query row attends
+        (prefill, chains, tree verification), as vllm-ascend's default; smaller blocks run those steps on the
+        reference op (hyspec.npu_ops.limits)."""
+        from hyspec.npu_ops.limits import RECOMMENDED_BLOCK_SIZE
+
+        return RECOMMENDED_BLOCK_SIZE
+
+    def block_size_rule(self) -> tuple[int, int]:
+        """Drafters' KV blocks: multiples of 128 up to 512, the FIA PageAttention range (hyspec.npu_ops.limits)."""
+        from hyspec.npu_ops.limits import MAX_BLOCK_SIZE, RECOMMENDED_BLOCK_SIZE
+
+        return RECOMMENDED_BLOCK_SIZE, MAX_BLOCK_SIZE
+
     def kv_cache_budget_bytes(self, memory_fraction: float, cpu_kv_bytes: int | None = None) -> int:
         if self.emulated:
             return int(cpu_kv_bytes or self.EMULATED_KV_BYTES)

@@ -51,6 +51,15 @@ class Backend(ABC):
         """
         return model
 
+    def default_block_size(self) -> int:
+        """KV tokens per page when the user names none (``block_size=None``): what this backend's kernels want."""
+        return 16
+
+    def block_size_rule(self) -> tuple[int, int | None] | None:
+        """(multiple, largest) block size the kernels take for models that let the pool choose (drafters);
+        None: as many tokens as fit a page, in multiples of 16."""
+        return None
+
     def quantization_kernels(self) -> tuple[str, ...]:
         """Weight-only kinds this backend computes with (``"int4"``, ``"int8"``); the probe reports them."""
         return ()

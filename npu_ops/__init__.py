@@ -8,18 +8,20 @@ the conformance suite on an Ascend machine is what will show the kernels
 agree with the references.
 
 Importing this package imports neither torch_npu nor anything that needs
-it; ``npu_op_overrides()`` imports torch_npu and looks every function up at
-call time, so an older torch_npu missing an op falls back per op.
+it; ``npu_op_overrides()`` imports torch_npu and lets ``plan.plan`` choose
+per op: a function is used only when the installed signature takes hyspec's
+keywords, its op-plugin release documents the call and (ATB ops) libatb
+answered a start-up call; everything else falls back per op.
 
 ==========  ===========================================================  ==========================
 op          torch_npu function(s)                                        wrapper
 ==========  ===========================================================  ==========================
-attention   ``npu_fused_infer_attention_score`` (prefill, chains: TND,   ``attention.NpuAttention``
-            sparse_mode 3; trees: BSND, explicit mask), plus
-            ``_npu_paged_attention`` for all-single-token decode
+attention   ``npu_fused_infer_attention_score`` (causal: TND sparse_mode ``attention.NpuAttention``
+            3 where documented for D, else BSND; trees: BSND, explicit
+            mask), plus ``_npu_paged_attention`` for single-token decode
 write_kv    ``npu_scatter_pa_kv_cache``, else ``_npu_reshape_and_cache``  ``kv.NpuWriteKV``
 rms_norm    ``npu_rms_norm``, ``npu_add_rms_norm`` (with residual)         ``norm.NpuRmsNorm``
-rotary      ``npu_apply_rotary_pos_emb`` (D 64/128), else                 ``rotary.NpuRotary``
+rotary      ``npu_apply_rotary_pos_emb`` (D 64/128), ``npu_rotary_mul``,  ``rotary.NpuRotary``
             ``_npu_rotary_embedding`` (one RoPE table per process)
 ==========  ===========================================================  ==========================
 

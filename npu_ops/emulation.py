@@ -383,6 +383,7 @@ def _fake_device_module() -> types.SimpleNamespace:
 
     return types.SimpleNamespace(
         device_count=lambda: 1, get_device_name=lambda index=0: "Ascend910B3 (emulated)",
+        get_soc_version=lambda: 223,
         get_device_properties=props, mem_get_info=lambda device=None: (total // 2, total),
         set_per_process_memory_fraction=lambda fraction, device=None: None, synchronize=lambda device=None: None,
         Stream=lambda device=None, priority=0: None, stream=lambda s: __import__("contextlib").nullcontext())
@@ -403,3 +404,11 @@ def install_emulation(branch: str, atb_loaded: bool = True) -> types.ModuleType:
     module = fake_torch_npu(version=branch, atb_loaded=atb_loaded)
     sys.modules["torch_npu"] = module
     return module
+
+
+def install_from_env() -> types.ModuleType | None:
+    """``install_emulation`` as HYSPEC_NPU_EMULATE asks (``<branch>[:no-atb]``); None when it is unset."""
+    from hyspec.backends.probe_npu import emulation_request
+
+    request = emulation_request()
+    return install_emulation(*request) if request is not None else None

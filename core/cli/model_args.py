@@ -25,6 +25,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "has kernels, dequantized elsewhere)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
+    parser.add_argument("--block-size", type=int, default=None, metavar="N",
+                        help="KV tokens per page (vLLM's flag; default: the backend's, 16 on CPU/CUDA, 128 on NPU)")
 
 
 def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,4 +38,6 @@ def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         out["quantization"] = args.quantization
     if getattr(args, "kv_cache_bytes", None):
         out["kv_cache_bytes"] = args.kv_cache_bytes
+    if getattr(args, "block_size", None):
+        out["block_size"] = args.block_size
     return out

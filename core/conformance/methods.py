@@ -174,10 +174,10 @@ class Workspace:
 
 def engine_dtype(target: Target, ws: "Workspace | None" = None) -> str:
     """The workspace's --dtype if set; else fp32 where the kernels serve it, bf16 on accelerators (the NPU's
-    FIA takes no fp32, serving uses bf16)."""
+    FIA takes no fp32, serving uses bf16; so does an emulated NPU, whose device is the host)."""
     if ws is not None and ws.dtype is not None:
         return ws.dtype
-    return "float32" if target.device.type == "cpu" else "bfloat16"
+    return "float32" if target.device.type == "cpu" and target.name != "npu" else "bfloat16"
 
 
 #: room for the longest conformance sequence plus draft lookahead (prompts <= 40 tokens)

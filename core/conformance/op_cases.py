@@ -55,7 +55,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 # -- attention ---------------------------------------------------------------------------------------------
 
-def _paged_to(case: PagedCase, device: torch.device) -> tuple[Any, ...]:
+def paged_case_to(case: PagedCase, device: torch.device) -> tuple[Any, ...]:
     pool = case.pool.to(device, copy=True)
     layer = 1  # paged_attention_case's default: the views are strided, as in the engine's pool
     m = case.meta
@@ -78,12 +78,12 @@ def attention_cases(quick: bool) -> list[OpCase]:
         ctx, qlens, block_size, tree = ATTENTION_SCENARIOS[scenario]
         master = paged_attention_case(ctx, qlens, *HEADS[heads_name], 32, block_size, dtype, tree=tree, seed=i)
         out.append(OpCase("attention", f"{scenario} {heads_name} block {block_size}", dtype,
-                          lambda dev, c=master: _paged_to(c, dev), lambda ret, args: [ret]))
+                          lambda dev, c=master: paged_case_to(c, dev), lambda ret, args: [ret]))
     for j, (name, (ctx, qlens, heads, head_dim, block_size, tree)) in enumerate(NPU_SHAPED_SCENARIOS.items()):
         for dtype in ((torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)):
             master = paged_attention_case(ctx, qlens, *heads, head_dim, block_size, dtype, tree=tree, seed=50 + j)
             out.append(OpCase("attention", f"{name} D={head_dim} block {block_size}", dtype,
-                              lambda dev, c=master: _paged_to(c, dev), lambda ret, args: [ret]))
+                              lambda dev, c=master: paged_case_to(c, dev), lambda ret, args: [ret]))
     return out
 
 

@@ -63,7 +63,7 @@ class LLMEngine:
         backend: str | None = "auto",
         dtype: str = "auto",
         max_model_len: int | None = None,
-        block_size: int = 16,
+        block_size: int | None = None,
         memory_fraction: float = 0.8,
         kv_cache_bytes: int | None = None,
         max_num_seqs: int = 64,
@@ -92,6 +92,11 @@ class LLMEngine:
             raise ConfigError("max_logprobs", f"must be an integer >= 0, got {max_logprobs!r}")
         self.max_logprobs = max_logprobs
         self.logprobs_mode = logprobs_mode
+        if block_size is None:
+            block_size = self.backend.default_block_size()
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= 4096:
+            raise ConfigError("block_size", f"must be an integer in [1, 4096] (KV tokens per page), got {block_size!r}")
+        self.block_size = block_size
         # tokenizer: a directory with tokenizer.json, for a GGUF file that carries no vocabulary (vLLM's argument);
         # skip_tokenizer_init: token ids in and out only (vLLM's flag): no text, no stop strings, no chat
         self.tokenizer = None if skip_tokenizer_init else Tokenizer(path if tokenizer is None else tokenizer)
@@ -123,6 +128,7 @@ class LLMEngine:
                                            self.dtype, block_size)
         budget = self.backend.kv_cache_budget_bytes(memory_fraction, kv_cache_bytes)
         self.pool = KVPool.for_budget(budget, page_bytes, self.device)
+        self.pool.block_size_rule = self.backend.block_size_rule()
         self.layout = self.pool.register("target", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                          self.dtype, block_size)
         capacity = self.pool.num_pages * self.layout.block_size

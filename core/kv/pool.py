@@ -64,6 +64,8 @@ class KVPool:
             raise HyspecError(f"the KV pool needs at least one page; the memory budget gives {num_pages}")
         self.num_pages = num_pages
         self.page_bytes = page_bytes
+        #: (multiple, largest) for default block sizes, from the backend (Backend.block_size_rule); None: any fit
+        self.block_size_rule: tuple[int, int | None] | None = None
         self.device = torch.device(device)
         # Zeroed, not empty: attention multiplies masked-out entries by 0, and 0 * NaN garbage is NaN.
         self.buffer = torch.zeros(num_pages * page_bytes, dtype=torch.uint8, device=self.device)
@@ -82,12 +84,18 @@ class KVPool:
 
     def register(self, name: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  block_size: int | None = None) -> KVLayout:
-        """Add a model's view of the pages; ``block_size`` defaults to as many tokens as fit."""
+        """Add a model's view of the pages; ``block_size`` defaults to as many tokens as fit.
+
+        Within ``block_size_rule`` (multiple, largest) when the backend set one: the NPU's paged kernels take
+        multiples of 128 up to 512, so a one-layer drafter gets 512-token blocks, not all of a 30-layer page.
+        """
         elem = torch.empty((), dtype=dtype).element_size()
         per_token = num_layers * 2 * num_kv_heads * head_dim * elem
         fit = self.page_bytes // per_token
         if block_size is None:
-            block_size = fit if fit < 16 else fit - fit % 16  # multiples of 16 suit every kernel
+            multiple, largest = self.block_size_rule or (16, None)  # multiples of 16 suit every kernel
+            block_size = fit if largest is None else min(fit, largest)
+            block_size = block_size if block_size < multiple else block_size - block_size % multiple
         if block_size < 1 or block_size > fit:
             raise HyspecError(f"KV layout {name!r}: block_size {block_size} does not fit a {self.page_bytes}-byte page "
                               f"({per_token} bytes per token)")
