@@ -112,11 +112,16 @@ def test_older_release_signatures_reject_todays_calls_and_the_pinned_ones_accept
 
 
 def test_cache_mode_is_refused_by_a_scatter_that_lacks_it(monkeypatch) -> None:
-    """op-plugin 7.2.0 / 7.3.0: npu_scatter_pa_kv_cache exists but hard-wires PA_NZ (no cache_mode keyword)."""
+    """op-plugin 7.2.0 / 7.3.0: npu_scatter_pa_kv_cache exists but hard-wires PA_NZ (no cache_mode keyword).
+
+    The schema is 7.2.0's, verbatim (op_plugin/config/op_plugin_functions.yaml @ 738effc0fe0d).
+    """
     module = fake_torch_npu()
     no_mode = "npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, " \
               "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, " \
               "Tensor? seq_lens=None) -> ()"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cache_mode'"):
+        Signature.from_schema(no_mode).bind((1, 2, 3, 4, 5), {"cache_mode": "Norm"})  # today's call, refused
     module.npu_scatter_pa_kv_cache._schema = torch._C.parse_schema(no_mode)
     monkeypatch.setitem(sys.modules, "torch_npu", module)
     report = npu_op_report()["write_kv"]

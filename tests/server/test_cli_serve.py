@@ -30,7 +30,7 @@ def test_defaults_bind_loopback_and_map_onto_engine_arguments(monkeypatch):
     assert parse("--max-tokens", "256").max_tokens == 256
     assert serve.engine_args(args) == {
         "model": "/m", "backend": "auto", "dtype": "auto", "max_model_len": None, "max_num_seqs": 64,
-        "max_num_batched_tokens": 1024, "kv_cache_bytes": 64 << 20, "memory_fraction": 0.8,
+        "max_num_batched_tokens": 1024, "kv_cache_bytes": 64 << 20, "memory_fraction": 0.8, "block_size": None,
         "speculative_config": '{"method": "ngram"}', "max_logprobs": 20, "logprobs_mode": "raw_logprobs"}
 
 
@@ -40,7 +40,8 @@ def test_byte_sizes(text, value):
 
 
 @pytest.mark.parametrize("argv", [["--port", "70000"], ["--max-queue", "-1"], ["--memory-fraction", "0"],
-                                  ["--kv-cache-bytes", "lots"], ["--max-num-seqs", "0"], ["--max-tokens", "0"]])
+                                  ["--kv-cache-bytes", "lots"], ["--max-num-seqs", "0"], ["--max-tokens", "0"],
+                                  ["--block-size", "0"]])
 def test_bad_arguments_are_rejected(argv, capsys):
     with pytest.raises(SystemExit):
         parse(*argv)
