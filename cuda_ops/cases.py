@@ -117,3 +117,33 @@ def paged_attention_case(
     )
     return PagedCase(q=q, pool=pool, k_cache=pool[:, layer, 0], v_cache=pool[:, layer, 1], meta=meta,
                      scale=head_dim ** -0.5)
+
+
+def race_prone_verify_case(seed: int, sampled: bool, device: torch.device | str = "cpu", batch: int = 24):
+    """(target_probs, trees, uniforms) that stress the fused rejection sampler's scratch handling.
+
+    Duplicate sibling tokens (a rejected token met again: its residual is already zero), most target mass in
+    the last, partial 1024-wide vocabulary chunk and, with ``sampled``, draft q equal to the target there (a
+    rejection zeroes the residual across that chunk); many sequences.  Rows are otherwise random.
+    """
+    from hyspec.spec.tree import TreeBatch
+
+    vocab, nodes = 2 * 1024 + 37, 7
+    gen = torch.Generator().manual_seed(100 + seed)
+    last = torch.arange(2 * 1024, vocab)
+    logits = torch.randn(batch * nodes, vocab, generator=gen)
+    logits[:, last] += 6.0
+    target = torch.softmax(logits, dim=-1)
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1, 4]).repeat(batch, 1)  # root: three children; a chain below
+    hot = last[torch.randint(0, len(last), (batch,), generator=gen)]
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=gen)
+    tokens[:, 1] = tokens[:, 3] = hot  # siblings 1 and 3 of the root share a token
+    tokens[:, 4] = tokens[:, 5] = hot  # and so do 4 and 5
+    q = None
+    if sampled:
+        q = torch.softmax(torch.randn(batch, nodes, vocab, generator=gen), dim=-1) * 0.1
+        q[:, :, last] = target.view(batch, nodes, vocab)[:, :1, last] / target[:1, last].sum()
+        q = (q / q.sum(-1, keepdim=True)).to(device)
+    trees = TreeBatch(tokens.to(device), parents.to(device), torch.full((batch,), nodes, device=device), q, vocab)
+    uniforms = torch.rand(batch, nodes, generator=gen, dtype=torch.float64)
+    return target.to(device), trees, uniforms.to(device)

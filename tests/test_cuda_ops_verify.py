@@ -92,3 +92,19 @@ def test_bad_inputs_are_named_before_launch() -> None:
         triton_rejection_sample(target, trees, uniforms[:1])
     with pytest.raises(KernelInputError, match="draft_probs"):
         triton_rejection_sample(target[:, :8], trees, uniforms)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["one_hot", "q_rows"])
+def test_the_race_prone_case_matches_the_reference(sampled: bool) -> None:
+    """The shape that exposed the sampler's race on a GPU (cuda_ops/verify.py, "Races"), run here as a regression.
+
+    Duplicate sibling tokens (a rejected token met again), the residual zeroed across the last, partial
+    vocabulary chunk (three 1024-wide chunks), many sequences, several draws (cuda_ops/cases.py).  Under the
+    interpreter threads run one after another, so this checks the algorithm; scripts/gpu_first_contact.sh
+    repeats it on a GPU, where the old kernel's unfenced scratch writes could make warps disagree.
+    """
+    from hyspec.cuda_ops.cases import race_prone_verify_case
+
+    for seed in range(3):
+        target, trees, uniforms = race_prone_verify_case(seed, sampled)
+        assert_same(target, trees, uniforms)
