@@ -75,12 +75,19 @@ class AttentionConfig:
             raise ValueError(f"AttentionConfig: bad num_warps {self.num_warps} / num_stages {self.num_stages}")
 
 
+#: Integers that change from step to step.  Triton specialises integer arguments (a value of 1 becomes a
+#: constant, multiples of 16 get alignment hints), so each new value would compile a new binary mid-serving
+#: (~1 s each); these stay runtime values.  The static ones (heads, head_dim, block_size, model strides) keep
+#: their specialisation.
+PER_STEP_ATTENTION = ["num_q_tiles", "num_partitions", "partition_size", "stride_bt", "stride_tree_t"]
+
+
 def default_attention_config(head_dim: int) -> AttentionConfig:
     """Register-budget driven defaults: narrower key tiles for wide heads."""
     return AttentionConfig(block_n=16 if head_dim > 128 else 32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PER_STEP_ATTENTION)
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
     qsl_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
@@ -165,7 +172,7 @@ def _paged_attention_kernel(
                      round_to(out, OUT_DTYPE, SOFT_BF16), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_partitions"])
 def _merge_partitions_kernel(
     out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
     stride_ot, stride_oh, stride_od,

@@ -20,7 +20,7 @@ from hyspec.cuda_ops.common import (TRITON_DTYPES, KernelInputError, check_devic
 TILE_ELEMENTS = 4096
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # per step: one binary for every batch
 def _scatter_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
@@ -48,7 +48,7 @@ def _scatter_kernel(
              mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _gather_kernel(
     k_cache_ptr, v_cache_ptr, k_out_ptr, v_out_ptr, slot_ptr,
     stride_kcb, stride_kco, stride_kch, stride_kcd, stride_vcb, stride_vco, stride_vch, stride_vcd,

@@ -21,7 +21,7 @@ MAX_HIDDEN = 65536
 ROW_TILE_ELEMENTS = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # per step: one binary for every batch
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
     stride_x, stride_res, stride_out, stride_new_res,

@@ -39,7 +39,7 @@ def _rotate_heads(src_ptr, dst_ptr, stride_src_t, stride_src_h, stride_dst_t, st
     tl.store(dst + half, round_to(out2, DTYPE, SOFT_BF16), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # per step: one binary for every batch
 def _rotary_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr, q_out_ptr, k_out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_pos, stride_cache,
