@@ -72,9 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=210.0,
                         help="skip remaining timings and the sweep once this much time has passed")
     parser.add_argument("--no-sweep", action="store_true", help="skip the attention config sweep")
+    parser.add_argument("--inner", type=int, default=10,
+                        help="calls between one pair of CUDA events (a single call's events time the host)")
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0 or args.budget_s <= 0:
-        parser.error("--reps must be >= 1, --warmup >= 0 and --budget-s > 0")
+    if args.reps < 1 or args.warmup < 0 or args.budget_s <= 0 or args.inner < 1:
+        parser.error("--reps and --inner must be >= 1, --warmup >= 0 and --budget-s > 0")
     return args
 
 
@@ -142,6 +144,9 @@ class Checker:
         self.correctness: list[dict] = []
         self.timing: list[dict] = []
         self.errors: list[dict] = []
+        self.context_lost: str | None = None  # a sticky CUDA error: nothing more can run in this process
+        self.report_base: dict = {}
+        self.consistency: dict = {}
         self.peak_gbps = self._peak()
         # Evicts L2 (H200: 60 MB) between timed runs so small working sets are not timed from cache.
         self.flush = torch.empty(256 << 20 if device.type == "cuda" else 1, dtype=torch.uint8, device=device)
@@ -156,15 +161,43 @@ class Checker:
         return time.perf_counter() - self.start
 
     def guarded(self, op: str, case: str, fn: Callable[[], None]) -> None:
+        """Run one case; record its error; write the report so far.  Never raises.
+
+        After a sticky CUDA error (an illegal address, a failed launch) every later CUDA call raises,
+        ``empty_cache`` included: the rest is recorded as skipped instead of aborting the run and
+        losing what was measured.
+        """
+        if self.context_lost:
+            self.errors.append(dict(op=op, case=case, skipped=f"CUDA context lost earlier: {self.context_lost}"))
+            self.write()
+            return
         try:
             fn()
+            if self.device.type == "cuda":
+                self.torch.cuda.synchronize()  # an asynchronous fault surfaces here, charged to this case
         except Exception as exc:  # noqa: BLE001 - recorded and reported, the run goes on
             self.errors.append(dict(op=op, case=case, error=repr(exc)[:2000],
                                     traceback=traceback.format_exc(limit=6)[-4000:]))
             print(f"ERROR {op} {case}: {exc!r}"[:400], flush=True)
-        finally:
-            if self.device.type == "cuda":
+        if self.device.type == "cuda":
+            try:
                 self.torch.cuda.empty_cache()
+                self.torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - the sticky-error case
+                self.context_lost = f"{op} {case}: {exc!r}"[:400]
+                print(f"CUDA context lost after {op} {case}: later cases are skipped", flush=True)
+        self.write()
+
+    def report(self) -> dict:
+        return dict(self.report_base, correctness=self.correctness, consistency=self.consistency,
+                    timing=self.timing, errors=self.errors, context_lost=self.context_lost,
+                    elapsed_s=self.elapsed())
+
+    def write(self) -> None:
+        """The report so far, after every case: a hang or a crash later loses nothing before it."""
+        path = output_path(self.args)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.report(), indent=1))
 
     def compare(self, op: str, case: str, actual: Any, expected: Any, dtype: Any) -> None:
         from hyspec.cuda_ops.tolerances import EXACT, tolerance
@@ -185,13 +218,16 @@ class Checker:
         times = []
         for _ in range(self.args.reps):
             if self.device.type == "cuda":
+                # events around `inner` back-to-back calls: around one call they time the host's launch
+                # latency as much as the kernel.  The L2 flush precedes the batch (later calls may hit L2).
                 self.flush.zero_()
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
-                fn()
+                for _ in range(self.args.inner):
+                    fn()
                 end.record()
                 end.synchronize()
-                times.append(begin.elapsed_time(end))
+                times.append(begin.elapsed_time(end) / self.args.inner)
             else:
                 t0 = time.perf_counter()
                 fn()
@@ -431,27 +467,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = plan(args.dry_run)
     chk = Checker(args, torch, device)
-    consistency: dict = {}
-    chk.guarded("consistency", "chain_vs_decode", lambda: consistency.update(check_chain_consistency(chk, spec,
-                                                                                                       torch)))
-    check_small_ops(chk, spec, torch)
-    check_verifier(chk, spec, torch)
-    check_attention(chk, spec, torch)
-    report = dict(
+    chk.report_base = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (TRITON_INTERPRET=1)",
         peak_gbps=chk.peak_gbps, torch=torch.__version__, triton=triton.__version__, dry_run=args.dry_run,
         heads=dict(zip(("num_q_heads", "num_kv_heads", "head_dim"), spec["heads"])),
         bytes_note="ideal bytes: each input element read once, each output element written once",
-        correctness=chk.correctness, consistency=consistency, timing=chk.timing, errors=chk.errors,
-        elapsed_s=chk.elapsed(),
     )
-    path = output_path(args)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
+    chk.write()
+    chk.guarded("consistency", "chain_vs_decode",
+                lambda: chk.consistency.update(check_chain_consistency(chk, spec, torch)))
+    check_small_ops(chk, spec, torch)
+    check_attention(chk, spec, torch)
+    check_verifier(chk, spec, torch)  # last: a hang here must not cost the attention results
+    report = chk.report()
+    chk.write()
     print_table(report)
-    print(f"\nwrote {path}")
+    print(f"\nwrote {output_path(args)}")
     failed = [r for r in chk.correctness if not r["passed"]]
-    return 1 if failed or chk.errors or not consistency.get("bitwise_equal", False) else 0
+    return 1 if failed or chk.errors or not chk.consistency.get("bitwise_equal", False) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""Checks ``scripts/gpu_first_contact.sh`` runs on a GPU that the interpreter cannot: the sampler race, graph capture.
+
+* ``race_check``: the race-prone verification cases (``cases.race_prone_verify_case``) through the fused
+  rejection sampler, repeated, against the reference: any disagreement between warps shows up as a
+  different node or token (or a hang, which the script's timeout catches);
+* ``graph_capture_check``: one decode step of the Triton attention captured with ``torch.cuda.CUDAGraph``,
+  replayed, compared bitwise with the eager call; then replayed after the sequences grew, which is what a
+  serving graph must survive.  The kernels' grids and partition counts come from host lists, so that
+  second replay is expected to be wrong until the steps keep their metadata on the device (issue "CUDA",
+  scope 4): the result says which.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def race_check(device: torch.device | str, repeats: int = 20) -> dict[str, Any]:
+    from hyspec.cuda_ops.cases import race_prone_verify_case
+    from hyspec.cuda_ops.verify import triton_rejection_sample
+    from hyspec.ops.rejection import rejection_sample
+
+    started = time.perf_counter()
+    runs = mismatches = 0
+    first: str | None = None
+    for rep in range(repeats):
+        for sampled in (False, True):
+            target, trees, uniforms = race_prone_verify_case(rep, sampled, device, batch=64)
+            ref_cur, ref_tok = rejection_sample(target, trees, uniforms)
+            cur, tok = triton_rejection_sample(target, trees, uniforms)
+            runs += 1
+            if not (torch.equal(cur.cpu(), ref_cur.cpu()) and torch.equal(tok.cpu(), ref_tok.cpu())):
+                mismatches += 1
+                first = first or f"repeat {rep}, {'q rows' if sampled else 'one-hot'}"
+    return {"runs": runs, "mismatches": mismatches, "first_mismatch": first, "passed": mismatches == 0,
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def graph_capture_check(device: torch.device | str) -> dict[str, Any]:
+    import dataclasses
+
+    from hyspec.cuda_ops.attention import triton_paged_attention
+    from hyspec.cuda_ops.cases import paged_attention_case
+
+    out: dict[str, Any] = {}
+    case = paged_attention_case([300, 1000, 70], [1, 1, 1], 32, 8, 128, 16, torch.bfloat16, device=device, seed=3)
+    args = case.args()
+    eager = triton_paged_attention(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        triton_paged_attention(*args)  # warm-up on the side stream (compiles; allocator settles)
+    torch.cuda.current_stream().wait_stream(stream)
+    try:
+        with torch.cuda.graph(graph):
+            captured = triton_paged_attention(*args)
+    except Exception as exc:  # capture refused: a host sync or an allocation inside the step
+        out.update(captured=False, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        return out
+    graph.replay()
+    torch.cuda.synchronize()
+    out.update(captured=True, replay_equals_eager=bool(torch.equal(captured, eager)))
+    # The next step: every sequence one token longer (KV already in the pool; lengths updated in place).
+    grown = [n + 1 for n in case.meta.seq_lens_host]
+    case.meta.seq_lens.copy_(torch.tensor(grown, dtype=case.meta.seq_lens.dtype))
+    step2 = dataclasses.replace(case.meta, seq_lens_host=grown)
+    expected2 = triton_paged_attention(case.q, case.k_cache, case.v_cache, step2, case.scale)
+    graph.replay()
+    torch.cuda.synchronize()
+    out["replay_after_lengths_grew_equals_eager"] = bool(torch.equal(captured, expected2))
+    if not out["replay_after_lengths_grew_equals_eager"]:
+        out["note"] = ("the captured grid and partition count came from the first step's host lengths: graphs need "
+                       "device-side metadata (issue 'CUDA', scope 4), not done")
+    return out
+
+
+__all__ = ["graph_capture_check", "race_check"]

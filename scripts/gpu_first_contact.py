@@ -1,0 +1,123 @@
+"""First contact with a CUDA GPU: every step in its own child process with its own timeout, JSON after each.
+
+    bash scripts/gpu_first_contact.sh --out docs/results/<date>/gpu/first_contact.json   # on the GPU (<= 8 min)
+    bash scripts/gpu_first_contact.sh --dry-run                                          # here: CPU, interpreter
+
+Steps: (1) environment and versions; (2) every op's kernels at small sizes, compiled
+(``hyspec conformance --backend cuda --only ops --quick``); (3) the rejection sampler's race-prone cases,
+repeated (hyspec.cuda_ops.first_contact.race_check); (4) ``scripts/gpu_check.py --no-sweep`` (correctness,
+chain == decode bitwise, bandwidth against the reference; writes its own JSON as it goes); (5) graph capture
+of a decode step (hyspec.cuda_ops.first_contact.graph_capture_check).  A hang or a sticky CUDA error in one
+step costs that step only: the report is rewritten after every step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VERSIONS = """
+import json, torch, triton
+out = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+       "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    out.update(device=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
+               memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+print(json.dumps(out))
+"""
+RACE = """
+import json, sys, torch
+from hyspec.cuda_ops.first_contact import race_check
+device = "cuda" if torch.cuda.is_available() else "cpu"
+print(json.dumps(race_check(device, repeats=int(sys.argv[1]))))
+"""
+GRAPH = """
+import json
+from hyspec.cuda_ops.first_contact import graph_capture_check
+print(json.dumps(graph_capture_check("cuda")))
+"""
+
+
+def _json(out: str):
+    for text in (out, out.splitlines()[-1] if out else ""):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def run_step(name: str, cmd: list[str], timeout_s: float, env: dict[str, str]) -> dict:
+    started = time.time()
+    step: dict = {"step": name, "timeout_s": timeout_s}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
+        step["returncode"] = proc.returncode
+        result = _json(proc.stdout.strip())
+        if result is not None:
+            step["result"] = result
+        else:
+            step["stdout_tail"] = proc.stdout[-3000:]
+        if proc.returncode != 0:
+            step["stderr_tail"] = proc.stderr[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        step.update(returncode=None, timed_out=True, stderr_tail=err[-3000:])
+    except FileNotFoundError as exc:
+        step.update(returncode=None, skipped=str(exc))
+    step["seconds"] = round(time.time() - started, 1)
+    return step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny sizes (checks the script)")
+    parser.add_argument("--out", type=Path, default=Path("gpu_first_contact.json"))
+    args = parser.parse_args()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # launches that claim numerics set it themselves
+    if args.dry_run:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    gpu_check_out = args.out.with_name(args.out.stem + "_gpu_check.json")
+    py, hyspec = sys.executable, [sys.executable, "-m", "hyspec.cli.main"]
+    steps = [
+        ("nvidia-smi", ["nvidia-smi"], 30),
+        ("versions", [py, "-c", VERSIONS], 120),
+        ("ops at small sizes (conformance --only ops)", hyspec + ["conformance", "--backend", "cuda", "--only", "ops",
+                                                                  "--quick", "--json"], 240),
+        ("rejection sampler race cases", [py, "-c", RACE, "2" if args.dry_run else "25"], 120),
+        ("gpu_check --no-sweep", [py, "scripts/gpu_check.py", "--no-sweep", "--out", str(gpu_check_out)]
+         + (["--dry-run", "--reps", "1", "--warmup", "0"] if args.dry_run else ["--budget-s", "150"]), 300),
+    ]
+    if not args.dry_run:
+        steps.append(("graph capture of a decode step", [py, "-c", GRAPH], 120))
+    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dry_run": args.dry_run, "host": platform.node(),
+              "gpu_check_json": str(gpu_check_out), "steps": []}
+    failed = 0
+    for name, cmd, timeout_s in steps:
+        print(f"... {name}", flush=True)
+        step = run_step(name, cmd, timeout_s, env)
+        report["steps"].append(step)
+        failed += bool(step.get("timed_out")) or step.get("returncode") not in (0, None)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    if args.dry_run:
+        report["steps"].append({"step": "graph capture of a decode step", "skipped": "no CUDA device (dry run)"})
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    report["steps_failed"] = failed
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{len(report['steps'])} steps, {failed} failed; report: {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
