@@ -13,8 +13,16 @@ How the work is cut:
   finds its page through the block table, so any block size works and the
   cache may be a strided view of the shared pool.
 * Online softmax in fp32 (base-2 exponent with the scale folded in); Q.K^T and
-  P.V are fp32 dots (``ieee`` for fp32 inputs; ``tf32`` for bf16/fp16 inputs,
-  exact for those operands).
+  P.V are fp32 dots (``ieee`` for fp32 inputs; ``tf32`` for bf16/fp16 inputs).
+  Q.K^T in tf32 is exact for bf16/fp16 operands (they fit tf32's mantissa);
+  **P.V is not**: P is an fp32 probability fed to ``mma.tf32`` unrounded, so
+  the hardware truncates it to tf32's 10-bit mantissa, where the reference
+  (SDPA) rounds P to the input dtype.  The interpreter ignores
+  ``input_precision`` and computes in fp32, so the CPU tests cannot see this;
+  a GPU run compares within the tolerance table, not bit for bit.  Rounding
+  P to bf16/fp16 and feeding bf16/fp16 tensor cores is issue "CUDA" scope 3,
+  not done.  FMA contraction is switched off (``enable_fp_fusion=False``) so
+  results do not change with Triton's default (3.9 fuses, 3.10 will not).
 * Split-KV ("flash decoding"): when the longest query is short (decode and
   verification), each program covers one ``partition_size`` slice of the keys
   and a second kernel merges the partial softmaxes; otherwise (prefill) one
@@ -293,14 +301,14 @@ def triton_paged_attention(
         HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SOFT_BF16=interpreted(_paged_attention_kernel),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
     )
     if split:
         merge_heads = min(cfg.merge_heads, next_power_of_2(Hq))
         _merge_partitions_kernel[(T, triton.cdiv(Hq, merge_heads))](
             out, m_ws, l_ws, acc_ws, *out.stride(), Hq, num_partitions, D,
             BLOCK_HEADS=merge_heads, P_BLOCK=cfg.merge_block, D_PAD=d_pad, OUT_DTYPE=TRITON_DTYPES[q.dtype],
-            SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4,
+            SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4, enable_fp_fusion=False,
         )
     return out
 

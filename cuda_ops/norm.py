@@ -95,7 +95,7 @@ def triton_rms_norm(
             X_DTYPE=TRITON_DTYPES[x.dtype], OUT_DTYPE=TRITON_DTYPES[out_dtype],
             HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
             SOFT_BF16=interpreted(_rms_norm_kernel),
-            num_warps=min(max(block_h * block_rows // 256, 1), 16),
+            num_warps=min(max(block_h * block_rows // 256, 1), 16), enable_fp_fusion=False,  # as torch rounds
         )
     if residual is not None:
         return out, new_res

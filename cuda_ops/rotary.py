@@ -108,5 +108,6 @@ def triton_rotary(
             T, Hq, k.shape[1], half,
             DTYPE=TRITON_DTYPES[q.dtype], BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
             BLOCK_HALF=block_half, SOFT_BF16=interpreted(_rotary_kernel), num_warps=4,
+            enable_fp_fusion=False,  # x*cos + rot*sin rounded per op, as the reference
         )
     return q_out, k_out
