@@ -85,7 +85,7 @@ def markdown(results: list[dict], seconds: float) -> str:
               "D = 128, split, tree variants with BLOCK_N = 64 (gpu_check's sweep) and the fp32 ones.  The fix is "
               "the tensor-core rewrite of issue \"CUDA\" scope 3 (bf16/fp16 `tl.dot` with fp32 accumulation, "
               "no fp32 copies of K/V), not done; until then the fp32 path is documented here, not budgeted.",
-              "* `_scatter_kernel` on sm_90a, 16-token tiles of D = 64: 8-36 bytes of spills (ptxas-blackwell), "
+              "* `_scatter_kernel` on sm_90a, 16-token tiles of D = 64: 32-36 bytes of spills (ptxas-blackwell), "
               "none on sm_80.", ""]
     return "\n".join(lines)
 
