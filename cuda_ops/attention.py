@@ -12,17 +12,17 @@ How the work is cut:
 * Keys are visited in tiles of ``block_n`` from index 0 upwards; each key row
   finds its page through the block table, so any block size works and the
   cache may be a strided view of the shared pool.
-* Online softmax in fp32 (base-2 exponent with the scale folded in); Q.K^T and
-  P.V are fp32 dots (``ieee`` for fp32 inputs; ``tf32`` for bf16/fp16 inputs).
-  Q.K^T in tf32 is exact for bf16/fp16 operands (they fit tf32's mantissa);
-  **P.V is not**: P is an fp32 probability fed to ``mma.tf32`` unrounded, so
-  the hardware truncates it to tf32's 10-bit mantissa, where the reference
-  (SDPA) rounds P to the input dtype.  The interpreter ignores
-  ``input_precision`` and computes in fp32, so the CPU tests cannot see this;
-  a GPU run compares within the tolerance table, not bit for bit.  Rounding
-  P to bf16/fp16 and feeding bf16/fp16 tensor cores is issue "CUDA" scope 3,
-  not done.  FMA contraction is switched off (``enable_fp_fusion=False``) so
-  results do not change with Triton's default (3.9 fuses, 3.10 will not).
+* Online softmax in fp32 (base-2 exponent with the scale folded in).  bf16 /
+  fp16 inputs feed the tensor cores as they are (``DOT_PRECISION="native"``):
+  Q.K^T multiplies them exactly into fp32 accumulators, and P is rounded to
+  the input dtype (nearest even) before P.V, as SDPA / flash attention do;
+  the row sums l use the unrounded fp32 P.  K and V are never copied to fp32
+  (that halved the tensor-core rate and kept fp32 tiles in registers).  fp32
+  inputs use ``ieee`` dots.  (Until this change P was fed unrounded to
+  ``mma.tf32``, which truncates it: the old "exact" claim did not hold, and
+  the interpreter, which ignores ``input_precision``, could not show it.)
+  FMA contraction is switched off (``enable_fp_fusion=False``) so results do
+  not change with Triton's default (3.9 fuses, 3.10 will not).
 * Split-KV ("flash decoding"): when the longest query is short (decode and
   verification), each program covers one ``partition_size`` slice of the keys
   and a second kernel merges the partial softmaxes; otherwise (prefill) one
@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from hyspec.cuda_ops.common import (TRITON_DTYPES, KernelInputError, check_device, check_dtype,
-                                    interpreted, next_power_of_2, round_to)
+                                    interpreted, next_power_of_2, round_to, round_trip)
 from hyspec.ops.attention import AttentionMetadata
 
 #: Widest head the kernel keeps in registers (q and the accumulator are [rows, head_dim] fp32).
@@ -126,7 +126,7 @@ def _paged_attention_kernel(
         d = tl.arange(0, D_PAD)
         d_ok = d < head_dim
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd,
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)  # [BLOCK_M, D_PAD]
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, D_PAD], the input dtype
 
         if HAS_TREE:
             kv_end = seq_len  # an ancestor mask may point anywhere among the new entries
@@ -148,7 +148,13 @@ def _paged_attention_kernel(
             v_rows = page * stride_vb + slot_in_page * stride_vo + kv_head * stride_vh
             kv_mask = j_ok[:, None] & d_ok[None, :]
             k = tl.load(k_cache_ptr + k_rows[:, None] + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT_PRECISION) * scale_log2
+            if DOT_PRECISION == "native":  # bf16/fp16 tensor cores, fp32 accumulation: products are exact
+                if SOFT_BF16:  # the interpreter's bf16 dot is unreliable: the same exact products, in fp32
+                    s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale_log2
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale_log2
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
 
             new_index = j - ctx  # index among this step's new entries (negative: context)
             if HAS_TREE:
@@ -165,7 +171,14 @@ def _paged_attention_kernel(
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_cache_ptr + v_rows[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-            acc = tl.dot(p, v.to(tl.float32), acc * alpha[:, None], input_precision=DOT_PRECISION)
+            if DOT_PRECISION == "native":  # P rounded to the input dtype, as SDPA/flash attention round it
+                if SOFT_BF16:  # the interpreter's bf16 dot is unreliable: the same products, exact, in fp32
+                    acc = tl.dot(round_trip(p, OUT_DTYPE, SOFT_BF16), v.to(tl.float32), acc * alpha[:, None],
+                                 input_precision="ieee")
+                else:
+                    acc = tl.dot(round_to(p, OUT_DTYPE, SOFT_BF16), v, acc * alpha[:, None])
+            else:
+                acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
             m_i = m_new
 
         out_mask = row_ok[:, None] & d_ok[None, :]
@@ -299,7 +312,7 @@ def triton_paged_attention(
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
         D_PAD=d_pad,
         HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "native",
         SOFT_BF16=interpreted(_paged_attention_kernel),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
     )
