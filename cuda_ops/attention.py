@@ -272,9 +272,26 @@ def triton_paged_attention(
     scale: float,
     *,
     config: AttentionConfig | None = None,
+    static_bounds: tuple[int, int] | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Same contract as ``hyspec.ops.attention.paged_attention`` (new KV already written)."""
+    """Same contract as ``hyspec.ops.attention.paged_attention`` (new KV already written).
+
+    ``static_bounds=(max_query_len, max_seq_len)``: launch for these bounds instead of this step's
+    lengths, so the grid, the split decision and the partition count are the same for every step
+    under the bounds (what a captured CUDA graph needs: its launches are replayed as recorded).
+    Programs past a sequence's queries or keys exit on the device (``seq_lens``/``query_start_loc``
+    are read there); empty partitions carry ``m = -inf, l = 0`` and weigh nothing in the merge, so
+    the output equals the step's own launch bit for bit whenever that one splits too.
+    """
     _check_inputs(q, k_cache, v_cache, meta)
+    if static_bounds is not None:
+        bound_q, bound_len = static_bounds
+        if bound_q < meta.max_query_len or bound_len < meta.max_seq_len:
+            raise KernelInputError(f"attention: static_bounds {static_bounds} are below this step's "
+                                   f"({meta.max_query_len}, {meta.max_seq_len})")
+        max_query_len, max_seq_len = bound_q, bound_len
+    else:
+        max_query_len, max_seq_len = meta.max_query_len, meta.max_seq_len
     T, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     cfg = config or default_attention_config(D)
@@ -286,9 +303,9 @@ def triton_paged_attention(
     if T == 0:
         return out
 
-    num_partitions = -(-meta.max_seq_len // cfg.partition_size)
+    num_partitions = -(-max_seq_len // cfg.partition_size)
     workspace_bytes = T * Hq * num_partitions * (d_pad + 2) * 4
-    split = (num_partitions > 1 and meta.max_query_len <= cfg.split_max_query_len
+    split = (num_partitions > 1 and max_query_len <= cfg.split_max_query_len
              and workspace_bytes <= cfg.max_workspace_bytes)
     if split:
         partition_size = cfg.partition_size
@@ -297,11 +314,11 @@ def triton_paged_attention(
         acc_ws = torch.empty((T, Hq, num_partitions, d_pad), dtype=torch.float32, device=q.device)
     else:
         num_partitions = 1
-        partition_size = -(-meta.max_seq_len // cfg.block_n) * cfg.block_n
+        partition_size = -(-max_seq_len // cfg.block_n) * cfg.block_n
         m_ws = l_ws = acc_ws = out  # unused (SPLIT=False)
 
     tree = meta.tree_mask.view(torch.uint8) if meta.tree_mask is not None else meta.block_tables
-    num_q_tiles = -(-meta.max_query_len // block_q)
+    num_q_tiles = -(-max_query_len // block_q)
     grid = (meta.num_seqs * num_q_tiles, Hkv, num_partitions)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, m_ws, l_ws, acc_ws,

@@ -155,3 +155,53 @@ def test_random_sweep(seed: int) -> None:
     case = paged_attention_case(ctx, qlens, hkv * group, hkv, [32, 64][seed % 2], block_size, dtype,
                                 tree=bool(seed % 2), seed=seed)
     check(case, SPLIT if seed % 2 else SINGLE)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["decode", "tree"])
+def test_static_bounds_give_the_steps_own_result(tree: bool) -> None:
+    """Launching for fixed bounds (what a captured graph replays) changes nothing: extra query tiles and
+    partitions exit or weigh zero on the device.  Both launches split, so the merge sees the same partials."""
+    qlens = [5, 9] if tree else [1, 1, 1]
+    ctx = [70, 300] if tree else [70, 300, 900]
+    case = paged_attention_case(ctx, qlens, 8, 2, 32, 16, torch.bfloat16, tree=tree, seed=21)
+    own = triton_paged_attention(*case.args(), config=SPLIT)
+    static = triton_paged_attention(*case.args(), config=SPLIT, static_bounds=(16, 2048))
+    if _interpreter_matmul_is_row_invariant() or not tree:
+        assert torch.equal(own, static)
+    else:  # more query tiles per program: numpy's BLAS may round a row differently (see the helper)
+        torch.testing.assert_close(own, static, atol=0, rtol=2 ** -7)
+    with pytest.raises(KernelInputError, match="below this step's"):
+        triton_paged_attention(*case.args(), config=SPLIT, static_bounds=(1 if tree else 0, 2048))
+
+
+def test_static_bounds_launch_the_same_way_every_step_and_read_nothing_back() -> None:
+    """The graph-capture structure, checked where no GPU is: two steps of different lengths under the same
+    bounds launch identically (grid and every scalar), and the wrapper reads no tensor data on the host
+    (item/tolist/bool/cpu raise inside the region: on a GPU they would be syncs inside the capture)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches: list[tuple] = []
+    original = InterpretedFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        scalars = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        launches.append((self.fn.__name__, grid, scalars, tuple(sorted((k, str(v)) for k, v in kwargs.items()))))
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("host read of tensor data inside the captured region")
+
+    steps = [paged_attention_case([40 + 17 * s, 500 - 3 * s], [1, 1], 8, 2, 32, 16, torch.bfloat16, seed=s)
+             for s in range(2)]
+    patched = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__bool__", "cpu", "numpy")}
+    InterpretedFunction.run = record
+    try:
+        for name in patched:
+            setattr(torch.Tensor, name, forbidden)
+        for case in steps:
+            triton_paged_attention(*case.args(), config=SPLIT, static_bounds=(1, 1024))
+    finally:
+        InterpretedFunction.run = original
+        for name, fn in patched.items():
+            setattr(torch.Tensor, name, fn)
+    first, second = launches[:len(launches) // 2], launches[len(launches) // 2:]
+    assert len(first) == 2 and first == second  # attention + merge, identical for both steps
