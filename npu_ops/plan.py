@@ -112,6 +112,7 @@ def plan(torch_npu: ModuleType, device: torch.device | str | None = None) -> Npu
     found = find_functions(torch_npu)
     version = getattr(torch_npu, "__version__", None)
     release, note = choose_release(version)
+    release_matched = release_for_torch_npu(version) is not None
     atb = check_atb(found, device)
     usable: dict[str, Callable] = {}
     why_not: dict[str, str] = {}
@@ -122,10 +123,15 @@ def plan(torch_npu: ModuleType, device: torch.device | str | None = None) -> Npu
             why_not[which] = f"torch_npu has no {attr}"
             continue
         sig = signature_of(fn, namespace, attr)
+        source = ""
+        if sig is None and release_matched:
+            # The live op exposes no schema (a C binding that is not in torch's registry): the signature of the
+            # op-plugin release this torch_npu ships, read from its sources (op_plugin_data), stands in.
+            sig, source = release.signature(attr), f"  [from op-plugin {release.branch} data: the live op has none]"
         if sig is None:
             why_not[which] = f"{found.name(which)}: its signature cannot be read, so hyspec's call cannot be checked"
             continue
-        signatures[which] = sig.text
+        signatures[which] = sig.text + source
         absent = sig.missing(*KEYWORDS[which])
         if absent:
             why_not[which] = (f"{found.name(which)} takes no {', '.join(absent)} in this torch_npu "

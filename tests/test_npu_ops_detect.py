@@ -176,3 +176,17 @@ def test_the_release_data_records_its_sources() -> None:
     assert release_for_torch_npu("2.10.0.post4").branch == PINNED_BRANCH
     assert release_for_torch_npu("2.5.1").branch == "7.1.0"
     assert release_for_torch_npu("9.9.9") is None
+
+
+def test_a_live_op_without_a_readable_schema_uses_its_releases_signature(monkeypatch) -> None:
+    """A C binding with no schema in torch's registry: the signature of the op-plugin release this torch_npu
+    ships stands in (and the plan says so); for a torch_npu hyspec has no data for, the op is not used."""
+    module = fake_torch_npu(version="7.1.0")
+    module.npu_rotary_mul = lambda *args, **kwargs: None  # no _schema, *args/**kwargs: what a C binding shows
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    plan_ = npu_op_plan()
+    assert plan_["signatures"]["rotary_mul"].endswith("[from op-plugin 7.1.0 data: the live op has none]")
+    assert plan_["ops"]["rotary"]["uses"][0].startswith("torch_npu.npu_rotary_mul")
+    module.__version__ = "9.9.9"  # unknown release: no data to trust
+    plan_ = npu_op_plan()
+    assert "signature cannot be read" in plan_["ops"]["rotary"]["rejected"]["torch_npu.npu_rotary_mul"]
