@@ -276,7 +276,8 @@ def triton_paged_attention(
 ) -> torch.Tensor:  # [T, Hq, D]
     """Same contract as ``hyspec.ops.attention.paged_attention`` (new KV already written).
 
-    ``static_bounds=(max_query_len, max_seq_len)``: launch for these bounds instead of this step's
+    ``static_bounds=(max_query_len, max_seq_len)`` (default: ``meta.static_bounds``): launch for these bounds
+    instead of this step's
     lengths, so the grid, the split decision and the partition count are the same for every step
     under the bounds (what a captured CUDA graph needs: its launches are replayed as recorded).
     Programs past a sequence's queries or keys exit on the device (``seq_lens``/``query_start_loc``
@@ -284,6 +285,7 @@ def triton_paged_attention(
     the output equals the step's own launch bit for bit whenever that one splits too.
     """
     _check_inputs(q, k_cache, v_cache, meta)
+    static_bounds = static_bounds if static_bounds is not None else meta.static_bounds
     if static_bounds is not None:
         bound_q, bound_len = static_bounds
         if bound_q < meta.max_query_len or bound_len < meta.max_seq_len:

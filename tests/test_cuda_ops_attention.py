@@ -205,3 +205,63 @@ def test_static_bounds_launch_the_same_way_every_step_and_read_nothing_back() ->
             setattr(torch.Tensor, name, fn)
     first, second = launches[:len(launches) // 2], launches[len(launches) // 2:]
     assert len(first) == 2 and first == second  # attention + merge, identical for both steps
+
+
+def test_a_decode_forward_with_static_bounds_is_graph_shaped(tmp_path) -> None:
+    """The whole model forward of a decode step on the Triton op table, twice, for steps of different lengths
+    under one ``meta.static_bounds``: every kernel launch is the same (grid and scalars), and nothing in the
+    forward reads tensor data back to the host.  Kernels are not executed (only the launches are compared),
+    so this is the structure a CUDA graph needs, not a capture (that needs a GPU)."""
+    import dataclasses
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from hyspec.backends.cpu import CPUBackend
+    from hyspec.backends.probe import probe_cpu
+    from hyspec.conformance.tiny import make_tiny_target
+    from hyspec.cuda_ops import cuda_op_overrides
+    from hyspec.cuda_ops.aot_workloads import metadata
+    from hyspec.kv.pool import KVPool
+    from hyspec.model.loader import load_model
+
+    table = CPUBackend(probe_cpu()).ops.with_overrides("triton", **cuda_op_overrides())
+    model = load_model(make_tiny_target(tmp_path / "tiny"), dtype="bfloat16", ops=table)
+    cfg = model.config
+    block = 16
+    pool = KVPool(64, KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                                            torch.bfloat16, block))
+    layout = pool.register("target", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                           torch.bfloat16, block)
+    launches: list[list[tuple]] = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        scalars = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        launches[-1].append((self.fn.__name__, grid, scalars, tuple(sorted((k, str(v)) for k, v in kwargs.items()))))
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("host read of tensor data inside the captured region")
+
+    patched = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__bool__", "cpu", "numpy")}
+    original = InterpretedFunction.run
+    try:
+        InterpretedFunction.run = record
+        for context in ([33, 90, 7], [48, 101, 20]):  # two steps, three sequences decoding one token each
+            # a graph's buffers are static: the block table keeps the full width of the bounds (its row stride
+            # is a kernel argument), the lengths change inside the tensors only
+            meta = dataclasses.replace(metadata(context, [1, 1, 1], block, tree=False), static_bounds=(1, 256),
+                                       block_tables=torch.zeros(3, 256 // block, dtype=torch.int32))
+            ids, positions = torch.zeros(3, dtype=torch.long), torch.tensor(context)
+            launches.append([])
+            for name in patched:
+                setattr(torch.Tensor, name, forbidden)
+            with torch.inference_mode():
+                model(ids, positions, list(layout.caches), meta)
+            for name, fn in patched.items():
+                setattr(torch.Tensor, name, fn)
+    finally:
+        InterpretedFunction.run = original
+        for name, fn in patched.items():
+            setattr(torch.Tensor, name, fn)
+    kernels = {launch[0] for launch in launches[0]}
+    assert {"_paged_attention_kernel", "_scatter_kernel", "_rms_norm_kernel", "_rotary_kernel"} <= kernels
+    assert launches[0] == launches[1]

@@ -40,6 +40,9 @@ class AttentionMetadata:
     tree_mask: torch.Tensor | None  # [T, max_query_len] bool, None = causal
     query_lens: list[int]  # host copy of the per-sequence query counts
     seq_lens_host: list[int]  # host copy of seq_lens
+    #: (max query length, max sequence length) a captured graph serves: kernels that honour it launch for
+    #: these bounds, not this step's lengths (hyspec.cuda_ops.attention); None: the step's own lengths
+    static_bounds: tuple[int, int] | None = None
     # Derived tensors shared by every layer of one forward (masks, gather indices), built once.
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
