@@ -16,10 +16,11 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from first_contact_steps import run_step  # scripts/first_contact_steps.py
 
 REPO = Path(__file__).resolve().parents[1]
 VERSIONS = """
@@ -42,37 +43,6 @@ import json
 from hyspec.cuda_ops.first_contact import graph_capture_check
 print(json.dumps(graph_capture_check("cuda")))
 """
-
-
-def _json(out: str):
-    for text in (out, out.splitlines()[-1] if out else ""):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            continue
-    return None
-
-
-def run_step(name: str, cmd: list[str], timeout_s: float, env: dict[str, str]) -> dict:
-    started = time.time()
-    step: dict = {"step": name, "timeout_s": timeout_s}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
-        step["returncode"] = proc.returncode
-        result = _json(proc.stdout.strip())
-        if result is not None:
-            step["result"] = result
-        else:
-            step["stdout_tail"] = proc.stdout[-3000:]
-        if proc.returncode != 0:
-            step["stderr_tail"] = proc.stderr[-3000:]
-    except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        step.update(returncode=None, timed_out=True, stderr_tail=err[-3000:])
-    except FileNotFoundError as exc:
-        step.update(returncode=None, skipped=str(exc))
-    step["seconds"] = round(time.time() - started, 1)
-    return step
 
 
 def main() -> int:
@@ -106,7 +76,7 @@ def main() -> int:
     failed = 0
     for name, cmd, timeout_s in steps:
         print(f"... {name}", flush=True)
-        step = run_step(name, cmd, timeout_s, env)
+        step = run_step(name, cmd, timeout_s, env, REPO)
         report["steps"].append(step)
         failed += bool(step.get("timed_out")) or step.get("returncode") not in (0, None)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

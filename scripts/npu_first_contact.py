@@ -22,10 +22,11 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from first_contact_steps import run_step  # scripts/first_contact_steps.py
 
 REPO = Path(__file__).resolve().parents[1]
 EMULATION = "from hyspec.npu_ops.emulation import install_from_env; install_from_env()\n"
@@ -45,42 +46,6 @@ print(json.dumps(out))
 PLAN = EMULATION + "import json\nfrom hyspec.npu_ops import npu_op_plan\nprint(json.dumps(npu_op_plan()))\n"
 LADDER = EMULATION + ("import json\nfrom hyspec.npu_ops.first_contact import run_ladder\n"
                       "print(json.dumps(run_ladder()))\n")
-
-
-def _json(out: str):
-    """The JSON a child printed: its whole stdout (``--json`` reports), else its last line; None if neither."""
-    for text in (out, out.splitlines()[-1] if out else ""):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            continue
-    return None
-
-
-def run_step(name: str, cmd: list[str], timeout_s: float, env: dict[str, str], parse_json: bool) -> dict:
-    started = time.time()
-    step: dict = {"step": name, "command": " ".join(cmd) if cmd[0] != sys.executable else f"python: {name}"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO)
-        step["returncode"] = proc.returncode
-        out = proc.stdout.strip()
-        if parse_json:
-            result = _json(out)
-            if result is None:
-                step["stdout_tail"] = out[-4000:]
-            else:
-                step["result"] = result
-        else:
-            step["stdout_tail"] = out[-4000:]
-        if proc.returncode != 0 or not parse_json:
-            step["stderr_tail"] = proc.stderr[-4000:]
-    except subprocess.TimeoutExpired as exc:
-        step.update(returncode=None, timed_out=True, stderr_tail=(exc.stderr or b"")[-4000:].decode(errors="replace")
-                    if isinstance(exc.stderr, bytes) else (exc.stderr or "")[-4000:])
-    except FileNotFoundError as exc:
-        step.update(returncode=None, skipped=str(exc))
-    step["seconds"] = round(time.time() - started, 1)
-    return step
 
 
 def main() -> int:
@@ -115,7 +80,7 @@ def main() -> int:
     failed = 0
     for name, cmd, timeout_s, parse in steps:
         print(f"... {name}", flush=True)
-        step = run_step(name, cmd, timeout_s, env, parse)
+        step = run_step(name, cmd, timeout_s, env, REPO, expect_json=parse)
         report["steps"].append(step)
         failed += step.get("returncode") not in (0, None) or bool(step.get("timed_out"))
         out_path.write_text(json.dumps(report, indent=1) + "\n")  # after every step: nothing is lost to a hang
