@@ -53,18 +53,19 @@ class NpuAttentionConfig:
 
 
 class _StepCache:
-    """TreeArgs for the step being run: every layer shares one metadata object, so build the mask once."""
+    """One value per step (tree arguments, the causal mask, the route): every layer shares one metadata
+    object, so each is built once."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._meta: weakref.ref | None = None
         self._args: TreeArgs | None = None
 
-    def get(self, meta: AttentionMetadata, key: tuple) -> TreeArgs | None:
+    def get(self, meta: AttentionMetadata, key: tuple) -> Any:
         alive = self._meta is not None and self._meta() is meta
         return self._args if alive and key == self._key else None
 
-    def put(self, meta: AttentionMetadata, key: tuple, args: TreeArgs) -> None:
+    def put(self, meta: AttentionMetadata, key: tuple, args: Any) -> None:
         self._key, self._meta, self._args = key, weakref.ref(meta), args
 
 
@@ -83,6 +84,7 @@ class NpuAttention:
         self.layout_rules: dict | None = fia_limits.get("paged_layouts")
         self._tree_cache = _StepCache()
         self._causal_masks = _StepCache()
+        self._routes = _StepCache()  # the route is the same for every layer of a step: decided once
 
     def __call__(
         self,
@@ -93,7 +95,13 @@ class NpuAttention:
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
         cache = paged_cache(k_cache, v_cache)
-        route, why = self.route(q, cache, meta)
+        key = (tuple(q.shape), q.dtype, tuple(cache.key.shape), cache.key.dtype, meta.max_query_len, meta.num_seqs,
+               meta.max_seq_len, meta.tree_mask is None)
+        decided = self._routes.get(meta, key)
+        if decided is None:
+            decided = self.route(q, cache, meta)
+            self._routes.put(meta, key, decided)
+        route, why = decided
         if route == "reference":
             warn_once(f"attention:{why}", f"NPU attention runs the reference op: {why}")
             return reference_attention(q, k_cache, v_cache, meta, scale)
