@@ -1,7 +1,7 @@
 """Building hyspec's C kernels (cpu_ops/*.c) once per machine and loading them with ctypes.
 
 ``cc -O3 -march=native -fopenmp -shared`` into ``$HYSPEC_CACHE_DIR`` (default
-``~/.cache/hyspec``)/kernels, keyed on the source (and the headers beside it), the compiler and this CPU's
+``~/.cache/hyspec``)/kernels, keyed on the source (and the headers and kernels it includes), the compiler and this CPU's
 flags: a machine builds each kernel once (under a second), and a cache shared
 between machines never hands one CPU another's build.  The libraries use
 OpenMP; loaded after torch, the process's ``libgomp.so.1`` is torch's own, so
@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -67,7 +68,9 @@ def load(source_name: str, march: str = "native") -> ctypes.CDLL | None:
         log.info("hyspec %s kernel unavailable: no C compiler (cc/gcc) on PATH; using torch", stem)
         return None
     source = HERE / source_name
-    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # what the sources #include
+    # what the sources #include: the headers, and the kernels a source builds on (decoder_stack.c includes qgemm.c)
+    included = re.findall(rb'#include "([^"]+\.c)"', source.read_bytes())
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")) + [HERE / n.decode() for n in included])
     key = hashlib.sha256(source.read_bytes() + headers + cc.encode() + _cpu_key().encode()
                          + march.encode()).hexdigest()[:16]
     target = cache_dir() / f"{stem}-{key}.so"

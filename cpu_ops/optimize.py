@@ -18,8 +18,14 @@ def optimize_for_cpu(model: nn.Module) -> nn.Module:
     ``weight``/``bias``, same call).  Nothing else of the model is touched: the
     lm-head matmul (the target's, tied embeddings included, and the drafters'
     that share it) is the op table's ``logits`` op, which the CPU backend
-    serves from packed copies (``packed_linear.packed_logits``).  Idempotent.
+    serves from packed copies (``packed_linear.packed_logits``).  A CausalLM whose
+    projections are GGUF blocks in fp32 also gets a ``layer_stack``
+    (decoder_stack.py): its layers then run in one C call per forward.  Idempotent.
     """
     packed = pack_linears(model)
     log.debug("packed %d linear layers of %s for the CPU", packed, type(model).__name__)
+    if hasattr(model, "layer_stack"):  # a CausalLM: over GGUF blocks in fp32, its layers run in one C call
+        from hyspec.cpu_ops.decoder_stack import attach
+
+        attach(model)
     return model

@@ -138,6 +138,9 @@ class CausalLM(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
+        #: set by a backend that runs the decoder layers of :meth:`forward` in one call (the CPU backend over
+        #: GGUF blocks: hyspec.cpu_ops.decoder_stack); None: the layer loop over the op table
+        self.layer_stack = None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:  # [V, H]
@@ -161,12 +164,22 @@ class CausalLM(nn.Module):
         h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         aux: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h, residual = layer(ops, h, residual,
-                                lambda x, attn=attn, kv=kv_caches[i]: attn(ops, x, positions, cos_sin, kv, meta))
-            if i in aux_layers:
-                aux[i] = h + residual
+        stack = self.layer_stack
+        if stack is not None and stack.accepts(h, kv_caches):
+            # the backend runs the layers between the requested aux layers in one call each
+            first = 0
+            for end in sorted({i + 1 for i in aux_layers if 0 <= i < len(self.layers)} | {len(self.layers)}):
+                h, residual = stack.run(h, residual, first, end, positions, kv_caches, meta)
+                if end - 1 in aux_layers:
+                    aux[end - 1] = h + residual
+                first = end
+        else:
+            for i, layer in enumerate(self.layers):
+                attn = layer.self_attn
+                h, residual = layer(ops, h, residual,
+                                    lambda x, attn=attn, kv=kv_caches[i]: attn(ops, x, positions, cos_sin, kv, meta))
+                if i in aux_layers:
+                    aux[i] = h + residual
         h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
         return ModelOutput(hidden=h, aux_hidden=aux)
 

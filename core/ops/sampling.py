@@ -37,7 +37,9 @@ def guard_logits(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V], sam
     """
     if not logits.is_floating_point():
         raise TypeError(f"logits must be a floating-point tensor, got {logits.dtype}")
-    if bool(torch.isfinite(logits).all()):  # the common case: no copy
+    # The common case, cheaply: a sum is finite only if every entry is (a NaN or an infinity makes it NaN or
+    # infinite), so one reduction clears the row; an overflowing sum of finite values only takes the full check.
+    if bool(torch.isfinite(logits.sum())) or bool(torch.isfinite(logits).all()):
         return logits
     lowest = torch.finfo(logits.dtype).min
     return torch.nan_to_num(logits, nan=lowest, posinf=lowest, neginf=lowest)

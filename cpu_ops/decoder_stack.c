@@ -1,0 +1,146 @@
+/*
+ * A run of decoder layers of a Llama-family model in one call: the CPU backend's answer to a decode step
+ * that spent more time between kernels than in them.
+ *
+ * Per layer, for T packed token rows (prefill chunks, decode rows and tree-verification rows alike):
+ *   x = h + residual (the first layer of a forward: x = h); residual = x; h = rms_norm(x) * w_in
+ *   qkv = h W_qkv^T (+ b);  q, k rotated by their positions (NeoX halves);  k, v written to their slots
+ *   a = paged_attention(q, caches);  h = a W_o^T (+ b)
+ *   x = h + residual; residual = x; h = rms_norm(x) * w_post
+ *   g, u = h W_gu^T (+ b);  h = (silu(g) * u) W_down^T (+ b)
+ * which is hyspec.model.llama's DecoderLayer over the op table, with the projections in llama.cpp's
+ * blocks (qgemm.c, included) and the attention of paged_attention.c (included): the same kernels the
+ * layer-by-layer path calls, without ~400 trips through Python and torch's dispatcher per step.
+ *
+ * Every row is computed alone (norms, RoPE, SiLU row by row; qgemm and the attention are row-independent
+ * by construction), so a token's hidden state is the same whether it is decoded alone, verified among
+ * drafts or part of a batch: plain decoding and speculative verification agree bit for bit.
+ *
+ * fp32 activations and caches only; the caller (hyspec.cpu_ops.decoder_stack) checks the model qualifies
+ * and keeps the layer-by-layer path for everything else.
+ */
+#include "qgemm.c"
+#include "paged_attention.c"
+
+#include <math.h>
+
+int hyspec_decoder_stack_version(void) { return 1; }
+
+/* Entries per layer in the layer table (int64): the four projections' block pointers, their GGML types,
+ * their bias pointers (0: none), the two norm weights. */
+enum { W_QKV = 0, W_O, W_GU, W_DOWN, T_QKV = 4, B_QKV = 8, N_IN = 12, N_POST, LAYER_ENTRIES };
+
+/* y[r] = rms_norm(x[r]) * w, in the reference's order: x * rsqrt(mean(x^2) + eps), then times the weight */
+static void rms_norm_rows(const float *x, const float *w, float *y, int64_t T, int64_t H, float eps) {
+#pragma omp parallel for schedule(static) if (T >= 8)
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * H;
+        float *yr = y + t * H;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < H; i++) ss += xr[i] * xr[i];
+        const float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (int64_t i = 0; i < H; i++) yr[i] = w[i] * (xr[i] * r);
+    }
+}
+
+/* rotate heads [T, nh, D] in place by cos_sin [*, D] (cos in the first half, sin in the second) */
+static void rotate(float *x, int64_t T, int64_t nh, int64_t stride_t, int64_t D, const int64_t *positions,
+                   const float *cos_sin) {
+    const int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = cos_sin + positions[t] * D;
+        for (int64_t h = 0; h < nh; h++) {
+            float *v = x + t * stride_t + h * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half], c = cs[i], s = cs[half + i];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void add_bias(float *y, const float *b, int64_t T, int64_t N) {
+    if (!b) return;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
+}
+
+/* layers [first, last) of the table (LAYER_ENTRIES int64 per layer); kv[2 l], kv[2 l + 1]: layer l's fp32
+ * key and value caches, element (block, offset, head, d) at block * sb + offset * so + head * sh + d.
+ * h, residual: [T, H] fp32, updated in place (has_residual = 0: the stack starts the residual stream).
+ * positions, slot_mapping: [T] int64; cos_sin: [*, D] fp32; the attention arguments are
+ * hyspec_paged_attention's.  Returns 0, -1 on bad arguments, -2 when out of memory. */
+int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, const int64_t *kv, int64_t T,
+                         int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I, float eps, float *h,
+                         float *residual, int has_residual, const int64_t *positions, const float *cos_sin,
+                         const int64_t *slot_mapping, int64_t sb, int64_t so, int64_t sh, int64_t block_size,
+                         const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                         const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
+                         const uint8_t *tree_mask, int64_t max_q, float scale) {
+    if (T < 1 || H % 32 || (Hq * D) % 32 || I % 32 || D % 8 || Hq % Hkv || first < 0 || last < first) return -1;
+    const int64_t nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv;
+    float *normed = malloc(sizeof(float) * (size_t)(T * H));
+    float *qkv = malloc(sizeof(float) * (size_t)(T * nqkv));
+    float *q = malloc(sizeof(float) * (size_t)(T * nq));
+    float *attn = malloc(sizeof(float) * (size_t)(T * nq));
+    float *gu = malloc(sizeof(float) * (size_t)(T * 2 * I));
+    float *act = malloc(sizeof(float) * (size_t)(T * I));
+    int rc = (normed && qkv && q && attn && gu && act) ? 0 : -2;
+    for (int64_t l = first; l < last && rc == 0; l++) {
+        const int64_t *e = table + l * LAYER_ENTRIES;
+        const uint8_t *w[4];
+        int qt[4];
+        const float *bias[4];
+        for (int j = 0; j < 4; j++) {
+            w[j] = (const uint8_t *)(intptr_t)e[W_QKV + j];
+            qt[j] = (int)e[T_QKV + j];
+            bias[j] = (const float *)(intptr_t)e[B_QKV + j];
+        }
+        /* input norm, with the residual added first after the stack's first layer */
+        if (has_residual) {
+            for (int64_t i = 0; i < T * H; i++) residual[i] += h[i];
+        } else {
+            memcpy(residual, h, sizeof(float) * (size_t)(T * H));
+            has_residual = 1;
+        }
+        rms_norm_rows(residual, (const float *)(intptr_t)e[N_IN], normed, T, H, eps);
+        if ((rc = hyspec_qgemm(qt[0], normed, T, H, w[0], nqkv, qkv))) break;
+        add_bias(qkv, bias[0], T, nqkv);
+        rotate(qkv, T, Hq, nqkv, D, positions, cos_sin);       /* q heads */
+        rotate(qkv + nq, T, Hkv, nqkv, D, positions, cos_sin); /* k heads */
+        float *kc = (float *)(intptr_t)kv[2 * l], *vc = (float *)(intptr_t)kv[2 * l + 1];
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t slot = slot_mapping[t], at = (slot / block_size) * sb + (slot % block_size) * so;
+            for (int64_t g = 0; g < Hkv; g++) {
+                memcpy(kc + at + g * sh, qkv + t * nqkv + nq + g * D, sizeof(float) * (size_t)D);
+                memcpy(vc + at + g * sh, qkv + t * nqkv + nq + nkv + g * D, sizeof(float) * (size_t)D);
+            }
+            memcpy(q + t * nq, qkv + t * nqkv, sizeof(float) * (size_t)nq);
+        }
+        if ((rc = hyspec_paged_attention(q, T, Hq, D, kc, vc, sb, so, sh, block_size, Hkv, block_tables, bt_stride,
+                                         seq_lens, query_lens, row_seq, row_i, tree_mask, max_q, scale, attn, 0)))
+            break;
+        if ((rc = hyspec_qgemm(qt[1], attn, T, nq, w[1], H, h))) break;
+        add_bias(h, bias[1], T, H);
+        /* post-attention norm */
+        for (int64_t i = 0; i < T * H; i++) residual[i] += h[i];
+        rms_norm_rows(residual, (const float *)(intptr_t)e[N_POST], normed, T, H, eps);
+        if ((rc = hyspec_qgemm(qt[2], normed, T, H, w[2], 2 * I, gu))) break;
+        add_bias(gu, bias[2], T, 2 * I);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < I; i++) {
+                const float g = gu[t * 2 * I + i];
+                act[t * I + i] = g / (1.0f + expf(-g)) * gu[t * 2 * I + I + i];
+            }
+        if ((rc = hyspec_qgemm(qt[3], act, T, I, w[3], H, h))) break;
+        add_bias(h, bias[3], T, H);
+    }
+    free(normed);
+    free(qkv);
+    free(q);
+    free(attn);
+    free(gu);
+    free(act);
+    return rc;
+}

@@ -1,0 +1,167 @@
+"""The decoder layers of a model over GGUF blocks in one C call per forward (decoder_stack.c).
+
+Why: with the projections in hyspec's block kernel (qgemm.c) a decode step of
+the default model spent more time between kernels than in them -- about 400
+op calls per token through Python and torch's dispatcher (norms, RoPE, KV
+writes, SiLU, splits, views), each a few microseconds.  The stack runs the
+same kernels (qgemm and the paged attention are compiled into it) and does the
+small element-wise work in C, row by row.
+
+A model qualifies when every decoder projection is a :class:`BlockLinear`
+(fp32 activations over Q4_0 / Q4_1 / Q8_0 blocks), it has no q/k norm, its
+RoPE table covers the whole head and its caches are fp32; then
+:func:`attach` gives it a ``layer_stack`` that ``CausalLM.forward`` calls
+instead of its layer loop.  Every forward of that model (prefill, decode,
+verification) then goes through the stack, so plain decoding and speculative
+verification still compute each row identically.  ``HYSPEC_DECODER_STACK=0``
+keeps the layer-by-layer path (for comparisons).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import torch
+
+from hyspec.cpu_ops.qgemm import QTYPES, BlockLinear
+
+log = logging.getLogger(__name__)
+
+LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 GGML types, 4 bias pointers, 2 norm weights
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    if os.environ.get("HYSPEC_DECODER_STACK", "1") == "0":
+        log.info("hyspec decoder stack disabled by HYSPEC_DECODER_STACK=0")
+        return None
+    if os.environ.get("HYSPEC_QGEMM", "1") == "0":
+        return None
+    from hyspec.cpu_ops.native import load
+
+    lib = load("decoder_stack.c")
+    if lib is None:
+        return None
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    lib.hyspec_decoder_stack.restype = ctypes.c_int
+    lib.hyspec_decoder_stack.argtypes = [
+        ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, ptr, ctypes.c_int, ptr, ptr, ptr,
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, f32]
+    return lib
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot run on the stack (None: it can)."""
+    cfg = getattr(model, "config", None)
+    layers = getattr(model, "layers", None)
+    if cfg is None or layers is None or not hasattr(model, "cos_sin"):
+        return "not a hyspec CausalLM"
+    if cfg.qk_norm:
+        return "q/k norms (Qwen3) are not in the stack"
+    if model.cos_sin.dtype != torch.float32 or model.cos_sin.shape[-1] != cfg.head_dim:
+        return "the RoPE table does not cover the whole head in fp32"
+    if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.head_dim % 8:
+        return "sizes the block kernel cannot take"
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, lin in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj), ("gate_up_proj", mlp.gate_up_proj),
+                          ("down_proj", mlp.down_proj)):
+            if not isinstance(lin, BlockLinear):
+                return f"layer {i} {name} is not in GGUF blocks ({type(lin).__name__})"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if norm.weight.dtype != torch.float32:
+                return f"layer {i} norm weights are {norm.weight.dtype}, not fp32"
+    return None
+
+
+class DecoderStack:
+    """Runs layers ``[first, last)`` of one model in a single call (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, lib: ctypes.CDLL):
+        cfg = model.config
+        self.lib, self.model = lib, model
+        self.num_layers = cfg.num_hidden_layers
+        self.dims = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                     cfg.intermediate_size)
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = float(model.layers[0].self_attn.scale)
+        rows = []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            # raw pointers: the tensors they point into belong to the model, which holds this stack
+            lins = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            rows.append([lin.blocks.data_ptr() for lin in lins] + [QTYPES[lin.block_type] for lin in lins]
+                        + [0 if lin.bias is None else lin.bias.data_ptr() for lin in lins]
+                        + [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr()])
+        self.table = torch.tensor(rows, dtype=torch.int64)
+        self._kv_key: tuple | None = None
+        self._kv_ptrs: torch.Tensor | None = None
+
+    def accepts(self, h: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """fp32 activations and caches with a contiguous head dimension (anything else: the layer loop)."""
+        k0, v0 = kv_caches[0]
+        return (h.dtype == torch.float32 and k0.dtype == torch.float32 and v0.dtype == torch.float32
+                and k0.stride() == v0.stride() and k0.stride(-1) == 1 and not torch.is_grad_enabled())
+
+    def _kv(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        key = tuple((k.data_ptr(), v.data_ptr(), k.stride(), v.stride()) for k, v in kv_caches)
+        if key != self._kv_key:
+            stride = kv_caches[0][0].stride()
+            if any(k.stride() != stride or v.stride() != stride for k, v in kv_caches):
+                raise ValueError("decoder stack: the layers' KV caches differ in layout")
+            self._kv_ptrs = torch.tensor([p for k, v in kv_caches for p in (k.data_ptr(), v.data_ptr())],
+                                         dtype=torch.int64)
+            self._kv_key = key
+        return self._kv_ptrs
+
+    def run(self, h: torch.Tensor, residual: torch.Tensor | None, first: int, last: int, positions: torch.Tensor,
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layers ``[first, last)`` on the ``(h, residual)`` pair, as the layer loop of CausalLM.forward."""
+        from hyspec.cpu_ops.paged_attention import _rows
+
+        H, Hq, Hkv, D, inter = self.dims
+        T = h.shape[0]
+        has_residual = residual is not None  # False: the stack's first layer starts the residual stream
+        h = h.to(torch.float32).contiguous().clone()  # updated in place; the caller's tensors stay as they were
+        residual = torch.empty_like(h) if residual is None else residual.contiguous().clone()
+        seq_lens, query_lens, row_seq, row_i, table = meta.derived("cpu_rows", lambda: _rows(meta))
+        tree = None
+        if meta.tree_mask is not None:
+            tree = meta.derived("cpu_tree", lambda: meta.tree_mask.to(torch.uint8).contiguous())
+        k0 = kv_caches[0][0]
+        sb, so, sh, _ = k0.stride()
+        positions = positions.to(torch.int64).contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        rc = self.lib.hyspec_decoder_stack(
+            self.table.data_ptr(), first, last, self._kv(kv_caches).data_ptr(), T, H, Hq, Hkv, D, inter, self.eps,
+            h.data_ptr(), residual.data_ptr(), int(has_residual), positions.data_ptr(),
+            self.model.cos_sin.data_ptr(), slots.data_ptr(), sb, so, sh, k0.shape[1], table.data_ptr(),
+            table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(), row_seq.data_ptr(), row_i.data_ptr(),
+            0 if tree is None else tree.data_ptr(), meta.max_query_len, self.scale)
+        if rc == -2:
+            raise MemoryError("hyspec_decoder_stack: out of memory for its buffers")
+        if rc != 0:
+            raise RuntimeError(f"hyspec_decoder_stack rejected its arguments (rc={rc})")
+        return h, residual
+
+
+def attach(model: torch.nn.Module) -> bool:
+    """Give ``model`` a ``layer_stack`` when it qualifies and the kernel builds here (returns whether it did)."""
+    reason = unsupported_reason(model)
+    lib = library() if reason is None else None
+    if reason is None and lib is None:
+        reason = "the decoder_stack kernel is not available here"
+    if reason is not None:
+        if getattr(model, "layer_stack", None) is not None:
+            model.layer_stack = None
+        log.debug("decoder stack not used for %s: %s", type(model).__name__, reason)
+        return False
+    model.layer_stack = DecoderStack(model, lib)
+    log.info("decoder stack: %d layers of %s in one C call per forward", model.config.num_hidden_layers,
+             type(model).__name__)
+    return True
+
+
+__all__ = ["DecoderStack", "attach", "library", "unsupported_reason"]
