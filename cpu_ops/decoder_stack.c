@@ -16,19 +16,47 @@
  * by construction), so a token's hidden state is the same whether it is decoded alone, verified among
  * drafts or part of a batch: plain decoding and speculative verification agree bit for bit.
  *
- * fp32 activations and caches only; the caller (hyspec.cpu_ops.decoder_stack) checks the model qualifies
- * and keeps the layer-by-layer path for everything else.
+ * Activations stay fp32 inside the stack.  Dense projections (fp32 or bf16 weights) go through
+ * hyspec_dense_gemm (dense_gemm.c, batch-invariant; passed in as a function pointer, its own library):
+ * for bf16 the normed input is rounded to bf16 and the output widened back, as a bf16 linear layer does.
+ * Caches are fp32 or bf16 (keys and values rounded once when written; the attention of paged_attention.c
+ * in its bf16 mode).  The caller (hyspec.cpu_ops.decoder_stack) checks the model qualifies and keeps the
+ * layer-by-layer path for everything else.
  */
 #include "qgemm.c"
 #include "paged_attention.c"
 
 #include <math.h>
 
-int hyspec_decoder_stack_version(void) { return 1; }
+int hyspec_decoder_stack_version(void) { return 2; }
 
-/* Entries per layer in the layer table (int64): the four projections' block pointers, their GGML types,
- * their bias pointers (0: none), the two norm weights. */
+/* Entries per layer in the layer table (int64): the four projections' weight pointers, their types (a GGML
+ * block type, or DENSE_F32 / DENSE_BF16), their bias pointers (0: none; fp32 for blocks, the weight's dtype
+ * for dense weights), the two norm weights (fp32). */
 enum { W_QKV = 0, W_O, W_GU, W_DOWN, T_QKV = 4, B_QKV = 8, N_IN = 12, N_POST, LAYER_ENTRIES };
+enum { DENSE_F32 = 16, DENSE_BF16 = 17 };
+
+/* hyspec_dense_gemm's signature (dense_gemm.c): dtype 0 fp32 / 1 bf16, x, M, K, w, N, bias, y */
+typedef int (*dense_gemm_fn)(int, const void *, int64_t, int64_t, const void *, int64_t, const void *, void *);
+
+static void add_bias(float *y, const float *b, int64_t T, int64_t N);
+
+/* y [M, N] fp32 = x [M, K] fp32 times the weight of the given type; xb, yb: bf16 scratch of M * max(K, N) */
+static int linear(int type, const float *x, int64_t M, int64_t K, const void *w, const void *bias, int64_t N,
+                  float *y, uint16_t *xb, uint16_t *yb, dense_gemm_fn dense) {
+    if (type >= Q4_0 && type <= Q8_0) {
+        const int rc = hyspec_qgemm(type, x, M, K, (const uint8_t *)w, N, y);
+        if (rc == 0) add_bias(y, (const float *)bias, M, N);
+        return rc;
+    }
+    if (!dense) return -1;
+    if (type == DENSE_F32) return dense(0, x, M, K, w, N, bias, y);
+    if (type != DENSE_BF16) return -1;
+    for (int64_t i = 0; i < M * K; i++) xb[i] = f32_to_bf16(x[i]);
+    const int rc = dense(1, xb, M, K, w, N, bias, yb);
+    for (int64_t i = 0; rc == 0 && i < M * N; i++) y[i] = bf16_to_f32(yb[i]);
+    return rc;
+}
 
 /* y[r] = rms_norm(x[r]) * w, in the reference's order: x * rsqrt(mean(x^2) + eps), then times the weight */
 static void rms_norm_rows(const float *x, const float *w, float *y, int64_t T, int64_t H, float eps) {
@@ -77,7 +105,7 @@ int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, cons
                          const int64_t *slot_mapping, int64_t sb, int64_t so, int64_t sh, int64_t block_size,
                          const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
                          const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
-                         const uint8_t *tree_mask, int64_t max_q, float scale) {
+                         const uint8_t *tree_mask, int64_t max_q, float scale, int kv_bf16, void *dense_gemm) {
     if (T < 1 || H % 32 || (Hq * D) % 32 || I % 32 || D % 8 || Hq % Hkv || first < 0 || last < first) return -1;
     const int64_t nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv;
     float *normed = malloc(sizeof(float) * (size_t)(T * H));
@@ -86,16 +114,19 @@ int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, cons
     float *attn = malloc(sizeof(float) * (size_t)(T * nq));
     float *gu = malloc(sizeof(float) * (size_t)(T * 2 * I));
     float *act = malloc(sizeof(float) * (size_t)(T * I));
-    int rc = (normed && qkv && q && attn && gu && act) ? 0 : -2;
+    /* bf16 scratch: inputs and outputs of bf16 linears (the widest is gate_up's 2 I), q and the attention */
+    const int64_t wide = (2 * I > nqkv ? 2 * I : nqkv) > H ? (2 * I > nqkv ? 2 * I : nqkv) : H;
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(T * wide)), *yb = malloc(sizeof(uint16_t) * (size_t)(T * wide));
+    int rc = (normed && qkv && q && attn && gu && act && xb && yb) ? 0 : -2;
+    const dense_gemm_fn dense = (dense_gemm_fn)dense_gemm;
     for (int64_t l = first; l < last && rc == 0; l++) {
         const int64_t *e = table + l * LAYER_ENTRIES;
-        const uint8_t *w[4];
+        const void *w[4], *bias[4];
         int qt[4];
-        const float *bias[4];
         for (int j = 0; j < 4; j++) {
-            w[j] = (const uint8_t *)(intptr_t)e[W_QKV + j];
+            w[j] = (const void *)(intptr_t)e[W_QKV + j];
             qt[j] = (int)e[T_QKV + j];
-            bias[j] = (const float *)(intptr_t)e[B_QKV + j];
+            bias[j] = (const void *)(intptr_t)e[B_QKV + j];
         }
         /* input norm, with the residual added first after the stack's first layer */
         if (has_residual) {
@@ -105,36 +136,49 @@ int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, cons
             has_residual = 1;
         }
         rms_norm_rows(residual, (const float *)(intptr_t)e[N_IN], normed, T, H, eps);
-        if ((rc = hyspec_qgemm(qt[0], normed, T, H, w[0], nqkv, qkv))) break;
-        add_bias(qkv, bias[0], T, nqkv);
+        if ((rc = linear(qt[0], normed, T, H, w[0], bias[0], nqkv, qkv, xb, yb, dense))) break;
         rotate(qkv, T, Hq, nqkv, D, positions, cos_sin);       /* q heads */
         rotate(qkv + nq, T, Hkv, nqkv, D, positions, cos_sin); /* k heads */
-        float *kc = (float *)(intptr_t)kv[2 * l], *vc = (float *)(intptr_t)kv[2 * l + 1];
+        void *kc = (void *)(intptr_t)kv[2 * l], *vc = (void *)(intptr_t)kv[2 * l + 1];
         for (int64_t t = 0; t < T; t++) {
             const int64_t slot = slot_mapping[t], at = (slot / block_size) * sb + (slot % block_size) * so;
             for (int64_t g = 0; g < Hkv; g++) {
-                memcpy(kc + at + g * sh, qkv + t * nqkv + nq + g * D, sizeof(float) * (size_t)D);
-                memcpy(vc + at + g * sh, qkv + t * nqkv + nq + nkv + g * D, sizeof(float) * (size_t)D);
+                const float *kr = qkv + t * nqkv + nq + g * D, *vr = kr + nkv;
+                if (kv_bf16) {
+                    uint16_t *kd = (uint16_t *)kc + at + g * sh, *vd = (uint16_t *)vc + at + g * sh;
+                    for (int64_t d = 0; d < D; d++) {
+                        kd[d] = f32_to_bf16(kr[d]);
+                        vd[d] = f32_to_bf16(vr[d]);
+                    }
+                } else {
+                    memcpy((float *)kc + at + g * sh, kr, sizeof(float) * (size_t)D);
+                    memcpy((float *)vc + at + g * sh, vr, sizeof(float) * (size_t)D);
+                }
             }
-            memcpy(q + t * nq, qkv + t * nqkv, sizeof(float) * (size_t)nq);
+            if (kv_bf16)
+                for (int64_t i = 0; i < nq; i++) xb[t * nq + i] = f32_to_bf16(qkv[t * nqkv + i]);
+            else
+                memcpy(q + t * nq, qkv + t * nqkv, sizeof(float) * (size_t)nq);
         }
-        if ((rc = hyspec_paged_attention(q, T, Hq, D, kc, vc, sb, so, sh, block_size, Hkv, block_tables, bt_stride,
-                                         seq_lens, query_lens, row_seq, row_i, tree_mask, max_q, scale, attn, 0)))
+        /* bf16 caches: q rounded to bf16 (in xb), the attention's bf16 output (in yb) widened */
+        if ((rc = hyspec_paged_attention(kv_bf16 ? (const void *)xb : (const void *)q, T, Hq, D, kc, vc, sb, so, sh,
+                                         block_size, Hkv, block_tables, bt_stride, seq_lens, query_lens, row_seq,
+                                         row_i, tree_mask, max_q, scale, kv_bf16 ? (void *)yb : (void *)attn,
+                                         kv_bf16)))
             break;
-        if ((rc = hyspec_qgemm(qt[1], attn, T, nq, w[1], H, h))) break;
-        add_bias(h, bias[1], T, H);
+        if (kv_bf16)
+            for (int64_t i = 0; i < T * nq; i++) attn[i] = bf16_to_f32(yb[i]);
+        if ((rc = linear(qt[1], attn, T, nq, w[1], bias[1], H, h, xb, yb, dense))) break;
         /* post-attention norm */
         for (int64_t i = 0; i < T * H; i++) residual[i] += h[i];
         rms_norm_rows(residual, (const float *)(intptr_t)e[N_POST], normed, T, H, eps);
-        if ((rc = hyspec_qgemm(qt[2], normed, T, H, w[2], 2 * I, gu))) break;
-        add_bias(gu, bias[2], T, 2 * I);
+        if ((rc = linear(qt[2], normed, T, H, w[2], bias[2], 2 * I, gu, xb, yb, dense))) break;
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < I; i++) {
                 const float g = gu[t * 2 * I + i];
                 act[t * I + i] = g / (1.0f + expf(-g)) * gu[t * 2 * I + I + i];
             }
-        if ((rc = hyspec_qgemm(qt[3], act, T, I, w[3], H, h))) break;
-        add_bias(h, bias[3], T, H);
+        if ((rc = linear(qt[3], act, T, I, w[3], bias[3], H, h, xb, yb, dense))) break;
     }
     free(normed);
     free(qkv);
@@ -142,5 +186,7 @@ int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, cons
     free(attn);
     free(gu);
     free(act);
+    free(xb);
+    free(yb);
     return rc;
 }

@@ -1,4 +1,4 @@
-"""The decoder layers of a model over GGUF blocks in one C call per forward (decoder_stack.c).
+"""The decoder layers of a model in one C call per forward (decoder_stack.c).
 
 Why: with the projections in hyspec's block kernel (qgemm.c) a decode step of
 the default model spent more time between kernels than in them -- about 400
@@ -8,8 +8,10 @@ same kernels (qgemm and the paged attention are compiled into it) and does the
 small element-wise work in C, row by row.
 
 A model qualifies when every decoder projection is a :class:`BlockLinear`
-(fp32 activations over Q4_0 / Q4_1 / Q8_0 blocks), it has no q/k norm, its
-RoPE table covers the whole head and its caches are fp32; then
+(fp32 activations over Q4_0 / Q4_1 / Q8_0 blocks) or a :class:`PackedLinear`
+with fp32 / bf16 weights served by hyspec's batch-invariant dense kernel
+(dense_gemm.c), it has no q/k norm, its RoPE table covers the whole head
+and its caches are fp32 or bf16; then
 :func:`attach` gives it a ``layer_stack`` that ``CausalLM.forward`` calls
 instead of its layer loop.  Every forward of that model (prefill, decode,
 verification) then goes through the stack, so plain decoding and speculative
@@ -29,7 +31,8 @@ from hyspec.cpu_ops.qgemm import QTYPES, BlockLinear
 
 log = logging.getLogger(__name__)
 
-LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 GGML types, 4 bias pointers, 2 norm weights
+LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 types, 4 bias pointers, 2 norm weights
+DENSE_TYPES = {torch.float32: 16, torch.bfloat16: 17}  # decoder_stack.c's DENSE_F32 / DENSE_BF16
 
 
 @functools.cache
@@ -48,8 +51,29 @@ def library() -> ctypes.CDLL | None:
     lib.hyspec_decoder_stack.restype = ctypes.c_int
     lib.hyspec_decoder_stack.argtypes = [
         ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, ptr, ctypes.c_int, ptr, ptr, ptr,
-        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, f32]
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, f32, ctypes.c_int, ptr]
     return lib
+
+
+def _dense_gemm_address() -> int | None:
+    """The address of hyspec_dense_gemm (dense_gemm.c, its own library): the stack calls it for dense weights."""
+    from hyspec.cpu_ops import dense_gemm
+
+    lib = dense_gemm.library()
+    return None if lib is None else ctypes.cast(lib.hyspec_dense_gemm, ctypes.c_void_p).value
+
+
+def _weight_type(lin: torch.nn.Module) -> int | None:
+    """The stack's type code for a projection module (None: the stack cannot run it)."""
+    from hyspec.cpu_ops.packed_linear import PackedLinear, invariant_kernel_available
+
+    if isinstance(lin, BlockLinear):
+        return QTYPES[lin.block_type]
+    if (isinstance(lin, PackedLinear) and lin.weight.dtype in DENSE_TYPES and lin.weight.is_contiguous()
+            and invariant_kernel_available(lin.weight.dtype) and _dense_gemm_address() is not None
+            and (lin.bias is None or lin.bias.dtype == lin.weight.dtype)):
+        return DENSE_TYPES[lin.weight.dtype]
+    return None
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -68,11 +92,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         attn, mlp = layer.self_attn, layer.mlp
         for name, lin in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj), ("gate_up_proj", mlp.gate_up_proj),
                           ("down_proj", mlp.down_proj)):
-            if not isinstance(lin, BlockLinear):
-                return f"layer {i} {name} is not in GGUF blocks ({type(lin).__name__})"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            if norm.weight.dtype != torch.float32:
-                return f"layer {i} norm weights are {norm.weight.dtype}, not fp32"
+            if _weight_type(lin) is None:
+                return (f"layer {i} {name} is neither GGUF blocks nor a dense fp32/bf16 weight hyspec's dense "
+                        f"kernel serves ({type(lin).__name__})")
     return None
 
 
@@ -87,23 +109,30 @@ class DecoderStack:
                      cfg.intermediate_size)
         self.eps = float(cfg.rms_norm_eps)
         self.scale = float(model.layers[0].self_attn.scale)
+        # fp32 copies of the norm weights (a bf16 model's are bf16; the stack's norms are fp32)
+        self._norms = [(layer.input_layernorm.weight.detach().float().contiguous(),
+                        layer.post_attention_layernorm.weight.detach().float().contiguous()) for layer in model.layers]
+        self._dense = _dense_gemm_address()
         rows = []
-        for layer in model.layers:
+        for layer, norms in zip(model.layers, self._norms):
             attn, mlp = layer.self_attn, layer.mlp
-            # raw pointers: the tensors they point into belong to the model, which holds this stack
+            # raw pointers: the tensors they point into belong to the model (which holds this stack) or to it
             lins = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            rows.append([lin.blocks.data_ptr() for lin in lins] + [QTYPES[lin.block_type] for lin in lins]
+            rows.append([(lin.blocks if isinstance(lin, BlockLinear) else lin.weight).data_ptr() for lin in lins]
+                        + [_weight_type(lin) for lin in lins]
                         + [0 if lin.bias is None else lin.bias.data_ptr() for lin in lins]
-                        + [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr()])
+                        + [norms[0].data_ptr(), norms[1].data_ptr()])
         self.table = torch.tensor(rows, dtype=torch.int64)
         self._kv_key: tuple | None = None
         self._kv_ptrs: torch.Tensor | None = None
 
     def accepts(self, h: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-        """fp32 activations and caches with a contiguous head dimension (anything else: the layer loop)."""
+        """Activations in the model's dtype, fp32 or bf16 caches with a contiguous head dimension (anything
+        else: the layer loop)."""
         k0, v0 = kv_caches[0]
-        return (h.dtype == torch.float32 and k0.dtype == torch.float32 and v0.dtype == torch.float32
-                and k0.stride() == v0.stride() and k0.stride(-1) == 1 and not torch.is_grad_enabled())
+        return (h.dtype in (torch.float32, torch.bfloat16) and k0.dtype in (torch.float32, torch.bfloat16)
+                and v0.dtype == k0.dtype and k0.stride() == v0.stride() and k0.stride(-1) == 1
+                and not torch.is_grad_enabled())
 
     def _kv(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         key = tuple((k.data_ptr(), v.data_ptr(), k.stride(), v.stride()) for k, v in kv_caches)
@@ -118,14 +147,18 @@ class DecoderStack:
 
     def run(self, h: torch.Tensor, residual: torch.Tensor | None, first: int, last: int, positions: torch.Tensor,
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layers ``[first, last)`` on the ``(h, residual)`` pair, as the layer loop of CausalLM.forward."""
+        """Layers ``[first, last)`` on the ``(h, residual)`` pair, as the layer loop of CausalLM.forward.
+
+        Returns fp32 tensors whatever the input's dtype: between segments of one forward (aux layers) the
+        residual stream stays fp32, so asking for aux layers never changes the result; the caller casts
+        to the model's dtype at the end."""
         from hyspec.cpu_ops.paged_attention import _rows
 
         H, Hq, Hkv, D, inter = self.dims
         T = h.shape[0]
         has_residual = residual is not None  # False: the stack's first layer starts the residual stream
         h = h.to(torch.float32).contiguous().clone()  # updated in place; the caller's tensors stay as they were
-        residual = torch.empty_like(h) if residual is None else residual.contiguous().clone()
+        residual = torch.empty_like(h) if residual is None else residual.to(torch.float32).contiguous().clone()
         seq_lens, query_lens, row_seq, row_i, table = meta.derived("cpu_rows", lambda: _rows(meta))
         tree = None
         if meta.tree_mask is not None:
@@ -139,7 +172,8 @@ class DecoderStack:
             h.data_ptr(), residual.data_ptr(), int(has_residual), positions.data_ptr(),
             self.model.cos_sin.data_ptr(), slots.data_ptr(), sb, so, sh, k0.shape[1], table.data_ptr(),
             table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(), row_seq.data_ptr(), row_i.data_ptr(),
-            0 if tree is None else tree.data_ptr(), meta.max_query_len, self.scale)
+            0 if tree is None else tree.data_ptr(), meta.max_query_len, self.scale, int(k0.dtype == torch.bfloat16),
+            self._dense)
         if rc == -2:
             raise MemoryError("hyspec_decoder_stack: out of memory for its buffers")
         if rc != 0:

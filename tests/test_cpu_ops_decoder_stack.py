@@ -38,10 +38,25 @@ def models(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def dense_models(models):
+    """dtype -> the llama Q8_0 file dequantized to dense fp32 / bf16 weights, as serving loads it (PackedLinear)."""
+    from hyspec.cpu_ops.packed_linear import invariant_kernel_available
+
+    backend = get_backend("cpu")
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        if invariant_kernel_available(dtype):
+            out[dtype] = backend.optimize_model(load_model(models["llama", "Q8_0"].gguf_path, dtype=dtype,
+                                                           quantization="none", backend=backend))
+    return out
+
+
 def _caches(model, blocks: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cfg = model.config
     shape = (blocks, BLOCK, cfg.num_key_value_heads, cfg.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_hidden_layers)]
+    dtype = model.embed_tokens.weight.dtype
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_hidden_layers)]
 
 
 def _forward(model, caches, ids: list[int], start: int, aux: tuple[int, ...] = ()):
@@ -105,13 +120,39 @@ def test_aux_layers_split_the_stack_without_changing_the_result(models):
 def test_models_the_stack_cannot_run_keep_the_layer_loop(models):
     assert models["qwen3", "Q4_1"].layer_stack is None  # q/k norms
     assert "q/k norms" in decoder_stack.unsupported_reason(models["qwen3", "Q4_1"])
-    dense = load_model(models["llama", "Q4_1"].gguf_path, dtype="float32")  # no backend: dequantized, dense
-    assert "not in GGUF blocks" in decoder_stack.unsupported_reason(dense)
+    # no backend: dequantized into plain nn.Linear modules, which no kernel of the stack serves
+    dense = load_model(models["llama", "Q4_1"].gguf_path, dtype="float32")
+    assert "is neither GGUF blocks nor a dense" in decoder_stack.unsupported_reason(dense)
     assert not decoder_stack.attach(dense) and dense.layer_stack is None
 
 
 @needs_kernel
-def test_bf16_activations_take_the_layer_loop(models):
+def test_fp16_caches_take_the_layer_loop(models):
     model = models["llama", "Q4_1"]
-    caches = [(k.bfloat16(), v.bfloat16()) for k, v in _caches(model)]
+    caches = [(k.half(), v.half()) for k, v in _caches(model)]
     assert not model.layer_stack.accepts(torch.zeros(1, model.config.hidden_size), caches)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dense_weights_run_on_the_stack_row_by_row(dense_models, dtype):
+    if dtype not in dense_models:
+        pytest.skip(f"no batch-invariant dense {dtype} kernel on this CPU")
+    model = dense_models[dtype]
+    stack = model.layer_stack
+    assert isinstance(stack, decoder_stack.DecoderStack)
+    whole = _forward(model, _caches(model), IDS, 0, aux=(0,))
+    caches = _caches(model)
+    parts = [_forward(model, caches, IDS[:4], 0), _forward(model, caches, IDS[4:5], 4),
+             _forward(model, caches, IDS[5:9], 5, aux=(0,))]
+    assert whole.hidden.dtype == dtype and whole.aux_hidden[0].dtype == dtype
+    # every row alone, whatever the batch and whether aux layers split the stack
+    assert torch.equal(torch.cat([p.hidden for p in parts]), whole.hidden)
+    model.layer_stack = None
+    try:
+        ref = _forward(model, _caches(model), IDS, 0, aux=(0,))
+    finally:
+        model.layer_stack = stack
+    # the layer loop rounds every op to the model's dtype; the stack keeps fp32 between them
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(whole.hidden.float(), ref.hidden.float(), **tol)

@@ -166,13 +166,15 @@ class CausalLM(nn.Module):
         aux: dict[int, torch.Tensor] = {}
         stack = self.layer_stack
         if stack is not None and stack.accepts(h, kv_caches):
-            # the backend runs the layers between the requested aux layers in one call each
-            first = 0
+            # the backend runs the layers between the requested aux layers in one call each; its residual
+            # stream stays fp32 between them and takes the model's dtype at the end
+            dtype, first = h.dtype, 0
             for end in sorted({i + 1 for i in aux_layers if 0 <= i < len(self.layers)} | {len(self.layers)}):
                 h, residual = stack.run(h, residual, first, end, positions, kv_caches, meta)
                 if end - 1 in aux_layers:
-                    aux[end - 1] = h + residual
+                    aux[end - 1] = (h + residual).to(dtype)
                 first = end
+            h, residual = h.to(dtype), residual.to(dtype)
         else:
             for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
