@@ -11,6 +11,6 @@ for set in humaneval chat; do
     --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 6 --max-tokens 128 --repeats 2 \
     --no-progress --json "$OUT/$set.json" --plot "$OUT/plots-$set" | tee "$OUT/$set.txt"
 done
-hyspec bench --prompts chat --quantization none --dtype bfloat16 --methods none --peers llamacpp \
+hyspec bench --prompts chat --quantization none --dtype bfloat16 --methods none,ngram --peers llamacpp \
   --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 4 --max-tokens 128 --repeats 2 \
-  --no-progress --json "$OUT/plain-dense-bf16.json" | tee "$OUT/plain-dense-bf16.txt"
+  --no-progress --json "$OUT/plain-dense-bf16.json" | grep -v -E "Warn|WARN" | tee "$OUT/plain-dense-bf16.txt"
