@@ -41,6 +41,10 @@ class CPUBackend(Backend):
             notes.append(f"linear layers: hyspec dense_gemm ({'/'.join(invariant)}, {isa()}; batch-invariant)")
         if packed:
             notes.append(f"linear layers: weights packed once ({'/'.join(packed)}: oneDNN / MKL)")
+        from hyspec.cpu_ops.decoder_stack import library as decoder_stack_library
+
+        if decoder_stack_library() is not None:
+            notes.append("decoder layers: one C call per forward where the weights allow (cpu_ops/decoder_stack.c)")
         for linear in notes:
             self.ops_note = linear if self.ops_note is None else f"{linear}; {self.ops_note}"
 
