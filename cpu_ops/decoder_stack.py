@@ -42,9 +42,15 @@ def library() -> ctypes.CDLL | None:
         return None
     if os.environ.get("HYSPEC_QGEMM", "1") == "0":
         return None
+    return variant("native")
+
+
+@functools.cache
+def variant(march: str) -> ctypes.CDLL | None:
+    """The stack built for ``-march=march`` (tests run the AVX2 and portable paths on any x86 CPU)."""
     from hyspec.cpu_ops.native import load
 
-    lib = load("decoder_stack.c")
+    lib = load("decoder_stack.c", march)
     if lib is None:
         return None
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -198,4 +204,4 @@ def attach(model: torch.nn.Module) -> bool:
     return True
 
 
-__all__ = ["DecoderStack", "attach", "library", "unsupported_reason"]
+__all__ = ["DecoderStack", "attach", "library", "unsupported_reason", "variant"]

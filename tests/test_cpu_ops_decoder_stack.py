@@ -156,3 +156,28 @@ def test_dense_weights_run_on_the_stack_row_by_row(dense_models, dtype):
     # the layer loop rounds every op to the model's dtype; the stack keeps fp32 between them
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(whole.hidden.float(), ref.hidden.float(), **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("march", ["x86-64", "haswell"], ids=["portable", "avx2"])
+def test_the_portable_and_avx2_builds_keep_rows_alone(models, march):
+    """What an AVX2-only CPU, or one without a vector ISA the kernels use, would run (built here for its ISA)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the ISA levels are x86's")
+    lib = decoder_stack.variant(march)
+    if lib is None:
+        pytest.skip(f"the stack does not build for -march={march} here")
+    model = models["llama", "Q4_1"]
+    native = model.layer_stack
+    model.layer_stack = decoder_stack.DecoderStack(model, lib)
+    try:
+        whole = _forward(model, _caches(model), IDS, 0).hidden
+        caches = _caches(model)
+        parts = [_forward(model, caches, IDS[:3], 0).hidden, _forward(model, caches, IDS[3:4], 3).hidden,
+                 _forward(model, caches, IDS[4:9], 4).hidden]
+    finally:
+        model.layer_stack = native
+    assert torch.equal(torch.cat(parts), whole)
+    torch.testing.assert_close(whole, _forward(model, _caches(model), IDS, 0).hidden, atol=1e-4, rtol=1e-4)
