@@ -9,11 +9,18 @@
  * (element j of a 4-bit block is the low nibble of byte j, element j + 16 its high nibble).
  *
  * The file's values are used as they are (fp16 scales read exactly, no requantization) and the
- * activations stay fp32.  Per block, sum_k x_k w_k = d * sum_k q_k x_k + m * sum_k x_k, so codes are
- * never scaled one by one; all sums are fp32 in a fixed order (see rows_block), so the result differs
- * from an fp32 product with the dequantized matrix only by rounding (tests/test_cpu_ops_qgemm.py).  Nothing depends on how many rows share a call
- * or which thread computes them: a row's result is the same alone or in a batch, which is what
- * lets speculative verification reproduce plain decoding bit for bit.
+ * activations stay fp32.  The AVX-512 path dequantizes each block to the fp32 values gguf's own dequantize
+ * gives (a 16-entry table per 4-bit block, see dequant) and sums w * x in sixteen lanes; the AVX2 and
+ * portable paths use sum_k x_k w_k = d * sum_k q_k x_k + m * sum_k x_k per block, so codes are never
+ * scaled one by one.  All sums are fp32 in a fixed order, so the result differs from an fp32 product with
+ * the dequantized matrix only by rounding (tests/test_cpu_ops_qgemm.py).  Nothing depends on how many
+ * rows share a call or which thread computes them: a row's result is the same alone or in a batch, which
+ * is what lets speculative verification reproduce plain decoding bit for bit.
+ *
+ * Verification rows are cheap where the kernel shares work between them: the AVX-512 tile dequantizes
+ * a block once for up to eight rows of x and loads a row of x once for up to four output rows.  On a
+ * 2-core Zen 4 VM, SmolLM2-135M's projections and Q8_0 head from memory took 6.0 ms for one row, 11.4 ms
+ * for four and 22.2 ms for eight with the per-row code-times-x formula; 5.3, 7.6 and 13.1 ms with the tile.
  *
  * Threads: OpenMP over blocks of four output rows.  Loaded after torch, the process's libgomp.so.1
  * is torch's own, so the kernel shares torch's thread pool instead of competing with it.
@@ -31,7 +38,7 @@
 #endif
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
-enum { MANY_ROWS = 2 }; /* from this many rows of x, rows_block_many (codes converted once per chunk) */
+enum { MANY_ROWS = 2 }; /* AVX2: from this many rows of x, rows_block_many (codes converted once per chunk) */
 enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
 /* How far ahead the kernels ask for weights (software prefetch).  With the weights in L3 or memory the
  * hardware prefetchers fell behind: on a 2-core Sapphire Rapids VM, SmolLM2's 120 projections read from
@@ -39,7 +46,7 @@ enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
  * 1.66x one row's time, 3 rows 2.7x (4 KiB ahead: 1.3x and 1.55x).  A prefetch never faults, so asking
  * past the end of the matrix is harmless. */
 enum { PREFETCH_BYTES = 4096, PREFETCH_BYTES_ONE_ROW = 8192 };
-static const int BLOCK_BYTES[3] = {18, 20, 34};
+static const int BLOCK_BYTES[3] __attribute__((unused)) = {18, 20, 34};
 
 int hyspec_qgemm_version(void) { return 1; }
 
@@ -59,90 +66,97 @@ static inline float hsum(__m512 v) { /* halves added down to one lane, in a fixe
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-/* the 32 codes of one block as two vectors of sixteen floats: elements 0..15 and 16..31 */
-static inline __attribute__((always_inline)) void codes(const int qtype, const uint8_t *b, __m512 c[2]) {
+/* The 32 weights of one block in fp32 (elements 0..15 in w[0], 16..31 in w[1]), the values gguf's own
+ * dequantize gives: Q4_0 d * (q - 8) and Q8_0 d * q are exact products (an fp16 times a small integer
+ * fits fp32's mantissa); Q4_1 d * q + m is one fma, rounded once like gguf's exact d * q plus m.
+ * 4-bit codes go through a 16-entry table of the block's sixteen possible values: vpermps reads only the
+ * low four bits of each index, so the widened bytes index their low nibble as they are and their high
+ * nibble after one shift (4 vector operations and a table fma, against 9 to convert and scale codes). */
+static inline __attribute__((always_inline)) void dequant(const int qtype, const uint8_t *b, __m512 w[2]) {
     if (qtype == Q8_0) {
-        c[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
-        c[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+        const __m512 d = _mm512_set1_ps(f16(b));
+        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
+        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
         return;
     }
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + (qtype == Q4_1 ? 4 : 2)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    c[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));                     /* low nibbles */
-    c[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)));  /* high ones */
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = qtype == Q4_1
+                             ? _mm512_fmadd_ps(iota, _mm512_set1_ps(f16(b)), _mm512_set1_ps(f16(b + 2)))
+                             : _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(8.0f)), _mm512_set1_ps(f16(b)));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (qtype == Q4_1 ? 4 : 2))));
+    w[0] = _mm512_permutexvar_ps(q, table);                       /* low nibbles: elements 0..15 */
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table); /* high nibbles: 16..31 */
 }
 
-/* sum_k x_k w_k of one block, as sixteen lane partials: q[0..15] x[0..15] + q[16..31] x[16..31] */
-static inline __attribute__((always_inline)) __m512 block_dot(const __m512 c[2], const float *x) {
-    return _mm512_fmadd_ps(c[1], _mm512_loadu_ps(x + 16), _mm512_mul_ps(c[0], _mm512_loadu_ps(x)));
-}
-
-/* Output rows n0 .. n0+NB-1 (NB <= 4), two at a time, against every row of x: per block the sixteen
- * partials scaled by d go into a vector accumulator, m times the block's sum of x into a scalar one,
- * and the result is hsum(vector) + scalar (the AVX2 path's formula with sixteen lanes). */
-static inline __attribute__((always_inline)) void rows_block(const int qtype, const float *x, const float *xs,
-                                                             int64_t M, int64_t K, const uint8_t *w, int64_t n0,
-                                                             int NB, float *y, int64_t N) {
+/* NB output rows (from w, G blocks each) against R rows of x, both compile-time with NB * R <= 16: the
+ * accumulators, NB * 2 weight vectors and 2 of x fit the 32 registers.  Per block each output row is
+ * dequantized once for all R rows, and each row of x loaded once for all NB outputs.  Every (output, row)
+ * pair does the same operations whatever NB, R or M are: sixteen lane sums, w[0] * x[0..15] then
+ * w[1] * x[16..31] per block in block order, then hsum; so a row's result never depends on its batch. */
+static inline __attribute__((always_inline)) void tile(const int qtype, const int NB, const int R, const float *x,
+                                                       int64_t K, const uint8_t *w, float *y, int64_t N) {
     const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
-    for (int i = 0; i < NB; i += 2) {
-        const int two = NB - i >= 2;
-        const uint8_t *w0 = w + (n0 + i) * G * bs, *w1 = two ? w0 + G * bs : w0;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xr = x + m * K, *xsr = xs + m * G;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
-            float s0 = 0.0f, s1 = 0.0f;
-            for (int64_t g = 0; g < G; g++) {
-                __m512 c[2];
-                const uint8_t *b0 = w0 + g * bs, *b1 = w1 + g * bs;
-                _mm_prefetch((const char *)(b0 + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
-                _mm_prefetch((const char *)(b1 + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
-                codes(qtype, b0, c);
-                float d = f16(b0);
-                a0 = _mm512_fmadd_ps(block_dot(c, xr + 32 * g), _mm512_set1_ps(d), a0);
-                if (qtype != Q8_0) s0 = __builtin_fmaf(qtype == Q4_1 ? f16(b0 + 2) : -8.0f * d, xsr[g], s0);
-                codes(qtype, b1, c);
-                d = f16(b1);
-                a1 = _mm512_fmadd_ps(block_dot(c, xr + 32 * g), _mm512_set1_ps(d), a1);
-                if (qtype != Q8_0) s1 = __builtin_fmaf(qtype == Q4_1 ? f16(b1 + 2) : -8.0f * d, xsr[g], s1);
-            }
-            y[m * N + n0 + i] = hsum(a0) + s0;
-            if (two) y[m * N + n0 + i + 1] = hsum(a1) + s1;
-        }
-    }
-}
-
-/* R rows of x (compile-time: the accumulators stay in registers) against one output row, each block's
- * codes converted once: every (output, row) pair gets exactly rows_block's operations, in its order. */
-static inline __attribute__((always_inline)) void one_row_r(const int qtype, const int R, const float *x,
-                                                            const float *xs, int64_t K, const uint8_t *wr,
-                                                            float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
-    __m512 acc[8];
-    float sc[8];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        sc[r] = 0.0f;
-    }
+    const int ahead = R == 1 ? PREFETCH_BYTES_ONE_ROW : PREFETCH_BYTES;
+    __m512 acc[4][8];
+    for (int n = 0; n < NB; n++)
+        for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *b = wr + g * bs;
-        _mm_prefetch((const char *)(b + PREFETCH_BYTES), _MM_HINT_T0);
-        __m512 c[2];
-        codes(qtype, b, c);
-        const float d = f16(b), mn = qtype == Q4_1 ? f16(b + 2) : -8.0f * d;
-        const __m512 vd = _mm512_set1_ps(d);
+        __m512 wv[4][2];
+        for (int n = 0; n < NB; n++) {
+            const uint8_t *b = w + (n * G + g) * bs;
+            _mm_prefetch((const char *)(b + ahead), _MM_HINT_T0);
+            dequant(qtype, b, wv[n]);
+        }
         for (int r = 0; r < R; r++) {
-            acc[r] = _mm512_fmadd_ps(block_dot(c, x + r * K + 32 * g), vd, acc[r]);
-            if (qtype != Q8_0) sc[r] = __builtin_fmaf(mn, xs[r * G + g], sc[r]);
+            const __m512 x0 = _mm512_loadu_ps(x + r * K + 32 * g), x1 = _mm512_loadu_ps(x + r * K + 32 * g + 16);
+            for (int n = 0; n < NB; n++) {
+                acc[n][r] = _mm512_fmadd_ps(wv[n][0], x0, acc[n][r]);
+                acc[n][r] = _mm512_fmadd_ps(wv[n][1], x1, acc[n][r]);
+            }
         }
     }
-    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + sc[r];
+    for (int n = 0; n < NB; n++)
+        for (int r = 0; r < R; r++) y[r * N + n] = hsum(acc[n][r]);
 }
 
-/* xs[m, g]: the sum of block g of row m, in a fixed order */
-static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
-    for (int64_t i = 0; i < M * (K / 32); i++) {
-        const float *b = x + i * 32;
-        xs[i] = hsum(_mm512_add_ps(_mm512_loadu_ps(b), _mm512_loadu_ps(b + 16)));
+/* NB (1, 2 or 4) output rows against R (1..8) rows of x, through the tile of that shape */
+static inline __attribute__((always_inline)) void tile_rn(const int qtype, const int NB, int R, const float *x,
+                                                          int64_t K, const uint8_t *w, float *y, int64_t N) {
+#define HYSPEC_TILE_R(NBC, RMAX)                                        \
+    switch (R) {                                                        \
+        case 1: tile(qtype, NBC, 1, x, K, w, y, N); break;              \
+        case 2: tile(qtype, NBC, 2, x, K, w, y, N); break;              \
+        case 3: tile(qtype, NBC, 3, x, K, w, y, N); break;              \
+        case 4: tile(qtype, NBC, 4, x, K, w, y, N); break;              \
+        case 5: tile(qtype, NBC, 5 < RMAX ? 5 : RMAX, x, K, w, y, N); break; \
+        case 6: tile(qtype, NBC, 6 < RMAX ? 6 : RMAX, x, K, w, y, N); break; \
+        case 7: tile(qtype, NBC, 7 < RMAX ? 7 : RMAX, x, K, w, y, N); break; \
+        default: tile(qtype, NBC, RMAX, x, K, w, y, N); break;          \
+    }
+    if (NB == 4) { HYSPEC_TILE_R(4, 4) }
+    else if (NB == 2) { HYSPEC_TILE_R(2, 8) }
+    else { HYSPEC_TILE_R(1, 8) }
+#undef HYSPEC_TILE_R
+}
+
+/* output rows n0 .. n0+NB-1 (NB <= 4) against every row of x, eight rows of x at a time (the output rows'
+ * blocks stay in L1 between chunks): up to four rows in 4 x R tiles, more in two 2 x R tiles (the
+ * dequantization is shared by more rows, the FMAs stay the same) */
+static inline __attribute__((always_inline)) void output_rows_avx512(const int qtype, const float *x, int64_t M,
+                                                                     int64_t K, const uint8_t *w, int64_t n0, int NB,
+                                                                     float *y, int64_t N) {
+    const int64_t rowbytes = K / 32 * (qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34);
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int R = M - m0 < 8 ? (int)(M - m0) : 8;
+        const float *xc = x + m0 * K;
+        float *yc = y + m0 * N + n0;
+        const uint8_t *wb = w + n0 * rowbytes;
+        if (NB == 4 && R <= 4) tile_rn(qtype, 4, R, xc, K, wb, yc, N);
+        else if (NB == 4) {
+            tile_rn(qtype, 2, R, xc, K, wb, yc, N);
+            tile_rn(qtype, 2, R, xc, K, wb + 2 * rowbytes, yc + 2, N);
+        } else
+            for (int i = 0; i < NB; i++) tile_rn(qtype, 1, R, xc, K, wb + i * rowbytes, yc + i, N);
     }
 }
 
@@ -331,7 +345,7 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
 }
 #endif
 
-#if defined(HYSPEC_AVX2) || defined(HYSPEC_AVX512)
+#if defined(HYSPEC_AVX2)
 /* The same sums as rows_block for many rows of x (verification, prefill): each block's codes are
  * converted once per chunk of up to eight rows.  Every (output, row) pair goes through exactly the
  * operations rows_block does, in the same order: the results are equal. */
@@ -365,24 +379,29 @@ static inline __attribute__((always_inline)) void rows_block_many(const int qtyp
 static inline __attribute__((always_inline)) void output_rows(const int qtype, int many, const float *x,
                                                               const float *xs, int64_t M, int64_t K, const uint8_t *w,
                                                               int64_t n0, int NB, float *y, int64_t N) {
-#if defined(HYSPEC_AVX2) || defined(HYSPEC_AVX512)
-    if (many) {
-        rows_block_many(qtype, x, xs, M, K, w, n0, NB, y, N);
-        return;
-    }
+#if defined(HYSPEC_AVX512)
+    (void)many, (void)xs; /* one tile kernel for any number of rows; the weights carry m, no block sums */
+    output_rows_avx512(qtype, x, M, K, w, n0, NB, y, N);
+#elif defined(HYSPEC_AVX2)
+    if (many) rows_block_many(qtype, x, xs, M, K, w, n0, NB, y, N);
+    else rows_block(qtype, x, xs, M, K, w, n0, NB, y, N);
 #else
     (void)many; /* the portable path computes row by row either way */
-#endif
     rows_block(qtype, x, xs, M, K, w, n0, NB, y, N);
+#endif
 }
 
 /* x [M, K] fp32, w [N, K / 32 blocks], y [M, N] fp32; K a multiple of 32.  Returns 0, -1 on bad arguments,
  * -2 when out of memory. */
 int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
     if (qtype < 0 || qtype > 2 || K % 32 || M < 0 || N < 0) return -1;
+#if defined(HYSPEC_AVX512)
+    float *xs = NULL; /* the AVX-512 path folds m into the dequantized weights */
+#else
     float *xs = malloc(sizeof(float) * (size_t)(M * (K / 32) + 1));
     if (!xs) return -2;
     block_sums(x, M, K, xs);
+#endif
     const int64_t nblocks = (N + 3) / 4;
     const int many = M >= MANY_ROWS; /* verification, prefill: codes converted once per chunk of rows */
 #pragma omp parallel for schedule(static)
