@@ -173,11 +173,13 @@ int hyspec_decoder_stack(const int64_t *table, int64_t first, int64_t last, cons
         for (int64_t i = 0; i < T * H; i++) residual[i] += h[i];
         rms_norm_rows(residual, (const float *)(intptr_t)e[N_POST], normed, T, H, eps);
         if ((rc = linear(qt[2], normed, T, H, w[2], bias[2], 2 * I, gu, xb, yb, dense))) break;
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t i = 0; i < I; i++) {
-                const float g = gu[t * 2 * I + i];
-                act[t * I + i] = g / (1.0f + expf(-g)) * gu[t * 2 * I + I + i];
-            }
+        for (int64_t t = 0; t < T; t++) { /* silu(g) * u = g / (1 + exp(-g)) * u, the exps a row at a time */
+            float *a = act + t * I;
+            const float *g = gu + t * 2 * I, *u = g + I;
+            for (int64_t i = 0; i < I; i++) a[i] = -g[i];
+            vexp_array(a, a, I);
+            for (int64_t i = 0; i < I; i++) a[i] = g[i] / (1.0f + a[i]) * u[i];
+        }
         if ((rc = linear(qt[3], act, T, I, w[3], bias[3], H, h, xb, yb, dense))) break;
     }
     free(normed);
