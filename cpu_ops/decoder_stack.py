@@ -57,7 +57,7 @@ def variant(march: str) -> ctypes.CDLL | None:
     lib.hyspec_decoder_stack.restype = ctypes.c_int
     lib.hyspec_decoder_stack.argtypes = [
         ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, ptr, ctypes.c_int, ptr, ptr, ptr,
-        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, f32, ctypes.c_int, ptr]
+        i64, i64, i64, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, f32, ctypes.c_int, ptr, ptr, i64, ptr]
     return lib
 
 
@@ -155,9 +155,17 @@ class DecoderStack:
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta) -> tuple[torch.Tensor, torch.Tensor]:
         """Layers ``[first, last)`` on the ``(h, residual)`` pair, as the layer loop of CausalLM.forward.
 
-        Returns fp32 tensors whatever the input's dtype: between segments of one forward (aux layers) the
-        residual stream stays fp32, so asking for aux layers never changes the result; the caller casts
-        to the model's dtype at the end."""
+        Returns fp32 tensors whatever the input's dtype: between segments of one forward the residual
+        stream stays fp32; the caller casts to the model's dtype at the end."""
+        h, residual, _ = self.run_aux(h, residual, first, last, positions, kv_caches, meta, ())
+        return h, residual
+
+    def run_aux(self, h: torch.Tensor, residual: torch.Tensor | None, first: int, last: int,
+                positions: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta,
+                aux_layers) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """:meth:`run`, plus the fp32 hidden state ``h + residual`` after each of ``aux_layers`` (those in
+        ``[first, last)``), captured in the same C call: exactly what one call per segment between aux
+        layers computed, without the extra calls."""
         from hyspec.cpu_ops.paged_attention import _rows
 
         H, Hq, Hkv, D, inter = self.dims
@@ -173,18 +181,21 @@ class DecoderStack:
         sb, so, sh, _ = k0.stride()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
+        wanted = sorted({int(i) for i in aux_layers if first <= int(i) < last})
+        aux_index = torch.tensor(wanted or [-1], dtype=torch.int64)
+        aux_out = torch.empty(max(1, len(wanted)), T, H, dtype=torch.float32)
         rc = self.lib.hyspec_decoder_stack(
             self.table.data_ptr(), first, last, self._kv(kv_caches).data_ptr(), T, H, Hq, Hkv, D, inter, self.eps,
             h.data_ptr(), residual.data_ptr(), int(has_residual), positions.data_ptr(),
             self.model.cos_sin.data_ptr(), slots.data_ptr(), sb, so, sh, k0.shape[1], table.data_ptr(),
             table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(), row_seq.data_ptr(), row_i.data_ptr(),
             0 if tree is None else tree.data_ptr(), meta.max_query_len, self.scale, int(k0.dtype == torch.bfloat16),
-            self._dense)
+            self._dense, aux_index.data_ptr(), len(wanted), aux_out.data_ptr())
         if rc == -2:
             raise MemoryError("hyspec_decoder_stack: out of memory for its buffers")
         if rc != 0:
             raise RuntimeError(f"hyspec_decoder_stack rejected its arguments (rc={rc})")
-        return h, residual
+        return h, residual, {layer: aux_out[j] for j, layer in enumerate(wanted)}
 
 
 def attach(model: torch.nn.Module) -> bool:

@@ -110,11 +110,39 @@ def test_a_token_is_the_same_in_prefill_decode_and_verification(models, key):
 
 
 @needs_kernel
-def test_aux_layers_split_the_stack_without_changing_the_result(models):
+def test_aux_layers_do_not_change_the_result(models):
     model = models["llama", "Q4_1"]
     plain = _forward(model, _caches(model), IDS[:5], 0)
-    split = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
-    assert torch.equal(split.hidden, plain.hidden) and sorted(split.aux_hidden) == [0, 1]
+    with_aux = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
+    assert torch.equal(with_aux.hidden, plain.hidden) and sorted(with_aux.aux_hidden) == [0, 1]
+
+
+class _SegmentsOnly:
+    """The stack without run_aux: CausalLM.forward then calls it once per segment between aux layers."""
+
+    def __init__(self, stack):
+        self.stack = stack
+
+    def accepts(self, h, kv_caches):
+        return self.stack.accepts(h, kv_caches)
+
+    def run(self, *args):
+        return self.stack.run(*args)
+
+
+@needs_kernel
+def test_aux_states_captured_in_one_call_equal_one_call_per_segment(models):
+    model = models["llama", "Q4_1"]
+    stack = model.layer_stack
+    one_call = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
+    model.layer_stack = _SegmentsOnly(stack)
+    try:
+        segments = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
+    finally:
+        model.layer_stack = stack
+    assert torch.equal(one_call.hidden, segments.hidden)
+    for layer in (0, 1):
+        assert torch.equal(one_call.aux_hidden[layer], segments.aux_hidden[layer])
 
 
 def test_models_the_stack_cannot_run_keep_the_layer_loop(models):

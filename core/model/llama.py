@@ -165,7 +165,15 @@ class CausalLM(nn.Module):
         residual = None
         aux: dict[int, torch.Tensor] = {}
         stack = self.layer_stack
-        if stack is not None and stack.accepts(h, kv_caches):
+        if stack is not None and stack.accepts(h, kv_caches) and hasattr(stack, "run_aux"):
+            # one call for every layer, the aux layers' hidden states captured on the way (fp32 inside)
+            dtype = h.dtype
+            wanted = tuple(i for i in aux_layers if 0 <= i < len(self.layers))
+            h, residual, captured = stack.run_aux(h, residual, 0, len(self.layers), positions, kv_caches, meta,
+                                                  wanted)
+            aux = {i: captured[i].to(dtype) for i in aux_layers if i in captured}
+            h, residual = h.to(dtype), residual.to(dtype)
+        elif stack is not None and stack.accepts(h, kv_caches):
             # the backend runs the layers between the requested aux layers in one call each; its residual
             # stream stays fp32 between them and takes the model's dtype at the end
             dtype, first = h.dtype, 0

@@ -15,18 +15,19 @@ model = llm.engine.model
 stack = model.layer_stack
 captured = {}
 orig = stack.run
+orig_aux = stack.run_aux  # CausalLM.forward calls run_aux (one call, aux layers captured on the way)
 
 
-def spy(h, residual, first, last, positions, kv, meta):
+def spy(h, residual, first, last, positions, kv, meta, aux_layers):
     if h.shape[0] == 1 and "kv" not in captured and meta.seq_lens_host[0] > 100:
         captured.update(kv=kv, meta=meta)
-    return orig(h, residual, first, last, positions, kv, meta)
+    return orig_aux(h, residual, first, last, positions, kv, meta, aux_layers)
 
 
-stack.run = spy
+stack.run_aux = spy
 llm.chat([{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
          SamplingParams(max_tokens=80, temperature=0, ignore_eos=True))
-stack.run = orig
+stack.run_aux = orig_aux
 from hyspec.ops.attention import AttentionMetadata  # noqa: E402
 
 m0 = captured["meta"]
