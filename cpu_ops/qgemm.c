@@ -19,8 +19,9 @@
  *
  * Verification rows are cheap where the kernel shares work between them: the AVX-512 tile dequantizes
  * a block once for up to eight rows of x and loads a row of x once for up to four output rows.  On a
- * 2-core Zen 4 VM, SmolLM2-135M's projections and Q8_0 head from memory took 6.0 ms for one row, 11.4 ms
- * for four and 22.2 ms for eight with the per-row code-times-x formula; 5.3, 7.6 and 13.1 ms with the tile.
+ * 2-core Zen 4 VM, SmolLM2-135M's projections and Q8_0 head from memory took 5.33 ms for one row, 9.03 ms
+ * for four and 18.21 ms for eight with the per-row code-times-x formula; 4.22, 7.28 and 12.77 ms with the
+ * tile and its prefetch sweep (interleaved in one run: docs/results/2026-12-03/cpu-vs-llamacpp-zen4).
  *
  * Threads: OpenMP over blocks of four output rows.  Loaded after torch, the process's libgomp.so.1
  * is torch's own, so the kernel shares torch's thread pool instead of competing with it.
