@@ -182,20 +182,22 @@ class DecoderStack:
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         wanted = sorted({int(i) for i in aux_layers if first <= int(i) < last})
-        aux_index = torch.tensor(wanted or [-1], dtype=torch.int64)
-        aux_out = torch.empty(max(1, len(wanted)), T, H, dtype=torch.float32)
+        # no aux layers (plain decoding, most forwards): null pointers, nothing allocated
+        aux_index = torch.tensor(wanted, dtype=torch.int64) if wanted else None
+        aux_out = torch.empty(len(wanted), T, H, dtype=torch.float32) if wanted else None
         rc = self.lib.hyspec_decoder_stack(
             self.table.data_ptr(), first, last, self._kv(kv_caches).data_ptr(), T, H, Hq, Hkv, D, inter, self.eps,
             h.data_ptr(), residual.data_ptr(), int(has_residual), positions.data_ptr(),
             self.model.cos_sin.data_ptr(), slots.data_ptr(), sb, so, sh, k0.shape[1], table.data_ptr(),
             table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(), row_seq.data_ptr(), row_i.data_ptr(),
             0 if tree is None else tree.data_ptr(), meta.max_query_len, self.scale, int(k0.dtype == torch.bfloat16),
-            self._dense, aux_index.data_ptr(), len(wanted), aux_out.data_ptr())
+            self._dense, 0 if aux_index is None else aux_index.data_ptr(), len(wanted),
+            0 if aux_out is None else aux_out.data_ptr())
         if rc == -2:
             raise MemoryError("hyspec_decoder_stack: out of memory for its buffers")
         if rc != 0:
             raise RuntimeError(f"hyspec_decoder_stack rejected its arguments (rc={rc})")
-        return h, residual, {layer: aux_out[j] for j, layer in enumerate(wanted)}
+        return h, residual, {layer: aux_out[j] for j, layer in enumerate(wanted)} if wanted else {}
 
 
 def attach(model: torch.nn.Module) -> bool:

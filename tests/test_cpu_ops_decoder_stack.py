@@ -117,32 +117,28 @@ def test_aux_layers_do_not_change_the_result(models):
     assert torch.equal(with_aux.hidden, plain.hidden) and sorted(with_aux.aux_hidden) == [0, 1]
 
 
-class _SegmentsOnly:
-    """The stack without run_aux: CausalLM.forward then calls it once per segment between aux layers."""
-
-    def __init__(self, stack):
-        self.stack = stack
-
-    def accepts(self, h, kv_caches):
-        return self.stack.accepts(h, kv_caches)
-
-    def run(self, *args):
-        return self.stack.run(*args)
-
-
 @needs_kernel
 def test_aux_states_captured_in_one_call_equal_one_call_per_segment(models):
     model = models["llama", "Q4_1"]
     stack = model.layer_stack
     one_call = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
-    model.layer_stack = _SegmentsOnly(stack)
-    try:
-        segments = _forward(model, _caches(model), IDS[:5], 0, aux=(0, 1))
-    finally:
-        model.layer_stack = stack
-    assert torch.equal(one_call.hidden, segments.hidden)
+    # the same forward as one stack call per segment between the aux layers, each aux state h + residual in fp32
+    caches, n = _caches(model), 5
+    positions = torch.arange(n)
+    meta = AttentionMetadata(query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+                             seq_lens=torch.tensor([n], dtype=torch.int32),
+                             block_tables=torch.arange(8, dtype=torch.int32)[None], slot_mapping=positions.clone(),
+                             positions=positions, tree_mask=None, query_lens=[n], seq_lens_host=[n])
+    with torch.inference_mode():
+        h, residual, aux = model.embed(torch.tensor(IDS[:5])), None, {}
+        for first, end in ((0, 1), (1, 2), (2, model.config.num_hidden_layers)):
+            h, residual = stack.run(h, residual, first, end, positions, caches, meta)
+            if end - 1 in (0, 1):
+                aux[end - 1] = h + residual
+        hidden, _ = model.ops.rms_norm(h, model.norm.weight, model.norm.eps, residual)
+    assert torch.equal(one_call.hidden, hidden)
     for layer in (0, 1):
-        assert torch.equal(one_call.aux_hidden[layer], segments.aux_hidden[layer])
+        assert torch.equal(one_call.aux_hidden[layer], aux[layer])
 
 
 def test_models_the_stack_cannot_run_keep_the_layer_loop(models):

@@ -139,7 +139,8 @@ class CausalLM(nn.Module):
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
         #: set by a backend that runs the decoder layers of :meth:`forward` in one call (the CPU backend over
-        #: GGUF blocks: hyspec.cpu_ops.decoder_stack); None: the layer loop over the op table
+        #: GGUF blocks: hyspec.cpu_ops.decoder_stack, whose run_aux also returns the aux layers' states); None: the
+        #: layer loop over the op table
         self.layer_stack = None
 
     @property
@@ -165,23 +166,14 @@ class CausalLM(nn.Module):
         residual = None
         aux: dict[int, torch.Tensor] = {}
         stack = self.layer_stack
-        if stack is not None and stack.accepts(h, kv_caches) and hasattr(stack, "run_aux"):
-            # one call for every layer, the aux layers' hidden states captured on the way (fp32 inside)
+        if stack is not None and stack.accepts(h, kv_caches):
+            # the backend runs every layer in one call, the aux layers' hidden states captured on the way; its
+            # residual stream stays fp32 inside and takes the model's dtype at the end
             dtype = h.dtype
             wanted = tuple(i for i in aux_layers if 0 <= i < len(self.layers))
             h, residual, captured = stack.run_aux(h, residual, 0, len(self.layers), positions, kv_caches, meta,
                                                   wanted)
             aux = {i: captured[i].to(dtype) for i in aux_layers if i in captured}
-            h, residual = h.to(dtype), residual.to(dtype)
-        elif stack is not None and stack.accepts(h, kv_caches):
-            # the backend runs the layers between the requested aux layers in one call each; its residual
-            # stream stays fp32 between them and takes the model's dtype at the end
-            dtype, first = h.dtype, 0
-            for end in sorted({i + 1 for i in aux_layers if 0 <= i < len(self.layers)} | {len(self.layers)}):
-                h, residual = stack.run(h, residual, first, end, positions, kv_caches, meta)
-                if end - 1 in aux_layers:
-                    aux[end - 1] = (h + residual).to(dtype)
-                first = end
             h, residual = h.to(dtype), residual.to(dtype)
         else:
             for i, layer in enumerate(self.layers):
