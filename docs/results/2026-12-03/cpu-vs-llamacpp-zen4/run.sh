@@ -1,13 +1,5 @@
 #!/usr/bin/env bash
-# hyspec against llama.cpp on the default model's own GGUF (SmolLM2-135M-Instruct Q4_1), batch 1, greedy,
-# 2 threads, llama.cpp in the same run; HumanEval prompts, then the built-in chat set; then dense bf16 plain
-# decoding for its bandwidth fraction.  PEER_PY: a python with llama-cpp-python (../shared/tools/llamacpp-venv.sh).
+# The Sapphire Rapids run's benchmark (HumanEval and chat, llama.cpp in the same run), writing here.
+# PEER_PY: a python with llama-cpp-python (../shared/tools/llamacpp-venv.sh).
 set -euo pipefail
-OUT=docs/results/2026-12-03/cpu-vs-llamacpp-zen4
-PEER_PY=${PEER_PY:?set PEER_PY to a python that imports llama_cpp}
-for set in humaneval chat; do
-  prompts=(); [ "$set" = chat ] && prompts=(--prompts chat)
-  hyspec bench "${prompts[@]}" --methods none,ngram,suffix,eagle3,hybrid --peers llamacpp,llamacpp_prompt_lookup \
-    --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 6 --max-tokens 128 --repeats 2 \
-    --no-progress --json "$OUT/$set.json" --plot "$OUT/plots-$set" | tee "$OUT/$set.txt"
-done
+OUT=docs/results/2026-12-03/cpu-vs-llamacpp-zen4 SETS_ONLY=1 exec bash docs/results/2026-12-03/cpu-vs-llamacpp/run.sh

@@ -3,7 +3,7 @@
 # 2 threads, llama.cpp in the same run; HumanEval prompts, then the built-in chat set; then dense bf16 plain
 # decoding for its bandwidth fraction.  PEER_PY: a python with llama-cpp-python (../shared/tools/llamacpp-venv.sh).
 set -euo pipefail
-OUT=docs/results/2026-12-03/cpu-vs-llamacpp
+OUT=${OUT:-docs/results/2026-12-03/cpu-vs-llamacpp}  # the Zen 4 run writes elsewhere (../cpu-vs-llamacpp-zen4/run.sh)
 PEER_PY=${PEER_PY:?set PEER_PY to a python that imports llama_cpp}
 for set in humaneval chat; do
   prompts=(); [ "$set" = chat ] && prompts=(--prompts chat)
@@ -11,6 +11,7 @@ for set in humaneval chat; do
     --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 6 --max-tokens 128 --repeats 2 \
     --no-progress --json "$OUT/$set.json" --plot "$OUT/plots-$set" | tee "$OUT/$set.txt"
 done
+[ -n "${SETS_ONLY:-}" ] && exit 0  # HumanEval and chat only
 hyspec bench --prompts chat --quantization none --dtype bfloat16 --methods none,ngram --peers llamacpp \
   --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 4 --max-tokens 128 --repeats 2 \
   --no-progress --json "$OUT/plain-dense-bf16.json" | grep -v -E "Warn|WARN" | tee "$OUT/plain-dense-bf16.txt"
