@@ -71,16 +71,20 @@ class CPUBackend(Backend):
         kinds = [kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok]
         if library() is not None:
             kinds.append("gguf-blocks-fp32")  # hyspec's exact kernel over Q4_0/Q4_1/Q8_0 blocks (cpu_ops/qgemm.c)
+        from hyspec.cpu_ops.qgemm_a8 import available
+
+        if available()[0]:
+            kinds.append("gguf-blocks-a8")  # the same blocks times 8-bit activations (cpu_ops/qgemm_a8.c, VNNI)
         return tuple(kinds)
 
-    def quantized_linear(self, w, bias, dtype):
+    def quantized_linear(self, w, bias, dtype, activations="native"):
         """fp32 activations: hyspec's exact kernel over the GGML blocks (cpu_ops/qgemm.c); bf16: torch's int4
         (group-wise) / int8 (per-row) kernels.  See hyspec.cpu_ops.quantized_linear."""
         try:
             from hyspec.cpu_ops.quantized_linear import quantized_linear
         except ImportError:
             return None
-        return quantized_linear(w, bias, dtype)
+        return quantized_linear(w, bias, dtype, activations)
 
     def quantized_activation_dtype(self):
         """fp32 where hyspec's exact block kernel builds: the weights stay 4.5 / 8.5 bits either way, and on an
@@ -91,13 +95,13 @@ class CPUBackend(Backend):
             return None
         return torch.float32 if library() is not None else None
 
-    def quantized_head(self, weight, w, dtype):
+    def quantized_head(self, weight, w, dtype, activations="native"):
         """The ``logits`` op (hyspec.cpu_ops.packed_linear.packed_logits) multiplies by ``w``'s codes from now on."""
         try:
             from hyspec.cpu_ops.quantized_linear import QUANTIZED_HEADS, quantized_linear
         except ImportError:
             return None
-        head = quantized_linear(w, None, dtype) if "logits" in self.ops.native_ops() else None
+        head = quantized_linear(w, None, dtype, activations) if "logits" in self.ops.native_ops() else None
         if head is not None:
             QUANTIZED_HEADS.register(weight, head)
         return head

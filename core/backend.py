@@ -65,10 +65,11 @@ class Backend(ABC):
         return ()
 
     def quantized_linear(self, w: "GroupQuantized", bias: "torch.Tensor | None",
-                         dtype: "torch.dtype") -> "torch.nn.Module | None":
+                         dtype: "torch.dtype", activations: str = "native") -> "torch.nn.Module | None":
         """A drop-in ``nn.Linear`` computing with the codes of ``w`` (hyspec.model.quant) on activations of
         ``dtype``, or None when this backend has no kernel for it (the loader then keeps dequantized
-        weights, or errors when asked for it)."""
+        weights, or errors when asked for it).  ``activations="int8"``: the activations rounded to 8 bits
+        per block before the product (``quantization="a8"``)."""
         return None
 
     def quantized_activation_dtype(self) -> "torch.dtype | None":
@@ -77,7 +78,7 @@ class Backend(ABC):
         return None
 
     def quantized_head(self, weight: "torch.Tensor", w: "GroupQuantized",
-                       dtype: "torch.dtype") -> "torch.nn.Module | None":
+                       dtype: "torch.dtype", activations: str = "native") -> "torch.nn.Module | None":
         """Let the ``logits`` op multiply by ``w``'s codes wherever it is given the dense lm_head ``weight``
         (tied embeddings keep the dense table for the lookup); the module it uses, or None when it cannot."""
         return None

@@ -24,17 +24,19 @@
  * layer-by-layer path for everything else.
  */
 #include "qgemm.c"
+#include "qgemm_a8.c"
 #include "paged_attention.c"
 
 #include <math.h>
 
-int hyspec_decoder_stack_version(void) { return 3; }
+int hyspec_decoder_stack_version(void) { return 4; }
 
 /* Entries per layer in the layer table (int64): the four projections' weight pointers, their types (a GGML
  * block type, or DENSE_F32 / DENSE_BF16), their bias pointers (0: none; fp32 for blocks, the weight's dtype
  * for dense weights), the two norm weights (fp32). */
 enum { W_QKV = 0, W_O, W_GU, W_DOWN, T_QKV = 4, B_QKV = 8, N_IN = 12, N_POST, LAYER_ENTRIES };
 enum { DENSE_F32 = 16, DENSE_BF16 = 17 };
+enum { A8_TYPES = 32 }; /* A8_TYPES + a GGML block type: that matrix in qgemm_a8's layout, 8-bit activations */
 
 /* hyspec_dense_gemm's signature (dense_gemm.c): dtype 0 fp32 / 1 bf16, x, M, K, w, N, bias, y */
 typedef int (*dense_gemm_fn)(int, const void *, int64_t, int64_t, const void *, int64_t, const void *, void *);
@@ -46,6 +48,11 @@ static int linear(int type, const float *x, int64_t M, int64_t K, const void *w,
                   float *y, uint16_t *xb, uint16_t *yb, dense_gemm_fn dense) {
     if (type >= Q4_0 && type <= Q8_0) {
         const int rc = hyspec_qgemm(type, x, M, K, (const uint8_t *)w, N, y);
+        if (rc == 0) add_bias(y, (const float *)bias, M, N);
+        return rc;
+    }
+    if (type >= A8_TYPES + Q4_0 && type <= A8_TYPES + Q8_0) {
+        const int rc = hyspec_qgemm_a8(type - A8_TYPES, x, M, K, (const uint8_t *)w, N, y);
         if (rc == 0) add_bias(y, (const float *)bias, M, N);
         return rc;
     }

@@ -8,7 +8,7 @@ same kernels (qgemm and the paged attention are compiled into it) and does the
 small element-wise work in C, row by row.
 
 A model qualifies when every decoder projection is a :class:`BlockLinear`
-(fp32 activations over Q4_0 / Q4_1 / Q8_0 blocks) or a :class:`PackedLinear`
+(Q4_0 / Q4_1 / Q8_0 blocks, fp32 or 8-bit activations) or a :class:`PackedLinear`
 with fp32 / bf16 weights served by hyspec's batch-invariant dense kernel
 (dense_gemm.c), it has no q/k norm, its RoPE table covers the whole head
 and its caches are fp32 or bf16; then
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 types, 4 bias pointers, 2 norm weights
 DENSE_TYPES = {torch.float32: 16, torch.bfloat16: 17}  # decoder_stack.c's DENSE_F32 / DENSE_BF16
+A8_TYPES = 32  # decoder_stack.c: + a block type = that matrix in qgemm_a8's layout (8-bit activations)
 
 
 @functools.cache
@@ -74,7 +75,7 @@ def _weight_type(lin: torch.nn.Module) -> int | None:
     from hyspec.cpu_ops.packed_linear import PackedLinear, invariant_kernel_available
 
     if isinstance(lin, BlockLinear):
-        return QTYPES[lin.block_type]
+        return QTYPES[lin.block_type] + (A8_TYPES if lin.a8 else 0)
     if (isinstance(lin, PackedLinear) and lin.weight.dtype in DENSE_TYPES and lin.weight.is_contiguous()
             and invariant_kernel_available(lin.weight.dtype) and _dense_gemm_address() is not None
             and (lin.bias is None or lin.bias.dtype == lin.weight.dtype)):

@@ -75,15 +75,23 @@ def qgemm(block_type: str, x: torch.Tensor, blocks: torch.Tensor, n: int, lib: c
 
 
 class BlockLinear(nn.Module):
-    """``nn.Linear`` at inference over GGML blocks, through qgemm (fp32 math; outputs in the input's dtype)."""
+    """``nn.Linear`` at inference over GGML blocks, through qgemm (fp32 math; outputs in the input's dtype).
+
+    ``a8``: the activations are rounded to 8 bits per block and the blocks kept in qgemm_a8's layout
+    (``quantization="a8"``, llama.cpp's arithmetic); ``blocks`` then holds that layout."""
 
     kernel = "hyspec qgemm, fp32"
 
     def __init__(self, block_type: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None,
-                 source: str):
+                 source: str, a8: bool = False):
         super().__init__()
-        self.block_type, self.source = block_type, source
+        self.block_type, self.source, self.a8 = block_type, source, a8
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
+        if a8:
+            from hyspec.cpu_ops.qgemm_a8 import pack
+
+            blocks = pack(block_type, blocks, self.out_features, in_features)
+            self.kernel = "hyspec qgemm, int8 activations"
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
@@ -91,14 +99,19 @@ class BlockLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()
-        out = qgemm(self.block_type, rows, self.blocks, self.out_features)
+        if self.a8:
+            from hyspec.cpu_ops.qgemm_a8 import qgemm_a8
+
+            out = qgemm_a8(self.block_type, rows, self.blocks, self.out_features)
+        else:
+            out = qgemm(self.block_type, rows, self.blocks, self.out_features)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type} blocks "
-                f"({self.source}), hyspec qgemm")
+                f"({self.source}), hyspec qgemm" + (", int8 activations" if self.a8 else ""))
 
 
 __all__ = ["BlockLinear", "QTYPES", "isa", "library", "qgemm", "variant"]

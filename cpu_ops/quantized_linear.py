@@ -144,12 +144,20 @@ def per_row_int8(w: GroupQuantized) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
-                     dtype: torch.dtype = KERNEL_DTYPE) -> nn.Module | None:
+                     dtype: torch.dtype = KERNEL_DTYPE, activations: str = "native") -> nn.Module | None:
     """The CPU module computing with ``w`` on activations of ``dtype`` (None when no kernel here takes it).
 
     fp32 activations go to hyspec's own kernel over the GGML blocks (qgemm.c: exact weights, fp32
-    sums) when it builds here; everything else to torch's bf16 kernels.
+    sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
+    (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
     """
+    if activations == "int8":
+        from hyspec.cpu_ops.qgemm import BlockLinear
+        from hyspec.cpu_ops.qgemm_a8 import available
+        from hyspec.model.quant import encode_blocks
+
+        encoded = encode_blocks(w) if dtype == torch.float32 and available()[0] else None
+        return None if encoded is None else BlockLinear(encoded[0], encoded[1], w.shape[1], bias, w.source, a8=True)
     if dtype == torch.float32:
         from hyspec.cpu_ops.qgemm import BlockLinear, library
         from hyspec.model.quant import encode_blocks

@@ -10,9 +10,10 @@ configuration's own logits at every generated position are compared with it:
 * at a first divergence, the reference's gap between its own choice and the configuration's.
 
 Configurations: ``gguf fp32`` (hyspec's qgemm over the Q4_1/Q8_0 blocks, fp32 activations: the default on
-a CPU where it builds), ``gguf bf16`` (torch's int4/int8 kernels, bf16), ``dense bf16``.
+a CPU where it builds), ``gguf a8`` (the same blocks times 8-bit activations, ``quantization="a8"``, where
+the CPU has AVX-512 VNNI), ``gguf bf16`` (torch's int4/int8 kernels, bf16), ``dense bf16``.
 
-    python scripts/check_quantized_numerics.py [--max-tokens 128] [--json OUT]
+    python scripts/check_quantized_numerics.py [--max-tokens 128] [--configs "gguf fp32,gguf a8"] [--json OUT]
 """
 from __future__ import annotations
 
@@ -29,13 +30,21 @@ def main() -> int:
     parser.add_argument("--num-chat", type=int, default=4)
     parser.add_argument("--num-code", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
     args = parser.parse_args()
     torch.set_num_threads(2)
     from hyspec import LLM, SamplingParams
     from hyspec.bench.vs_transformers import prompt_ids
 
-    configs = {"gguf fp32": dict(dtype="float32"), "gguf bf16": dict(dtype="bfloat16"),
-               "dense bf16": dict(dtype="bfloat16", quantization="none")}
+    from hyspec.cpu_ops.qgemm_a8 import available
+
+    configs = {"gguf fp32": dict(dtype="float32"), "gguf a8": dict(dtype="float32", quantization="a8"),
+               "gguf bf16": dict(dtype="bfloat16"), "dense bf16": dict(dtype="bfloat16", quantization="none")}
+    if not available()[0]:
+        print(f"gguf a8 skipped: {available()[1]}")
+        del configs["gguf a8"]
+    if args.configs:
+        configs = {k: v for k, v in configs.items() if k in args.configs.split(",")}
     reference = LLM(dtype="float32", quantization="none", max_model_len=1024)
     prompts = prompt_ids(reference.tokenizer, args.num_chat, args.num_code)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

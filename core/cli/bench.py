@@ -57,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("engine")
     e.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto")
     e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (peers use the same)")
-    e.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
-                   help="hyspec's weight-only kernels (default: the checkpoint's own: a GGUF's Q4/Q8 codes)")
+    e.add_argument("--quantization", default=None, choices=("none", "int4", "int8", "a8"),
+                   help="hyspec's weight-only kernels (default: the checkpoint's own: a GGUF's Q4/Q8 codes; "
+                        "a8: those codes times 8-bit activations, llama.cpp's arithmetic)")
     e.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="draft tokens per step for every method and peer (default 4)")
     e.add_argument("--speculative-config-extra", default=None, metavar="JSON|PATH",

@@ -19,10 +19,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="speculative decoding config as JSON text or a JSON file")
     parser.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto (default: auto / $HYSPEC_BACKEND)")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
+    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8", "a8"),
                         help="weight-only kernels: int4 (group 32) / int8 for every linear, or none (dense); "
                              "default: the checkpoint's own (a GGUF's Q4_0/Q4_1/Q8_0 codes where the backend "
-                             "has kernels, dequantized elsewhere)")
+                             "has kernels, dequantized elsewhere); a8: those codes times 8-bit activations "
+                             "(llama.cpp's arithmetic, CPU with AVX-512 VNNI)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",

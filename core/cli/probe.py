@@ -120,7 +120,8 @@ def _details(b) -> list[str]:
         rows.append(("ops note", b.ops_note))
     if b.available:
         legend = {"int4": "int4 (group-wise)", "int8": "int8 (per row)",
-                  "gguf-blocks-fp32": "gguf-blocks-fp32 (Q4_0/Q4_1/Q8_0 as stored, fp32 math)"}
+                  "gguf-blocks-fp32": "gguf-blocks-fp32 (Q4_0/Q4_1/Q8_0 as stored, fp32 math)",
+                  "gguf-blocks-a8": "gguf-blocks-a8 (the same blocks times 8-bit activations: --quantization a8)"}
         rows.append(("quantization", ", ".join(legend.get(k, k) for k in b.quantization)
                      if b.quantization else "none: quantized checkpoints are dequantized"))
     rows.append(("methods", " ".join(b.methods)))

@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plus hyspec's keys); default: plain decoding")
     parser.add_argument("--backend", default="auto", help="auto (NPU > CUDA > CPU), npu, cuda or cpu")
     parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8"),
+    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8", "a8"),
                         help="weight-only kernels (default: the checkpoint's own, a GGUF's Q4/Q8 codes)")
     parser.add_argument("--max-model-len", type=_positive_int, metavar="N",
                         help="longest prompt + output in tokens (default: the model's max_position_embeddings)")

@@ -13,6 +13,11 @@
   they are, anything else quantized here, group 32), the lm_head in int8 (as
   llama.cpp's Q4 files keep the output matrix at 8 bits or more).
 * ``"int8"`` -- every linear and the lm_head in per-row int8.
+* ``"a8"`` -- a GGUF's own Q4_0 / Q4_1 / Q8_0 codes (as ``None``) times activations rounded to 8 bits
+  per 32-element block: llama.cpp's arithmetic, integer dot products (the CPU backend's qgemm_a8,
+  AVX-512 VNNI).  Plain decoding and verification still agree bit for bit; against the fp32
+  reference the logits move by the activations' rounding.  Every linear and the head must get the
+  kernel, or it is an error.
 
 A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUANTIZATION_CHOICES = ("none", "int4", "int8")
+QUANTIZATION_CHOICES = ("none", "int4", "int8", "a8")
 
 
 @dataclass
@@ -104,6 +109,9 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
         report.linears["dense"] = len(_sources(model))
         return report
     demanded = {"int4": 4, "int8": 8}.get(quantization)
+    activations = "int8" if quantization == "a8" else "native"
+    if activations == "int8" and not hasattr(ckpt, "group_quantized"):
+        raise ConfigError("quantization", "a8 needs a GGUF checkpoint with Q4_0 / Q4_1 / Q8_0 tensors")
     no_kernel: Counter = Counter()
     for path, names, module in _sources(model):
         w, types = _stored(ckpt, names, demanded)
@@ -111,11 +119,16 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             dense = torch.cat([ckpt.get(n + ".weight").to(torch.float32) for n in names])
             w = quantize(dense, demanded)
         if w is None:
+            if activations != "native":
+                raise ConfigError("quantization", f"a8: {path} is stored as {types}, not Q4_0 / Q4_1 / Q8_0")
             no_kernel[types] += 1
             report.linears["dense"] += 1
             continue
-        replacement = backend.quantized_linear(w, module.bias, dtype)
+        replacement = (backend.quantized_linear(w, module.bias, dtype, activations) if activations != "native"
+                       else backend.quantized_linear(w, module.bias, dtype))
         if replacement is None:
+            if activations != "native":
+                raise ConfigError("quantization", _a8_refusal(backend, dtype, f"{path} ({w.source})"))
             if demanded is not None:
                 raise ConfigError("quantization", f"the {backend.name} backend has no {quantization} kernel for "
                                                   f"{path} ({w.shape[0]}x{w.shape[1]}, group {w.group_size})")
@@ -129,20 +142,37 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
         msg = f"{n} linear(s) stored as {types}: no {backend.name} kernel computes with them; dequantized"
         report.fallbacks.append(msg)
         log.info(msg)
-    report.head = _quantize_head(model, ckpt, demanded, backend, report, dtype)
+    report.head = _quantize_head(model, ckpt, demanded, backend, report, dtype, activations)
     return report
 
 
+def _a8_refusal(backend: "Backend", dtype: torch.dtype, what: str) -> str:
+    why = ""
+    if backend.name == "cpu":
+        from hyspec.cpu_ops.qgemm_a8 import available
+
+        ok, why = available()
+        why = "" if ok else f": {why}"
+    if dtype != torch.float32:
+        why = f": its activations must be float32, not {dtype}"
+    return f"the {backend.name} backend has no 8-bit-activation kernel for {what}{why}"
+
+
 def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Backend",
-                   report: QuantizationReport, dtype: torch.dtype) -> str:
+                   report: QuantizationReport, dtype: torch.dtype, activations: str = "native") -> str:
     name = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
     w = ckpt.group_quantized(name) if hasattr(ckpt, "group_quantized") else None
     if demanded is not None and (w is None or w.bits != 8):
         w = quantize(ckpt.get(name).to(torch.float32), 8)  # the head stays 8-bit even for int4 (see above)
     if w is None:
+        if activations != "native":
+            raise ConfigError("quantization", f"a8: the lm_head ({name}) is not stored as Q4_0 / Q4_1 / Q8_0")
         return "dense"
-    head = backend.quantized_head(model.lm_head_weight, w, dtype)
+    head = (backend.quantized_head(model.lm_head_weight, w, dtype, activations) if activations != "native"
+            else backend.quantized_head(model.lm_head_weight, w, dtype))
     if head is None:
+        if activations != "native":
+            raise ConfigError("quantization", _a8_refusal(backend, dtype, "the lm_head"))
         if demanded is not None:
             raise ConfigError("quantization", f"the {backend.name} backend has no int{w.bits} kernel for the lm_head")
         msg = f"lm_head stored as {w.source}: no {backend.name} kernel computes with it; dequantized"
@@ -150,7 +180,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         log.info(msg)
         return "dense"
     report.head_bytes = sum(b.numel() * b.element_size() for b in head.buffers())
-    return f"int{w.bits} ({w.source})"
+    return f"int{w.bits} ({w.source})" + (", int8 activations" if activations != "native" else "")
 
 
 def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:

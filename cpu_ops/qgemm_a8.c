@@ -1,0 +1,427 @@
+/*
+ * y[m, n] = sum_k x[m, k] * w[n, k] with llama.cpp's 4/8-bit weights and 8-bit activations ("a8"):
+ * integer dot products (AVX-512 VNNI's vpdpbusd, 64 multiply-adds an instruction) instead of fp32 FMAs.
+ *
+ * Why: the exact kernel (qgemm.c) is bound by its FMAs once several rows share the weights -- on a 2-core
+ * Zen 4 VM every verified row of SmolLM2-135M cost ~1.2 ms on top of a 4.2 ms decode step, so speculation
+ * needed long accepted runs to pay.  llama.cpp multiplies the same Q4 blocks by 8-bit activations; this
+ * kernel does too, with every row quantized on its own, so a row's result still does not depend on its
+ * batch and speculative verification reproduces plain decoding bit for bit -- but it is not the fp32
+ * reference's arithmetic: the activations are rounded to 8 bits per 32-element block, as llama.cpp's are.
+ *
+ * Activations, one row at a time, per 32-element block b (the same scalar code on every ISA):
+ *   dx_b = amax_b / 127,  q_i = lrintf(x_i * 127 / amax_b) in [-127, 127],  sx_b = dx_b * sum_i q_i
+ * Weights, repacked once at load from the GGUF's blocks without changing a value: codes u as unsigned
+ * bytes and w = d * u + m per block (Q4_1: its own m; Q4_0: u = q, m = -8 d; Q8_0: u = q + 128, m = -128 d;
+ * the last two are exact, so m is not stored for them).  Then per block
+ *   sum_i w_i x_i ~= (d * dx_b) * sum_i u_i q_i + m * sx_b      (the integer sum exact in int32)
+ *
+ * Layout (per output row, contiguous): blocks in groups of 16, "one lane per block": vpdpbusd j (0..7) of a
+ * group multiplies, in lane l, block l's codes 4j..4j+3 by the row's, so each lane sums one block and no
+ * horizontal sum is needed per block.  4-bit codes are stored two to a byte: chunk c (0..3) holds, lane l,
+ * byte i, codes 4c+i (low nibble) and 16+4c+i (high nibble), so one load and a shift feed two vpdpbusd.
+ * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m).  Blocks left after the groups go in pairs, two blocks
+ * to a vector (lanes 0-7 block A's 32 codes, 8-15 block B's; an odd last block is paired with zeros).
+ * The bytes a row reads are the GGUF's own size (Q4_1 20, Q4_0 18, Q8_0 34 a block).
+ *
+ * Sums, per (output row, row of x): sixteen fp32 lanes, per group or pair in order
+ *   acc = fma(d * dx, (float)isum, acc);  acc = fma(m, sx, acc)
+ * then the lanes added in a fixed tree (hsum16).  The portable path does exactly these operations lane by
+ * lane with fmaf, so every ISA gives the same bits (tests/test_cpu_ops_qgemm_a8.py).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#include <immintrin.h>
+#define HYSPEC_A8_VNNI 1
+#endif
+
+enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2 };
+enum { A8_PREFETCH_BYTES = 4096 };
+
+int hyspec_qgemm_a8_version(void) { return 1; }
+
+#if defined(HYSPEC_A8_VNNI)
+const char *hyspec_qgemm_a8_isa(void) { return "avx512-vnni"; }
+#else
+const char *hyspec_qgemm_a8_isa(void) { return "portable"; }
+#endif
+
+static const int A8_BLOCK_BYTES[3] = {18, 20, 34};
+
+static inline float a8_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    /* IEEE half to float, exactly (no F16C needed: the packer runs once) */
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else { /* subnormal */
+            float f = ldexpf((float)man, -24);
+            memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline int64_t a8_groups(int64_t K) { return K / 32 / 16; }
+static inline int64_t a8_pairs(int64_t K) { return (K / 32 % 16 + 1) / 2; }
+static inline int a8_code_bytes(int qtype) { return qtype == A8_Q8_0 ? 32 : 16; } /* a block's codes, packed */
+static inline int a8_scale_bytes(int qtype) { return qtype == A8_Q4_1 ? 4 : 2; }  /* fp16 d (and m) per block */
+
+/* bytes of one output row in the a8 layout (= the GGUF row's size) */
+int64_t hyspec_qgemm_a8_row_bytes(int qtype, int64_t K) {
+    if (qtype < 0 || qtype > 2 || K % 32) return -1;
+    const int64_t per_block = a8_code_bytes(qtype) + a8_scale_bytes(qtype);
+    return (a8_groups(K) * 16 + a8_pairs(K) * 2) * per_block;
+}
+
+/* code u (unsigned) of element i of a GGML block, and its fp16 d / m as raw bits */
+static inline int a8_code(int qtype, const uint8_t *blk, int i) {
+    if (qtype == A8_Q8_0) return (int)(int8_t)blk[2 + i] + 128;
+    const uint8_t *qs = blk + (qtype == A8_Q4_1 ? 4 : 2);
+    return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4;
+}
+
+/* Repack N rows of GGML blocks [N, K/32 * bs] into the a8 layout [N, row_bytes].  Every d and m is copied
+ * as its fp16 bits.  Returns 0, -1 on bad arguments. */
+int hyspec_qgemm_a8_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
+    const int64_t rb = hyspec_qgemm_a8_row_bytes(qtype, K);
+    if (rb < 0 || N < 0) return -1;
+    const int bs = A8_BLOCK_BYTES[qtype], cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype);
+    const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K);
+    static const uint8_t zero_block[34] = {0};
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * nb * bs;
+        uint8_t *o = out + n * rb;
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *blk0 = row + g * 16 * bs;
+            if (qtype == A8_Q8_0) {
+                for (int j = 0; j < 8; j++)
+                    for (int l = 0; l < 16; l++)
+                        for (int i = 0; i < 4; i++) o[j * 64 + l * 4 + i] = (uint8_t)a8_code(qtype, blk0 + l * bs, 4 * j + i);
+            } else {
+                for (int c = 0; c < 4; c++)
+                    for (int l = 0; l < 16; l++)
+                        for (int i = 0; i < 4; i++)
+                            o[c * 64 + l * 4 + i] = (uint8_t)(a8_code(qtype, blk0 + l * bs, 4 * c + i) |
+                                                              a8_code(qtype, blk0 + l * bs, 16 + 4 * c + i) << 4);
+            }
+            o += 16 * cb;
+            for (int l = 0; l < 16; l++) memcpy(o + 2 * l, blk0 + l * bs, 2);          /* d */
+            if (qtype == A8_Q4_1)
+                for (int l = 0; l < 16; l++) memcpy(o + 32 + 2 * l, blk0 + l * bs + 2, 2); /* m */
+            o += 16 * sb;
+        }
+        for (int64_t p = 0; p < P; p++) {
+            const int64_t a = G * 16 + 2 * p;
+            const uint8_t *A = row + a * bs, *B = a + 1 < nb ? row + (a + 1) * bs : NULL;
+            /* a missing B is zero codes with d = m = 0 (its x is zeros too) */
+            const uint8_t *Bs = B ? B : zero_block;
+            if (qtype == A8_Q8_0) {
+                for (int i = 0; i < 32; i++) o[i] = (uint8_t)a8_code(qtype, A, i);
+                for (int i = 0; i < 32; i++) o[32 + i] = B ? (uint8_t)a8_code(qtype, B, i) : 0; /* d = 0 */
+            } else
+                for (int i = 0; i < 32; i++)
+                    o[i] = (uint8_t)(a8_code(qtype, A, i) | (B ? a8_code(qtype, B, i) : 0) << 4);
+            o += 2 * cb;
+            memcpy(o, A, 2), memcpy(o + 2, Bs, 2);
+            if (qtype == A8_Q4_1) memcpy(o + 4, A + 2, 2), memcpy(o + 6, Bs + 2, 2);
+            o += 2 * sb;
+        }
+    }
+    return 0;
+}
+
+/* One row of x quantized, in the layout the kernels read (64-byte aligned pieces):
+ *   per group: 8 chunks x 64 int8 (chunk j, lane l, byte i = block l's code 4j+i), dx[16], sx[16] fp32
+ *   per pair:  64 int8 (block A's 32 codes, B's 32), dx[16] (A in lanes 0-7, B in 8-15), sx[16] (A's in
+ *              lane 0, B's in lane 8, zeros elsewhere: the m term of a pair is added once per block) */
+static inline int64_t a8_xrow_bytes(int64_t K) { return a8_groups(K) * (512 + 128) + a8_pairs(K) * (64 + 128); }
+
+#if defined(HYSPEC_A8_VNNI)
+/* the scalar version's exact results, sixteen lanes at a time: the maximum and the integer sum are exact,
+ * d and 1/d the same scalar divisions, and cvtps rounds to nearest-even as lrintf does by default */
+static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const __m512 a = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+    const __mmask16 bad = _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf or NaN */
+    if (bad) {
+        memset(q, 0, 32);
+        *dx = *sx = NAN;
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(a);
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
+    *dx = d, *sx = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+#else
+static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i])), finite &= isfinite(x[i]) != 0;
+    int sum = 0;
+    if (!finite) { /* inf or NaN among the inputs: the block's result is NaN, as the fp32 sum's would be */
+        memset(q, 0, 32);
+        *dx = *sx = NAN;
+        return;
+    }
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < 32; i++) {
+        long v = lrintf(x[i] * id); /* |x * id| <= 127 up to rounding */
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[i] = (int8_t)v, sum += (int)v;
+    }
+    *dx = d, *sx = d * (float)sum;
+}
+#endif
+
+static void a8_quantize_row(const float *x, int64_t K, uint8_t *out) {
+    const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K);
+    int8_t q[16][32];
+    for (int64_t g = 0; g < G; g++) {
+        float *dx = (float *)(out + 512), *sx = (float *)(out + 576);
+        for (int l = 0; l < 16; l++) a8_quantize_block(x + (g * 16 + l) * 32, q[l], dx + l, sx + l);
+        for (int j = 0; j < 8; j++)
+            for (int l = 0; l < 16; l++) memcpy(out + j * 64 + l * 4, &q[l][4 * j], 4);
+        out += 640;
+    }
+    for (int64_t p = 0; p < P; p++) {
+        const int64_t a = G * 16 + 2 * p;
+        float dA, sA, dB = 0.0f, sB = 0.0f;
+        a8_quantize_block(x + a * 32, q[0], &dA, &sA);
+        if (a + 1 < nb) a8_quantize_block(x + (a + 1) * 32, q[1], &dB, &sB);
+        else memset(q[1], 0, 32);
+        memcpy(out, q[0], 32), memcpy(out + 32, q[1], 32);
+        float *dx = (float *)(out + 64), *sx = (float *)(out + 128);
+        for (int l = 0; l < 16; l++) dx[l] = l < 8 ? dA : dB, sx[l] = 0.0f;
+        sx[0] = sA, sx[8] = sB;
+        out += 192;
+    }
+}
+
+static inline float a8_hsum16(const float v[16]) { /* the order of the AVX-512 hsum below */
+    float h[8], s[4];
+    for (int i = 0; i < 8; i++) h[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++) s[i] = h[i] + h[i + 4];
+    const float t0 = s[0] + s[2], t1 = s[1] + s[3];
+    return t0 + t1;
+}
+
+#if defined(HYSPEC_A8_VNNI)
+static inline float a8_hsum(__m512 v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+/* NB output rows (records of rb bytes from w) against R quantized rows of x (records of xb bytes), both
+ * compile-time.  Per group, an output row's codes are loaded and unpacked once into eight registers for all
+ * R rows; each row then runs its eight vpdpbusd (x read from L1 as memory operands, two independent chains)
+ * and folds the group into its fp32 accumulator, so only the NB * R accumulators stay live. */
+static inline __attribute__((always_inline)) void a8_tile(const int qtype, const int NB, const int R,
+                                                          const uint8_t *xq, int64_t xb, int64_t K,
+                                                          const uint8_t *w, int64_t rb, float *y, int64_t N) {
+    const int64_t G = a8_groups(K), P = a8_pairs(K);
+    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), gb = 16 * (cb + sb), pb = 2 * (cb + sb);
+    const int ahead = R == 1 ? 2 * A8_PREFETCH_BYTES : A8_PREFETCH_BYTES;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const float mk = qtype == A8_Q4_0 ? -8.0f : -128.0f; /* m = mk * d where m is not stored */
+    __m512 acc[4][8];
+    for (int n = 0; n < NB; n++)
+        for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t wo = g * gb, xo = g * 640;
+        /* the NB records are one contiguous region: one sweep `ahead` bytes past the tile's progress */
+        for (int64_t off = 0; off < NB * gb; off += 64)
+            _mm_prefetch((const char *)(w + g * NB * gb + off + ahead), _MM_HINT_T0);
+        for (int n = 0; n < NB; n++) {
+            __m512i u[8];
+            const uint8_t *wn = w + n * rb + wo;
+            if (qtype == A8_Q8_0)
+                for (int j = 0; j < 8; j++) u[j] = _mm512_loadu_si512((const void *)(wn + j * 64));
+            else
+                for (int c = 0; c < 4; c++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(wn + c * 64));
+                    u[c] = _mm512_and_si512(v, nib);
+                    u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                }
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
+            const __m512 m = qtype == A8_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
+                                              : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            for (int r = 0; r < R; r++) {
+                const uint8_t *xr = xq + r * xb + xo;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int j = 0; j < 4; j++) {
+                    s0 = _mm512_dpbusd_epi32(s0, u[j], _mm512_load_si512((const void *)(xr + j * 64)));
+                    s1 = _mm512_dpbusd_epi32(s1, u[j + 4], _mm512_load_si512((const void *)(xr + (j + 4) * 64)));
+                }
+                const __m512 dx = _mm512_load_ps((const float *)(xr + 512)), sx = _mm512_load_ps((const float *)(xr + 576));
+                acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[n][r]);
+                acc[n][r] = _mm512_fmadd_ps(m, sx, acc[n][r]);
+            }
+        }
+    }
+    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    for (int64_t p = 0; p < P; p++) {
+        const int64_t wo = G * gb + p * pb, xo = G * 640 + p * 192;
+        for (int64_t off = 0; off < NB * pb; off += 64)
+            _mm_prefetch((const char *)(w + G * NB * gb + p * NB * pb + off + ahead), _MM_HINT_T0);
+        for (int n = 0; n < NB; n++) {
+            const uint8_t *wn = w + n * rb + wo;
+            __m512i u;
+            if (qtype == A8_Q8_0) u = _mm512_loadu_si512((const void *)wn);
+            else {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)wn), n4 = _mm256_set1_epi8(0x0f);
+                u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, n4)),
+                                       _mm256_and_si256(_mm256_srli_epi16(v, 4), n4), 1);
+            }
+            uint32_t dbits, mbits = 0;
+            memcpy(&dbits, wn + 2 * cb, 4);
+            if (qtype == A8_Q4_1) memcpy(&mbits, wn + 2 * cb + 4, 4);
+            const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits))));
+            const __m512 m = qtype == A8_Q4_1
+                                 ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)mbits))))
+                                 : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            for (int r = 0; r < R; r++) {
+                const uint8_t *xr = xq + r * xb + xo;
+                const __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_load_si512((const void *)xr));
+                const __m512 dx = _mm512_load_ps((const float *)(xr + 64)), sx = _mm512_load_ps((const float *)(xr + 128));
+                acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is), acc[n][r]);
+                acc[n][r] = _mm512_fmadd_ps(m, sx, acc[n][r]);
+            }
+        }
+    }
+    for (int n = 0; n < NB; n++)
+        for (int r = 0; r < R; r++) y[r * N + n] = a8_hsum(acc[n][r]);
+}
+
+/* output rows n0 .. n0+NB-1 against every row of x: one row of x in 4 x 1 tiles (four weight streams in
+ * flight), more in 1 x R tiles of up to eight rows (each output row's codes unpacked once for all R; a
+ * larger tile ran out of registers and spilled its accumulators) */
+static inline __attribute__((always_inline)) void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb,
+                                                                 int64_t M, int64_t K, const uint8_t *w, int64_t rb,
+                                                                 int64_t n0, int NB, float *y, int64_t N) {
+    const uint8_t *wb = w + n0 * rb;
+    if (M == 1) {
+        if (NB == 4) a8_tile(qtype, 4, 1, xq, xb, K, wb, rb, y + n0, N);
+        else
+            for (int i = 0; i < NB; i++) a8_tile(qtype, 1, 1, xq, xb, K, wb + i * rb, rb, y + n0 + i, N);
+        return;
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+        const int R = M - m0 < 8 ? (int)(M - m0) : 8;
+        const uint8_t *xc = xq + m0 * xb;
+        for (int i = 0; i < NB; i++) {
+            float *yc = y + m0 * N + n0 + i;
+            const uint8_t *wi = wb + i * rb;
+            switch (R) {
+                case 1: a8_tile(qtype, 1, 1, xc, xb, K, wi, rb, yc, N); break;
+                case 2: a8_tile(qtype, 1, 2, xc, xb, K, wi, rb, yc, N); break;
+                case 3: a8_tile(qtype, 1, 3, xc, xb, K, wi, rb, yc, N); break;
+                case 4: a8_tile(qtype, 1, 4, xc, xb, K, wi, rb, yc, N); break;
+                case 5: a8_tile(qtype, 1, 5, xc, xb, K, wi, rb, yc, N); break;
+                case 6: a8_tile(qtype, 1, 6, xc, xb, K, wi, rb, yc, N); break;
+                case 7: a8_tile(qtype, 1, 7, xc, xb, K, wi, rb, yc, N); break;
+                default: a8_tile(qtype, 1, 8, xc, xb, K, wi, rb, yc, N); break;
+            }
+        }
+    }
+}
+
+#else /* portable: the same lane operations, one lane at a time */
+
+static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64_t M, int64_t K, const uint8_t *w,
+                           int64_t rb, int64_t n0, int NB, float *y, int64_t N) {
+    const int64_t G = a8_groups(K), P = a8_pairs(K);
+    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype);
+    const float mk = qtype == A8_Q4_0 ? -8.0f : -128.0f;
+    for (int n = 0; n < NB; n++) {
+        const uint8_t *wr = w + (n0 + n) * rb;
+        for (int64_t r = 0; r < M; r++) {
+            const uint8_t *xr = xq + r * xb;
+            float acc[16] = {0};
+            for (int64_t g = 0; g < G; g++) {
+                const uint8_t *wg = wr + g * 16 * (cb + sb), *xg = xr + g * 640;
+                const float *dx = (const float *)(xg + 512), *sx = (const float *)(xg + 576);
+                for (int l = 0; l < 16; l++) {
+                    int32_t is = 0;
+                    for (int j = 0; j < 8; j++)
+                        for (int i = 0; i < 4; i++) {
+                            int u;
+                            if (qtype == A8_Q8_0) u = wg[j * 64 + l * 4 + i];
+                            else {
+                                const uint8_t b = wg[(j & 3) * 64 + l * 4 + i];
+                                u = j < 4 ? b & 0x0f : b >> 4;
+                            }
+                            is += u * (int)(int8_t)xg[j * 64 + l * 4 + i];
+                        }
+                    const float d = a8_f16(wg + 16 * cb + 2 * l);
+                    const float m = qtype == A8_Q4_1 ? a8_f16(wg + 16 * cb + 32 + 2 * l) : d * mk;
+                    const float ddx = d * dx[l];
+                    acc[l] = fmaf(ddx, (float)is, acc[l]);
+                    acc[l] = fmaf(m, sx[l], acc[l]);
+                }
+            }
+            for (int64_t p = 0; p < P; p++) {
+                const uint8_t *wp = wr + G * 16 * (cb + sb) + p * 2 * (cb + sb), *xp = xr + G * 640 + p * 192;
+                const float *dx = (const float *)(xp + 64), *sx = (const float *)(xp + 128);
+                for (int l = 0; l < 16; l++) {
+                    const int half = l / 8;
+                    int32_t is = 0;
+                    for (int i = 0; i < 4; i++) {
+                        const int e = (l % 8) * 4 + i; /* element of block A (half 0) or B (half 1) */
+                        const int u = qtype == A8_Q8_0 ? wp[half * 32 + e] : half ? wp[e] >> 4 : wp[e] & 0x0f;
+                        is += u * (int)(int8_t)xp[half * 32 + e];
+                    }
+                    const uint8_t *s = wp + 2 * cb;
+                    const float d = a8_f16(s + 2 * half);
+                    const float m = qtype == A8_Q4_1 ? a8_f16(s + 4 + 2 * half) : d * mk;
+                    const float ddx = d * dx[l];
+                    acc[l] = fmaf(ddx, (float)is, acc[l]);
+                    acc[l] = fmaf(m, sx[l], acc[l]);
+                }
+            }
+            y[r * N + n0 + n] = a8_hsum16(acc);
+        }
+    }
+}
+#endif
+
+/* x [M, K] fp32 times the a8-packed [N, K] matrix (hyspec_qgemm_a8_pack) -> y [M, N] fp32.  Returns 0,
+ * -1 on bad arguments, -2 when out of memory. */
+int hyspec_qgemm_a8(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
+    const int64_t rb = hyspec_qgemm_a8_row_bytes(qtype, K);
+    if (rb < 0 || M < 0 || N < 0) return -1;
+    if (M == 0 || N == 0) return 0;
+    const int64_t xb = a8_xrow_bytes(K);
+    uint8_t *xq = aligned_alloc(64, (size_t)(M * xb));
+    if (!xq) return -2;
+    for (int64_t r = 0; r < M; r++) a8_quantize_row(x + r * K, K, xq + r * xb);
+    const int64_t nblocks = (N + 3) / 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t n0 = b * 4;
+        const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
+        switch (qtype) {
+            case A8_Q4_0: a8_output_rows(A8_Q4_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q4_1: a8_output_rows(A8_Q4_1, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            default: a8_output_rows(A8_Q8_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+        }
+    }
+    free(xq);
+    return 0;
+}

@@ -1,0 +1,108 @@
+"""Block matmul with 8-bit activations (qgemm_a8.c): llama.cpp's arithmetic, opted into with
+``quantization="a8"``.
+
+The exact kernel (qgemm.c) keeps activations fp32 and is bound by its FMAs once
+several rows share the weights, so every verified row costs a large fraction of a
+decode step.  This kernel rounds each row's activations to int8 per 32-element
+block (as llama.cpp does for Q4 x Q8 dot products) and sums codes with integer
+dot products; each row is still quantized and summed on its own, so plain
+decoding and speculative verification agree bit for bit.  Against the fp32
+reference the logits move by the activations' rounding (measured in
+``scripts/check_quantized_numerics.py``), which is why it is not the default.
+
+The weights are repacked once at load into the kernel's layout (same bytes per
+row as the GGUF's blocks, no value changed).  Fast on CPUs with AVX-512 VNNI
+(Zen 4, Sapphire Rapids); elsewhere a portable build gives the same bits slowly,
+and :func:`available` says which.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import torch
+
+from hyspec.cpu_ops.qgemm import QTYPES
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    if os.environ.get("HYSPEC_QGEMM", "1") == "0":
+        return None
+    return variant("native")
+
+
+@functools.cache
+def variant(march: str) -> ctypes.CDLL | None:
+    """The kernel built for ``-march=march`` (tests compare the portable build with the native one)."""
+    from hyspec.cpu_ops.native import load
+
+    lib = load("qgemm_a8.c", march)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.hyspec_qgemm_a8.restype = ctypes.c_int
+    lib.hyspec_qgemm_a8.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.hyspec_qgemm_a8_pack.restype = ctypes.c_int
+    lib.hyspec_qgemm_a8_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.hyspec_qgemm_a8_row_bytes.restype = i64
+    lib.hyspec_qgemm_a8_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.hyspec_qgemm_a8_isa.restype = ctypes.c_char_p
+    return lib
+
+
+def isa(lib: ctypes.CDLL | None = None) -> str | None:
+    lib = lib or library()
+    return None if lib is None else lib.hyspec_qgemm_a8_isa().decode()
+
+
+def available() -> tuple[bool, str]:
+    """(whether ``quantization="a8"`` can run fast here, the reason when not)."""
+    lib = library()
+    if lib is None:
+        return False, "hyspec's qgemm_a8 kernel did not build here (see the log) or HYSPEC_QGEMM=0"
+    if isa(lib) != "avx512-vnni":
+        return False, f"this CPU has no AVX-512 VNNI (the a8 kernel built as {isa(lib)!r}, far slower than fp32)"
+    return True, ""
+
+
+def pack(block_type: str, blocks: torch.Tensor, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """GGML ``blocks [n, K/32 * bytes]`` in the a8 kernel's layout ``[n, row bytes]`` (values unchanged)."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the hyspec qgemm_a8 kernel is not available here")
+    qtype = QTYPES[block_type]
+    rb = lib.hyspec_qgemm_a8_row_bytes(qtype, k)
+    if rb < 0 or blocks.dtype != torch.uint8 or blocks.shape[0] != n:
+        raise ValueError(f"qgemm_a8: cannot pack {tuple(blocks.shape)} {blocks.dtype} as a {n}x{k} {block_type} matrix")
+    src = blocks.contiguous()
+    out = torch.empty(n, rb, dtype=torch.uint8)
+    if lib.hyspec_qgemm_a8_pack(qtype, src.data_ptr(), n, k, out.data_ptr()) != 0:
+        raise RuntimeError("hyspec_qgemm_a8_pack rejected its arguments")
+    return out
+
+
+def qgemm_a8(block_type: str, x: torch.Tensor, packed: torch.Tensor, n: int,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [M, K] fp32`` times the ``[n, K]`` matrix :func:`pack` made -> ``[M, n]`` fp32."""
+    lib = lib or library()
+    if lib is None:
+        raise RuntimeError("the hyspec qgemm_a8 kernel is not available here")
+    m, k = x.shape
+    if x.dtype != torch.float32 or not x.is_contiguous() or packed.dtype != torch.uint8 or not packed.is_contiguous():
+        raise ValueError("qgemm_a8 needs a contiguous fp32 x and the contiguous uint8 packed matrix")
+    qtype = QTYPES[block_type]
+    if k % 32 or tuple(packed.shape) != (n, lib.hyspec_qgemm_a8_row_bytes(qtype, k)):
+        raise ValueError(f"qgemm_a8: a packed matrix of shape {tuple(packed.shape)} is not a {n}x{k} {block_type} one")
+    y = torch.empty(m, n, dtype=torch.float32)
+    rc = lib.hyspec_qgemm_a8(qtype, x.data_ptr(), m, k, packed.data_ptr(), n, y.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"hyspec_qgemm_a8 failed ({'out of memory' if rc == -2 else 'bad arguments'})")
+    return y
+
+
+__all__ = ["available", "isa", "library", "pack", "qgemm_a8", "variant"]

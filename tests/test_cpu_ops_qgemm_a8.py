@@ -1,0 +1,157 @@
+"""8-bit activations over llama.cpp's blocks (cpu_ops/qgemm_a8.c, ``quantization="a8"``): the error is exactly
+the activations' rounding, every ISA gives the same bits, rows are independent of the batch and the
+thread, the stack and speculation reproduce plain decoding, and the engine refuses what it cannot run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hyspec.cpu_ops import qgemm_a8 as a8
+from hyspec.errors import ConfigError
+from hyspec.model.quant import from_gguf
+
+gguf = pytest.importorskip("gguf")
+fast = a8.available()[0]
+needs_kernel = pytest.mark.skipif(a8.library() is None, reason="no C compiler here: qgemm_a8 cannot build")
+needs_vnni = pytest.mark.skipif(not fast, reason=f"quantization='a8' does not run here: {a8.available()[1]}")
+
+
+def _blocks(qtype: str, n: int, k: int, seed: int = 0):
+    from gguf import quants
+
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    values[1, :32] = 0.0  # an all-zero block
+    t = getattr(gguf.GGMLQuantizationType, qtype)
+    raw = quants.quantize(values, t)
+    return from_gguf(qtype, raw, (n, k)), torch.from_numpy(quants.dequantize(raw, t).astype(np.float32))
+
+
+def _x(rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[0, min(40, k - 1)] = 9.0  # an outlier: its block's step is coarse, the others' fine
+    if k > 64:
+        x[rows - 1, 32:64] = 0.0  # an all-zero block of activations
+    return x
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", [32, 576, 1536, 544])  # one pair; a group and a pair; 3 groups; a group and an odd block
+def test_the_error_is_the_activations_rounding_and_no_more(qtype, k):
+    w, ref_w = _blocks(qtype, 21, k)
+    x = _x(5, k)
+    got = a8.qgemm_a8(qtype, x, a8.pack(qtype, w.blocks, 21, k), 21)
+    ref = (x.double() @ ref_w.double().t())
+    # each activation moves by at most half its block's step amax / 127, so y by at most sum_b step_b / 2 * |w|_b
+    step = x.abs().view(5, -1, 32).amax(-1).double() / 127
+    bound = torch.einsum("mb,nb->mn", step / 2, ref_w.abs().double().view(21, -1, 32).sum(-1))
+    rounding = 1e-5 * (x.abs().double() @ ref_w.abs().double().t())  # the fp32 sums and scale products
+    assert ((got.double() - ref).abs() <= bound + rounding).all(), ((got.double() - ref).abs() - bound).max()
+    assert ((got.double() - ref).abs() > rounding).any()  # and it is not the exact kernel
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_the_portable_build_gives_the_native_builds_bits(qtype):
+    portable = a8.variant("x86-64")
+    if portable is None:
+        pytest.skip("no portable build")
+    for k in (32, 576, 1536, 544):
+        w, _ = _blocks(qtype, 13, k, seed=k)
+        x = _x(9, k, seed=k)
+        packed = a8.pack(qtype, w.blocks, 13, k)
+        assert torch.equal(a8.pack(qtype, w.blocks, 13, k, lib=portable), packed)
+        assert torch.equal(a8.qgemm_a8(qtype, x, packed, 13, lib=portable), a8.qgemm_a8(qtype, x, packed, 13)), k
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_each_row_is_the_same_alone_in_any_batch_and_on_any_thread(qtype):
+    w, _ = _blocks(qtype, 66, 1536, seed=1)
+    packed = a8.pack(qtype, w.blocks, 66, 1536)
+    x = _x(13, 1536, seed=1)
+    together = a8.qgemm_a8(qtype, x, packed, 66)
+    for n in (1, 2, 3, 5, 8, 9):
+        assert torch.equal(a8.qgemm_a8(qtype, x[:n].contiguous(), packed, 66), together[:n]), n
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(a8.qgemm_a8(qtype, x, packed, 66), together)
+    finally:
+        torch.set_num_threads(2)
+
+
+@needs_kernel
+def test_non_finite_activations_give_nan_and_bad_arguments_are_refused():
+    w, _ = _blocks("Q4_1", 8, 576)
+    packed = a8.pack("Q4_1", w.blocks, 8, 576)
+    x = _x(2, 576)
+    x[1, 100] = float("inf")
+    y = a8.qgemm_a8("Q4_1", x, packed, 8)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+    with pytest.raises(ValueError, match="is not a 8x512 Q4_1 one"):
+        a8.qgemm_a8("Q4_1", torch.zeros(1, 512), packed, 8)
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        a8.qgemm_a8("Q4_1", torch.zeros(1, 576, dtype=torch.float64), packed, 8)
+
+
+@pytest.fixture(scope="module")
+def tiny_q4_1(tmp_path_factory):
+    from tests.model.gguf_fixtures import make_source_checkpoint, write_gguf
+
+    root = tmp_path_factory.mktemp("a8")
+    make_source_checkpoint(root / "src", "llama")
+    return root / "src", write_gguf(root / "src", root / "tiny-Q4_1.gguf", "Q4_1", "llama")
+
+
+def _greedy(llm, n=24):
+    from hyspec import SamplingParams
+
+    out = llm.generate(["def f(x):", "Hello"], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in out]
+
+
+@needs_vnni
+def test_a8_engine_runs_the_stack_and_speculation_reproduces_its_plain_decoding(tiny_q4_1):
+    from hyspec import LLM
+    from hyspec.cpu_ops.decoder_stack import DecoderStack
+    from hyspec.cpu_ops.qgemm import BlockLinear
+
+    _, path = tiny_q4_1
+    plain = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    report = plain.engine.quantization
+    assert report.kernels == {"hyspec qgemm, int8 activations": 8}, report.to_dict()
+    assert report.head.endswith("int8 activations"), report.head
+    down = plain.engine.model.layers[0].mlp.down_proj
+    assert type(down) is BlockLinear and down.a8
+    assert isinstance(plain.engine.model.layer_stack, DecoderStack)
+    for method in ("ngram", "suffix"):
+        spec = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8",
+                   speculative_config={"method": method, "num_speculative_tokens": 3})
+        assert _greedy(spec) == _greedy(plain), method
+
+
+@needs_vnni
+def test_a8_on_the_stack_equals_the_layer_loop_bit_for_bit(tiny_q4_1):
+    from hyspec import LLM
+
+    _, path = tiny_q4_1
+    stacked = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    loop = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    loop.engine.model.layer_stack = None  # the same kernels called module by module
+    assert _greedy(stacked) == _greedy(loop)
+
+
+def test_a8_refusals_name_the_problem(tiny_q4_1, monkeypatch):
+    from hyspec import LLM
+
+    src, path = tiny_q4_1
+    with pytest.raises(ConfigError, match="a8 needs a GGUF checkpoint"):
+        LLM(str(src), kv_cache_bytes=4 << 20, quantization="a8")
+    with pytest.raises(ConfigError, match="activations must be float32"):
+        LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8", dtype="bfloat16")
+    monkeypatch.setattr(a8, "available", lambda: (False, "this CPU has no AVX-512 VNNI (test)"))
+    with pytest.raises(ConfigError, match=r"no 8-bit-activation kernel for layers.0.self_attn.qkv_proj .*no AVX-512 VNNI"):
+        LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
