@@ -124,6 +124,48 @@ static inline void axpy_bf16(float *y, float a, const uint16_t *x, int64_t D) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/* The softmax and the weighted value sum of one (row, head) for D = 16 * ND (SmolLM2: 64), given its n
+ * scores: the maximum over sixteen lanes (exact in any order), exp, the sum in sixteen lanes then hsum16,
+ * and the ND accumulators of the output kept in registers across the value rows (in memory, every axpy
+ * waited on the previous one's store: at context 200 the attention was a quarter of a 3-row verification).
+ * The order is fixed by n alone, so a row computes the same in a decode step and in a verification. */
+static inline __attribute__((always_inline)) void softmax_pv_wide(const int ND, const int BF, float *score, int64_t n,
+                                                                  const int32_t *slot, const int32_t *table,
+                                                                  int64_t block_size, int64_t sb, int64_t so,
+                                                                  const void *vc, int64_t head_off, float *o) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t s = 0;
+    for (; s + 16 <= n; s += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(score + s));
+    float m = _mm512_reduce_max_ps(mv);
+    for (; s < n; s++) m = score[s] > m ? score[s] : m;
+    for (s = 0; s < n; s++) score[s] -= m;
+    vexp_array(score, score, n);
+    __m512 tv = _mm512_setzero_ps();
+    for (s = 0; s + 16 <= n; s += 16) tv = _mm512_add_ps(tv, _mm512_loadu_ps(score + s));
+    if (s < n) tv = _mm512_add_ps(tv, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - s)) - 1), score + s));
+    const float total = hsum16(tv);
+    __m512 acc[8];
+    for (int k = 0; k < ND; k++) acc[k] = _mm512_setzero_ps();
+    for (s = 0; s < n; s++) {
+        const int64_t j = slot[s];
+        const int64_t at = (int64_t)table[j / block_size] * sb + (j % block_size) * so + head_off;
+        if (s + 4 < n) {
+            const int64_t j4 = slot[s + 4];
+            const int64_t a4 = (int64_t)table[j4 / block_size] * sb + (j4 % block_size) * so + head_off;
+            const char *p4 = BF ? (const char *)((const uint16_t *)vc + a4) : (const char *)((const float *)vc + a4);
+            for (int k = 0; k < ND * (BF ? 32 : 64); k += 64) _mm_prefetch(p4 + k, _MM_HINT_T0);
+        }
+        const __m512 p = _mm512_set1_ps(score[s]);
+        for (int k = 0; k < ND; k++)
+            acc[k] = _mm512_fmadd_ps(p, BF ? widen16((const uint16_t *)vc + at + 16 * k)
+                                           : _mm512_loadu_ps((const float *)vc + at + 16 * k), acc[k]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / total);
+    for (int k = 0; k < ND; k++) _mm512_storeu_ps(o + 16 * k, _mm512_mul_ps(acc[k], inv));
+}
+#endif
+
 /* q [T, Hq, D] contiguous; caches: element (block, offset, head, d) at block * sb + offset * so + head * sh + d;
  * block_tables [B, bt_stride] int32; seq_lens, query_lens [B] int32; row_seq, row_i [T] int32;
  * tree_mask [T, max_q] uint8 or NULL; out [T, Hq, D].  bf16 != 0: q, caches and out are bf16, else fp32.
@@ -165,16 +207,35 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
                     }
                     slot[n] = (int32_t)j;
                     const int64_t at = (int64_t)table[j / block_size] * sb + (j % block_size) * so + kvh * sh;
+#if defined(__AVX512F__)
+                    if (j + 4 < len) { /* the pages are not a stride the hardware prefetchers follow well */
+                        const int64_t j4 = j + 4;
+                        const int64_t a4 = (int64_t)table[j4 / block_size] * sb + (j4 % block_size) * so + kvh * sh;
+                        const char *p4 = bf16 ? (const char *)((const uint16_t *)kc + a4) : (const char *)((const float *)kc + a4);
+                        for (int64_t off = 0; off < D * (bf16 ? 2 : 4); off += 64) _mm_prefetch(p4 + off, _MM_HINT_T0);
+                    }
+#endif
                     score[n++] = (bf16 ? dot_bf16(qv, (const uint16_t *)kc + at, D) : dot(qv, (const float *)kc + at, D))
                                  * scale;
                 }
+                float *o = bf16 ? acc : (float *)out + (t * Hq + h) * D;
+#if defined(__AVX512F__)
+                if (D == 64 || D == 128) {
+                    if (D == 64 && bf16) softmax_pv_wide(4, 1, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
+                    else if (D == 64) softmax_pv_wide(4, 0, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
+                    else if (bf16) softmax_pv_wide(8, 1, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
+                    else softmax_pv_wide(8, 0, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
+                    if (bf16)
+                        for (int64_t d = 0; d < D; d++) ((uint16_t *)out)[(t * Hq + h) * D + d] = f32_to_bf16(o[d]);
+                    continue;
+                }
+#endif
                 float m = -INFINITY;
                 for (int64_t s = 0; s < n; s++) m = score[s] > m ? score[s] : m;
                 for (int64_t s = 0; s < n; s++) score[s] -= m;
                 vexp_array(score, score, n);
                 float total = 0.0f;
                 for (int64_t s = 0; s < n; s++) total += score[s];
-                float *o = bf16 ? acc : (float *)out + (t * Hq + h) * D;
                 for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
                 for (int64_t s = 0; s < n; s++) {
                     const int64_t j = slot[s];
