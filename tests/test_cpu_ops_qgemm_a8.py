@@ -155,3 +155,12 @@ def test_a8_refusals_name_the_problem(tiny_q4_1, monkeypatch):
     monkeypatch.setattr(a8, "available", lambda: (False, "this CPU has no AVX-512 VNNI (test)"))
     with pytest.raises(ConfigError, match=r"no 8-bit-activation kernel for layers.0.self_attn.qkv_proj .*no AVX-512 VNNI"):
         LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+
+
+def test_the_probe_lists_a8_exactly_where_it_runs(monkeypatch):
+    from hyspec.backends.registry import get_backend
+
+    backend = get_backend("cpu")
+    assert ("gguf-blocks-a8" in backend.quantization_kernels()) == fast
+    monkeypatch.setattr(a8, "available", lambda: (False, "test"))
+    assert "gguf-blocks-a8" not in backend.quantization_kernels()

@@ -5,9 +5,11 @@
 set -euo pipefail
 OUT=${OUT:-docs/results/2026-12-03/cpu-vs-llamacpp}  # the Zen 4 run writes elsewhere (../cpu-vs-llamacpp-zen4/run.sh)
 PEER_PY=${PEER_PY:?set PEER_PY to a python that imports llama_cpp}
+QUANT=()  # QUANTIZATION=a8: hyspec's configurations with 8-bit activations (../cpu-vs-llamacpp-a8/)
+[ -n "${QUANTIZATION:-}" ] && QUANT=(--quantization "$QUANTIZATION")
 for set in humaneval chat; do
   prompts=(); [ "$set" = chat ] && prompts=(--prompts chat)
-  hyspec bench "${prompts[@]}" --methods none,ngram,suffix,eagle3,hybrid --peers llamacpp,llamacpp_prompt_lookup \
+  hyspec bench "${prompts[@]}" "${QUANT[@]}" --methods none,ngram,suffix,eagle3,hybrid --peers llamacpp,llamacpp_prompt_lookup \
     --llamacpp-python "$PEER_PY" --batch-sizes 1 --temperatures 0 --num-prompts 6 --max-tokens 128 --repeats 2 \
     --no-progress --json "$OUT/$set.json" --plot "$OUT/plots-$set" | tee "$OUT/$set.txt"
 done

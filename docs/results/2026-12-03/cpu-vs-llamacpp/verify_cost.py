@@ -2,7 +2,9 @@
 
 Times hyspec.cpu_ops.decoder_stack for T = 1, 2, 3, 4, 6, 8 rows of one sequence at context ~100
 (all 30 layers, best of 5 x 50 calls, 2 threads) and the Q8_0 head for the same rows: the cost model
-behind "speculation does not pay here" (a row of verification against a decode step)."""
+behind "speculation does not pay here" (a row of verification against a decode step).
+QUANTIZATION=a8 in the environment: the same with 8-bit activations (../cpu-vs-llamacpp-a8/)."""
+import os
 import time
 
 import torch
@@ -10,7 +12,7 @@ import torch
 torch.set_num_threads(2)
 from hyspec import LLM, SamplingParams  # noqa: E402
 
-llm = LLM(max_model_len=1024)
+llm = LLM(max_model_len=1024, quantization=os.environ.get("QUANTIZATION") or None)
 model = llm.engine.model
 stack = model.layer_stack
 captured = {}
