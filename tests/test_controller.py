@@ -154,6 +154,21 @@ def test_slow_drafter_turns_speculation_off():
     assert c.choose("ngram", 1) == 0
 
 
+def test_a_speculative_steps_host_time_counts_against_drafting():
+    # a CPU-like target: 7 ms a decode step, each verified row 1.5 ms more; 30 % first-position acceptance
+    model = CostModel([StepSample(b, n, 0.0055 + 0.0015 * b * n) for b in (1, 2) for n in (1, 2, 3)])
+    c = make(model, num_speculative_tokens=1, ewma_alpha=1.0, explore_interval=0)
+    c.observe_acceptance("ngram", [30], 100)
+    assert c.choose("ngram", 1) == 1  # the forward alone: 1.3 tokens for 8.5 ms beats 1 for 7 ms
+    c.observe_host_time(1, False, 0.0014)  # a plain step's planning, sampling, commit
+    assert c.host_seconds(1, True) == pytest.approx(0.0014)  # a speculative one not yet seen: the same
+    c.observe_host_time(1, True, 0.0030)  # tree building, verification and KV commit cost 1.6 ms more
+    assert c.choose("ngram", 1) == 0  # 1.3 tokens for 11.5 ms no longer beats 1 for 8.4 ms
+    assert c.goodput("ngram", 1, 0) == pytest.approx(1 / 0.0084)
+    c.observe_host_time(2, True, -1e-6)  # clock noise: ignored
+    assert c.host_seconds(2, True) == 0.0
+
+
 def _floor_controller(slope: float, floor: int) -> GoodputController:
     # a1 = 0.5, a2 = 0 exactly (alpha 1: the last observation is the estimate)
     c = make(lambda b, n: 0.010 + slope * b * n, num_speculative_tokens=2, ewma_alpha=1.0,

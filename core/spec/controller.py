@@ -6,9 +6,17 @@ steps), a chain of k drafts commits in expectation
 
     E[tokens | k] = 1 + sum_{i=1..k} prod_{j<=i} a_j            (the 1: bonus / corrected token)
 
-and costs  draft(b, k) + verify(b, k + 1)  seconds for a batch of b, so per sequence
+and costs  draft(b, k) + verify(b, k + 1) + host(b, spec)  seconds for a batch of b, so per sequence
 
-    goodput(k) = E[tokens | k] / (draft(b, k) + verify(b, k + 1)),   goodput(0) = 1 / verify(b, 1).
+    goodput(k) = E[tokens | k] / (draft(b, k) + verify(b, k + 1) + host(b, spec)),
+    goodput(0) = 1 / (verify(b, 1) + host(b, plain)).
+
+``host`` is the rest of a step (planning, tree building, verification and KV commit, sampling),
+measured per batch size separately for steps that speculated and steps that did not: on a CPU
+where a decode step takes ~9 ms, a speculative step's bookkeeping cost ~1-2 ms more than a
+plain one's, and a controller that saw only the forward drafted at a loss on prompts with ~30 %
+acceptance.  It is a constant per step, not per token, so it cannot be extrapolated past the
+token counts observed (feeding the whole step into the forward's cost model did exactly that).
 
 ``choose`` returns the k in [max(1, floor), max_draft_tokens] with the best
 goodput if that beats plain decoding by ``min_gain``, else 0.  Acceptance
@@ -120,6 +128,7 @@ class GoodputController:
         # hybrid methods may draft less than the top-level maximum
         self._caps = {m.method: min(m.num_speculative_tokens, self.max_tokens) for m in config.hybrid.methods}
         self._methods: dict[str, _MethodState] = {}
+        self._host: dict[tuple[int, bool], float] = {}  # (batch size, speculated) -> EWMA host seconds a step
 
     @classmethod
     def from_profile(cls, config: SpeculativeConfig, measure: Callable[[int, int], float],
@@ -172,6 +181,20 @@ class GoodputController:
         """A measured target step (prefill excluded) verifying ``tokens_per_seq`` per sequence."""
         self.cost_model.observe(batch_size, tokens_per_seq, seconds)
 
+    def observe_host_time(self, batch_size: int, speculated: bool, seconds: float) -> None:
+        """A decode step's wall time outside the target forward and the drafting (``speculated``: it verified
+        drafts)."""
+        if not seconds >= 0.0:
+            return  # clock noise made it negative: nothing to learn
+        key = (batch_size, bool(speculated))
+        old = self._host.get(key)
+        self._host[key] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def host_seconds(self, batch_size: int, speculated: bool) -> float:
+        """Predicted host time of a step (a speculative one not yet observed: a plain one's)."""
+        plain = self._host.get((batch_size, False), 0.0)
+        return self._host.get((batch_size, True), plain) if speculated else plain
+
     def observe_draft_time(self, method: str, num_tokens: int, seconds: float) -> None:
         """A measured drafting step: ``num_tokens`` drafted in total over the batch."""
         self._state(method).draft.observe(num_tokens, seconds)
@@ -205,7 +228,7 @@ class GoodputController:
         """Predicted committed tokens per second per sequence for a chain of k (k = 0: plain)."""
         st = self._state(method)
         if k == 0:
-            return 1.0 / self.cost_model.predict(batch_size, 1)
+            return 1.0 / (self.cost_model.predict(batch_size, 1) + self.host_seconds(batch_size, False))
         return self._expected_tokens(st.acceptance)[k] / self._step_seconds(st, batch_size, k)
 
     def acceptance(self, method: str) -> tuple[float, ...]:
@@ -217,8 +240,9 @@ class GoodputController:
                 expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
         predict = self.cost_model.predict
         overhead, per_token = st.draft.coefficients()
-        seconds = {n: overhead + per_token * batch * n + predict(batch, n + 1) for n in candidates}
-        plain = self.threshold / predict(batch, 1)
+        host = self.host_seconds(batch, True)
+        seconds = {n: overhead + per_token * batch * n + predict(batch, n + 1) + host for n in candidates}
+        plain = self.threshold / (predict(batch, 1) + self.host_seconds(batch, False))
         best, best_goodput = 0, plain
         for n in candidates:
             g = expected(n) / seconds[n]
@@ -243,7 +267,7 @@ class GoodputController:
         return 0
 
     def _step_seconds(self, st: _MethodState, batch: int, n: int) -> float:
-        return st.draft.predict(batch * n) + self.cost_model.predict(batch, n + 1)
+        return st.draft.predict(batch * n) + self.cost_model.predict(batch, n + 1) + self.host_seconds(batch, True)
 
     @staticmethod
     def _expected_tokens(acceptance: Sequence[float]) -> list[float]:

@@ -53,6 +53,7 @@ class SpecDecoder(Speculation):
         self.controller = controller
         self.dispatcher = dispatcher
         self._step_started = time.perf_counter()
+        self._draft_seconds = 0.0  # this step's drafting wall time (the controller's host time excludes it)
         self.metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
         self.quality = DraftQualityMonitor(config, self.metrics)
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
@@ -210,9 +211,11 @@ class SpecDecoder(Speculation):
         prefilling = [seq for seq, _ in scheduled.prefills if seq.arm == "spec"]
         for p in self.proposers.values():  # every step, empty too: what a proposer holds is this step's
             p.on_prefill(prefilling)
+        self._draft_seconds = 0.0
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
         trees, seconds = self._propose(plan, scheduled.decodes)
+        self._draft_seconds = seconds
         return Drafts(plan, trees, seconds)
 
     def _propose(self, plan: StepPlan, decodes: list[Sequence]) -> tuple[dict[str, DraftTree], float]:
@@ -357,6 +360,9 @@ class SpecDecoder(Speculation):
         if run.rows and all(row.kind.decodes for row in run.rows):
             tokens_per_seq = max(len(f.tokens) for f in run.feeds)
             self.controller.observe_step_time(len(run.feeds), tokens_per_seq, run.seconds)
+            # the rest of the step so far (plan, tree building, verification, KV commit): see controller.py
+            host = time.perf_counter() - self._step_started - run.seconds - self._draft_seconds
+            self.controller.observe_host_time(len(run.feeds), any(r.kind is RowKind.TREE for r in run.rows), host)
             if self.dispatcher is not None:  # committed tokens over the whole step: plan, draft, forward, verify
                 committed = sum(len(accepted.tokens.get(row.seq.request_id, ())) if row.kind is RowKind.TREE else 1
                                 for row in run.rows)
