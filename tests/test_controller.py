@@ -252,6 +252,19 @@ def test_tree_budget_follows_the_same_rule():
     assert all(linear.choose_tree_budget("eagle", b) == 0 for b in BATCHES)
 
 
+def test_a_tree_buckets_first_step_replaces_its_optimistic_prior():
+    cfg = SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 6, "tree": {"budget": 8},
+                                       "controller": {"explore_interval": 0}})
+    c = GoodputController(cfg, CostModel([StepSample(1, n, 0.0055 + 0.0015 * n) for n in range(1, 10)]))
+    assert c.choose_tree_budget("suffix", 1) > 0  # unobserved: the prior says trees pay
+    for bucket in c.budget_buckets:  # one step each, 0.3 tokens accepted: far below the prior
+        c.observe_tree_acceptance("suffix", bucket, [0, 0, 1, 0, 0, 0, 1, 0, 1, 0])
+    assert c.choose_tree_budget("suffix", 1) == 0  # at once, not after ~50 steps of decay from the prior
+    for _ in range(100):  # then an EWMA as before: acceptance rises and trees come back
+        c.observe_tree_acceptance("suffix", 8, [4])
+    assert c.choose_tree_budget("suffix", 1) == 8
+
+
 def test_from_profile_profiles_only_when_configured():
     calls = []
 

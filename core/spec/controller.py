@@ -38,7 +38,9 @@ step is spent.  A probe costs one step in ``explore_interval`` (0.4 % at 256).
 Trees use the same rule with the tree budget B in place of k; since the
 acceptance of a tree depends on its shape, the expected accepted length is
 measured per budget bucket (powers of two up to ``tree.budget``) instead of
-being derived from per-position rates.
+being derived from per-position rates.  A bucket's estimate is the bias-corrected
+EWMA of its steps, so one step of a bucket replaces its optimistic prior: each
+bucket is tried about once, then the measurements decide.
 """
 from __future__ import annotations
 
@@ -101,7 +103,10 @@ class DraftCost:
 class _MethodState:
     acceptance: list[float]  # [max_draft_tokens] conditional acceptance per position
     draft: DraftCost
-    tree_accepted: dict[int, float] = field(default_factory=dict)  # budget bucket -> EWMA accepted length
+    # budget bucket -> EWMA of the accepted length and the EWMA's total weight (1 - (1 - alpha)^steps):
+    # their ratio is the bias-corrected mean, so a bucket's first step replaces the optimistic prior
+    tree_accepted: dict[int, float] = field(default_factory=dict)
+    tree_weight: dict[int, float] = field(default_factory=dict)
     plain_streak: int = 0  # consecutive choose() calls that returned 0
 
 
@@ -174,8 +179,11 @@ class GoodputController:
         bucket = self._bucket(budget)
         st = self._state(method)
         mean = sum(accepted_lengths) / len(accepted_lengths)
-        old = st.tree_accepted.get(bucket, self._tree_prior(bucket))
-        st.tree_accepted[bucket] = old + self.alpha * (mean - old)
+        # Bias-corrected rather than decaying from the prior: with alpha 0.05 and one estimate per bucket
+        # (seven buckets up to a budget of 64), a suffix tree on the chat set (31 % first-node acceptance)
+        # kept drafting on 636 of 768 steps while every bucket's estimate crept down from the prior.
+        st.tree_accepted[bucket] = (1.0 - self.alpha) * st.tree_accepted.get(bucket, 0.0) + self.alpha * mean
+        st.tree_weight[bucket] = (1.0 - self.alpha) * st.tree_weight.get(bucket, 0.0) + self.alpha
 
     def observe_step_time(self, batch_size: int, tokens_per_seq: int, seconds: float) -> None:
         """A measured target step (prefill excluded) verifying ``tokens_per_seq`` per sequence."""
@@ -221,7 +229,7 @@ class GoodputController:
         st = self._state(method)
         candidates = [b for b in self.budget_buckets if b >= self.min_tokens] or [self.tree_budget]
         return self._decide(st, batch_size, candidates,
-                            lambda b: 1.0 + st.tree_accepted.get(b, self._tree_prior(b)),
+                            lambda b: 1.0 + self._tree_estimate(st, b),
                             lambda b: min(b, self.tree_depth) + 1)
 
     def goodput(self, method: str, batch_size: int, k: int) -> float:
@@ -277,6 +285,11 @@ class GoodputController:
             survive *= a
             out.append(out[-1] + survive)
         return out
+
+    def _tree_estimate(self, st: _MethodState, bucket: int) -> float:
+        """Expected accepted length of a tree of this budget bucket: measured, or the optimistic prior."""
+        weight = st.tree_weight.get(bucket, 0.0)
+        return st.tree_accepted[bucket] / weight if weight > 0.0 else self._tree_prior(bucket)
 
     def _tree_prior(self, budget: int) -> float:
         """Optimistic expected accepted length of a tree: per level, any of its width nodes may match."""
