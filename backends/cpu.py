@@ -95,6 +95,16 @@ class CPUBackend(Backend):
             return None
         return torch.float32 if library() is not None else None
 
+    def int8_activations_refusal(self, dtype):
+        if dtype != torch.float32:
+            return f"its activations must be float32, not {dtype}"
+        try:
+            from hyspec.cpu_ops.qgemm_a8 import available
+        except ImportError:
+            return "hyspec.cpu_ops is not installed"
+        ok, why = available()
+        return None if ok else why
+
     def quantized_head(self, weight, w, dtype, activations="native"):
         """The ``logits`` op (hyspec.cpu_ops.packed_linear.packed_logits) multiplies by ``w``'s codes from now on."""
         try:

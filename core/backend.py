@@ -77,6 +77,11 @@ class Backend(ABC):
         (None: the checkpoint's own, as for dense weights)."""
         return None
 
+    def int8_activations_refusal(self, dtype: "torch.dtype") -> str | None:
+        """Why ``quantized_linear(..., activations="int8")`` returns None here (the end of ``quantization="a8"``'s
+        error), or None when there is nothing more to say than that the backend has no such kernel."""
+        return None
+
     def quantized_head(self, weight: "torch.Tensor", w: "GroupQuantized",
                        dtype: "torch.dtype", activations: str = "native") -> "torch.nn.Module | None":
         """Let the ``logits`` op multiply by ``w``'s codes wherever it is given the dense lm_head ``weight``

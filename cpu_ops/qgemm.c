@@ -60,12 +60,7 @@ static inline float f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-static inline float hsum(__m512 v) { /* halves added down to one lane, in a fixed order */
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
+#include "hsum16.h"
 
 /* The 32 weights of one block in fp32 (elements 0..15 in w[0], 16..31 in w[1]), the values gguf's own
  * dequantize gives: Q4_0 d * (q - 8) and Q8_0 d * q are exact products (an fp16 times a small integer
@@ -93,7 +88,7 @@ static inline __attribute__((always_inline)) void dequant(const int qtype, const
  * accumulators, NB * 2 weight vectors and 2 of x fit the 32 registers.  Per block each output row is
  * dequantized once for all R rows, and each row of x loaded once for all NB outputs.  Every (output, row)
  * pair does the same operations whatever NB, R or M are: sixteen lane sums, w[0] * x[0..15] then
- * w[1] * x[16..31] per block in block order, then hsum; so a row's result never depends on its batch. */
+ * w[1] * x[16..31] per block in block order, then hsum16; so a row's result never depends on its batch. */
 static inline __attribute__((always_inline)) void tile(const int qtype, const int NB, const int R, const float *x,
                                                        int64_t K, const uint8_t *w, float *y, int64_t N) {
     const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
@@ -119,7 +114,7 @@ static inline __attribute__((always_inline)) void tile(const int qtype, const in
         }
     }
     for (int n = 0; n < NB; n++)
-        for (int r = 0; r < R; r++) y[r * N + n] = hsum(acc[n][r]);
+        for (int r = 0; r < R; r++) y[r * N + n] = hsum16(acc[n][r]);
 }
 
 /* NB (1, 2 or 4) output rows against R (1..8) rows of x, through the tile of that shape */

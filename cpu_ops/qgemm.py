@@ -87,11 +87,12 @@ class BlockLinear(nn.Module):
         super().__init__()
         self.block_type, self.source, self.a8 = block_type, source, a8
         self.out_features, self.in_features = int(blocks.shape[0]), in_features
-        if a8:
-            from hyspec.cpu_ops.qgemm_a8 import pack
+        self._gemm = qgemm
+        if a8:  # imported here: qgemm_a8 imports this module
+            from hyspec.cpu_ops.qgemm_a8 import pack, qgemm_a8
 
             blocks = pack(block_type, blocks, self.out_features, in_features)
-            self.kernel = "hyspec qgemm, int8 activations"
+            self._gemm, self.kernel = qgemm_a8, "hyspec qgemm, int8 activations"
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
@@ -99,12 +100,7 @@ class BlockLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()
-        if self.a8:
-            from hyspec.cpu_ops.qgemm_a8 import qgemm_a8
-
-            out = qgemm_a8(self.block_type, rows, self.blocks, self.out_features)
-        else:
-            out = qgemm(self.block_type, rows, self.blocks, self.out_features)
+        out = self._gemm(self.block_type, rows, self.blocks, self.out_features)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

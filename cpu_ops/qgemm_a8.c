@@ -37,6 +37,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
 #define HYSPEC_A8_VNNI 1
+#include "hsum16.h"
 #endif
 
 enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2 };
@@ -212,7 +213,7 @@ static void a8_quantize_row(const float *x, int64_t K, uint8_t *out) {
     }
 }
 
-static inline float a8_hsum16(const float v[16]) { /* the order of the AVX-512 hsum below */
+static inline float a8_hsum16(const float v[16]) { /* hsum16.h's order, lane by lane */
     float h[8], s[4];
     for (int i = 0; i < 8; i++) h[i] = v[i] + v[i + 8];
     for (int i = 0; i < 4; i++) s[i] = h[i] + h[i + 4];
@@ -221,12 +222,6 @@ static inline float a8_hsum16(const float v[16]) { /* the order of the AVX-512 h
 }
 
 #if defined(HYSPEC_A8_VNNI)
-static inline float a8_hsum(__m512 v) {
-    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
 
 /* NB output rows (records of rb bytes from w) against R quantized rows of x (records of xb bytes), both
  * compile-time.  Per group, an output row's codes are loaded and unpacked once into eight registers for all
@@ -306,7 +301,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         }
     }
     for (int n = 0; n < NB; n++)
-        for (int r = 0; r < R; r++) y[r * N + n] = a8_hsum(acc[n][r]);
+        for (int r = 0; r < R; r++) y[r * N + n] = hsum16(acc[n][r]);
 }
 
 /* output rows n0 .. n0+NB-1 against every row of x: one row of x in 4 x 1 tiles (four weight streams in

@@ -3,29 +3,17 @@ the activations' rounding, every ISA gives the same bits, rows are independent o
 thread, the stack and speculation reproduce plain decoding, and the engine refuses what it cannot run."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from hyspec.cpu_ops import qgemm_a8 as a8
 from hyspec.errors import ConfigError
-from hyspec.model.quant import from_gguf
 
 gguf = pytest.importorskip("gguf")
+from tests.test_cpu_ops_qgemm import _blocks  # noqa: E402  (the same GGUF-quantized matrices as the exact kernel's tests)
 fast = a8.available()[0]
 needs_kernel = pytest.mark.skipif(a8.library() is None, reason="no C compiler here: qgemm_a8 cannot build")
 needs_vnni = pytest.mark.skipif(not fast, reason=f"quantization='a8' does not run here: {a8.available()[1]}")
-
-
-def _blocks(qtype: str, n: int, k: int, seed: int = 0):
-    from gguf import quants
-
-    rng = np.random.default_rng(seed)
-    values = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
-    values[1, :32] = 0.0  # an all-zero block
-    t = getattr(gguf.GGMLQuantizationType, qtype)
-    raw = quants.quantize(values, t)
-    return from_gguf(qtype, raw, (n, k)), torch.from_numpy(quants.dequantize(raw, t).astype(np.float32))
 
 
 def _x(rows: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -211,7 +211,7 @@ def test_demanded_quantization_without_a_kernel_is_an_error(tiny_files, monkeypa
     from hyspec import LLM
     from hyspec.backends.cpu import CPUBackend
 
-    monkeypatch.setattr(CPUBackend, "quantized_linear", lambda self, w, bias, dtype: None)
+    monkeypatch.setattr(CPUBackend, "quantized_linear", lambda self, w, bias, dtype, activations="native": None)
     src, path = tiny_files["Q4_1"]
     with pytest.raises(ConfigError, match="the cpu backend has no int4 kernel for layers.0.self_attn.qkv_proj"):
         LLM(str(src), kv_cache_bytes=4 << 20, quantization="int4")

@@ -23,7 +23,8 @@ A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
 
 The backend side is two methods of :class:`hyspec.backend.Backend`:
-``quantized_linear(w, bias, dtype)`` (a module for activations of ``dtype``, or None: no kernel) and
+``quantized_linear(w, bias, dtype, activations)`` (a module for activations of ``dtype``, or None: no
+kernel; ``int8_activations_refusal`` says why for ``"a8"``) and
 ``quantized_head(weight, w, dtype)`` (registers a quantized stand-in for the
 lm_head matmul and returns it, or None).  This module stays vendor-neutral.
 """
@@ -124,8 +125,7 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             no_kernel[types] += 1
             report.linears["dense"] += 1
             continue
-        replacement = (backend.quantized_linear(w, module.bias, dtype, activations) if activations != "native"
-                       else backend.quantized_linear(w, module.bias, dtype))
+        replacement = backend.quantized_linear(w, module.bias, dtype, activations=activations)
         if replacement is None:
             if activations != "native":
                 raise ConfigError("quantization", _a8_refusal(backend, dtype, f"{path} ({w.source})"))
@@ -147,15 +147,8 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
 
 
 def _a8_refusal(backend: "Backend", dtype: torch.dtype, what: str) -> str:
-    why = ""
-    if backend.name == "cpu":
-        from hyspec.cpu_ops.qgemm_a8 import available
-
-        ok, why = available()
-        why = "" if ok else f": {why}"
-    if dtype != torch.float32:
-        why = f": its activations must be float32, not {dtype}"
-    return f"the {backend.name} backend has no 8-bit-activation kernel for {what}{why}"
+    why = backend.int8_activations_refusal(dtype)
+    return f"the {backend.name} backend has no 8-bit-activation kernel for {what}" + (f": {why}" if why else "")
 
 
 def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Backend",
@@ -168,8 +161,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         if activations != "native":
             raise ConfigError("quantization", f"a8: the lm_head ({name}) is not stored as Q4_0 / Q4_1 / Q8_0")
         return "dense"
-    head = (backend.quantized_head(model.lm_head_weight, w, dtype, activations) if activations != "native"
-            else backend.quantized_head(model.lm_head_weight, w, dtype))
+    head = backend.quantized_head(model.lm_head_weight, w, dtype, activations=activations)
     if head is None:
         if activations != "native":
             raise ConfigError("quantization", _a8_refusal(backend, dtype, "the lm_head"))
