@@ -120,15 +120,61 @@ static inline void axpy_bf16(float *y, float a, const uint16_t *x, int64_t D) {
 #endif
 
 #if defined(__AVX512F__)
+/* The sums of sixteen vectors' lanes, each in hsum16's order operand for operand (halves added down to one
+ * lane), as one vector: lane k holds a[k]'s sum.  A transpose done by the additions themselves: 15 adds and 30
+ * shuffles for sixteen sums, where sixteen hsum16 calls take 64 dependent operations. */
+static inline __m512 hsum16x16(const __m512 a[16]) {
+    __m512 h[8], s[4], t[2];
+    for (int p = 0; p < 8; p++) /* h = [a lanes 0-7 + 8-15 | b lanes 0-7 + 8-15] */
+        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int q = 0; q < 4; q++) /* 128-bit lane j: key 4q + j's h[0..3] + h[4..7] */
+        s[q] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * q], h[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(h[2 * q], h[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int r = 0; r < 2; r++) /* lane j: [s0 + s2, s1 + s3] of keys 8r + j and 8r + 4 + j */
+        t[r] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * r], s[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(s[2 * r], s[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* element 4j + m: t0 + t1 of key 4m + j; then each key to its own lane */
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
+}
+
+/* The n scores of one (row, head), D = 16 * ND: key s at element offset at[s] of kc (its head's offset
+ * already in kc).  Each key's dot product is dot()'s (sixteen lanes, FMAs in d order), sixteen keys at a
+ * time summed by hsum16x16 (hsum16's additions), times scale: every score has the bits dot() * scale gives,
+ * with the sixteen keys' loads and FMAs independent of each other.  at[] holds 15 valid entries past n. */
+static inline __attribute__((always_inline)) void scores_wide(const int ND, const int BF, const float *qv, const void *kc,
+                                                              const int64_t *at, int64_t n, float scale, float *score,
+                                                              const int prefetch) {
+    __m512 qr[8];
+    for (int c = 0; c < ND; c++) qr[c] = _mm512_loadu_ps(qv + 16 * c);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t s0 = 0; s0 < n; s0 += 16) {
+        __m512 a[16];
+        for (int k = 0; k < 16; k++) {
+            const int64_t o = at[s0 + k];
+            if (prefetch && s0 + 16 + k < n) {
+                const char *p = BF ? (const char *)((const uint16_t *)kc + at[s0 + 16 + k]) : (const char *)((const float *)kc + at[s0 + 16 + k]);
+                for (int c = 0; c < ND * (BF ? 32 : 64); c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
+            }
+            a[k] = _mm512_setzero_ps();
+            for (int c = 0; c < ND; c++)
+                a[k] = _mm512_fmadd_ps(qr[c], BF ? widen16((const uint16_t *)kc + o + 16 * c) : _mm512_loadu_ps((const float *)kc + o + 16 * c), a[k]);
+        }
+        const __m512 r = _mm512_mul_ps(hsum16x16(a), vs);
+        if (n - s0 >= 16) _mm512_storeu_ps(score + s0, r);
+        else _mm512_mask_storeu_ps(score + s0, (__mmask16)((1u << (n - s0)) - 1), r);
+    }
+}
+
 /* The softmax and the weighted value sum of one (row, head) for D = 16 * ND (SmolLM2: 64), given its n
  * scores: the maximum over sixteen lanes (exact in any order), exp, the sum in sixteen lanes then hsum16,
  * and the ND accumulators of the output kept in registers across the value rows (in memory, every axpy
  * waited on the previous one's store: at context 200 the attention was a quarter of a 3-row verification).
  * The order is fixed by n alone, so a row computes the same in a decode step and in a verification. */
 static inline __attribute__((always_inline)) void softmax_pv_wide(const int ND, const int BF, float *score, int64_t n,
-                                                                  const int32_t *slot, const int32_t *table,
-                                                                  int64_t block_size, int64_t sb, int64_t so,
-                                                                  const void *vc, int64_t head_off, float *o) {
+                                                                  const int64_t *at, const void *vc, float *o) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
     int64_t s = 0;
     for (; s + 16 <= n; s += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(score + s));
@@ -143,18 +189,14 @@ static inline __attribute__((always_inline)) void softmax_pv_wide(const int ND, 
     __m512 acc[8];
     for (int k = 0; k < ND; k++) acc[k] = _mm512_setzero_ps();
     for (s = 0; s < n; s++) {
-        const int64_t j = slot[s];
-        const int64_t at = (int64_t)table[j / block_size] * sb + (j % block_size) * so + head_off;
         if (s + 4 < n) {
-            const int64_t j4 = slot[s + 4];
-            const int64_t a4 = (int64_t)table[j4 / block_size] * sb + (j4 % block_size) * so + head_off;
-            const char *p4 = BF ? (const char *)((const uint16_t *)vc + a4) : (const char *)((const float *)vc + a4);
+            const char *p4 = BF ? (const char *)((const uint16_t *)vc + at[s + 4]) : (const char *)((const float *)vc + at[s + 4]);
             for (int k = 0; k < ND * (BF ? 32 : 64); k += 64) _mm_prefetch(p4 + k, _MM_HINT_T0);
         }
         const __m512 p = _mm512_set1_ps(score[s]);
         for (int k = 0; k < ND; k++)
-            acc[k] = _mm512_fmadd_ps(p, BF ? widen16((const uint16_t *)vc + at + 16 * k)
-                                           : _mm512_loadu_ps((const float *)vc + at + 16 * k), acc[k]);
+            acc[k] = _mm512_fmadd_ps(p, BF ? widen16((const uint16_t *)vc + at[s] + 16 * k)
+                                           : _mm512_loadu_ps((const float *)vc + at[s] + 16 * k), acc[k]);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / total);
     for (int k = 0; k < ND; k++) _mm512_storeu_ps(o + 16 * k, _mm512_mul_ps(acc[k], inv));
@@ -177,54 +219,62 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
     int failed = 0;
 #pragma omp parallel
     {
-        float *score = malloc(sizeof(float) * (size_t)max_len);
-        int32_t *slot = malloc(sizeof(int32_t) * (size_t)max_len);
+        /* at[s]: where the s-th entry row t sees starts in a cache (page and slot, no head), built once per row
+         * for all its heads; 16 spare entries so a batch of sixteen keys never reads past the array */
+        float *score = malloc(sizeof(float) * (size_t)(max_len + 16));
+        int64_t *at = malloc(sizeof(int64_t) * (size_t)(max_len + 16));
         float *qw = malloc(sizeof(float) * (size_t)D), *acc = malloc(sizeof(float) * (size_t)D);
-        if (!score || !slot || !qw || !acc) {
+        int64_t at_row = -1, n = 0;
+        if (!score || !at || !qw || !acc) {
 #pragma omp atomic write
             failed = 1;
         } else {
 #pragma omp for schedule(static)
             for (int64_t th = 0; th < T * Hq; th++) {
                 const int64_t t = th / Hq, h = th % Hq, kvh = h / group;
-                const int64_t b = row_seq[t], i = row_i[t], len = seq_lens[b], ctx = len - query_lens[b];
-                const int32_t *table = block_tables + b * bt_stride;
+                if (t != at_row) { /* the entries row t sees, in position order, page by page */
+                    const int64_t b = row_seq[t], i = row_i[t], len = seq_lens[b], ctx = len - query_lens[b];
+                    const int32_t *table = block_tables + b * bt_stride;
+                    n = 0;
+                    for (int64_t p0 = 0; p0 < len; p0 += block_size) {
+                        const int64_t base = (int64_t)table[p0 / block_size] * sb, end = p0 + block_size < len ? p0 + block_size : len;
+                        for (int64_t j = p0; j < end; j++) {
+                            if (j >= ctx) {
+                                const int64_t k = j - ctx;
+                                if (tree_mask ? !tree_mask[t * max_q + k] : k > i) continue;
+                            }
+                            at[n++] = base + (j - p0) * so;
+                        }
+                    }
+                    for (int64_t s = n; s < n + 16; s++) at[s] = at[0]; /* read, never used */
+                    at_row = t;
+                }
                 const float *qv = qw;
                 if (bf16)
                     for (int64_t d = 0; d < D; d++) qw[d] = bf16_to_f32(((const uint16_t *)q)[(t * Hq + h) * D + d]);
                 else
                     qv = (const float *)q + (t * Hq + h) * D;
-                int64_t n = 0;
-                for (int64_t j = 0; j < len; j++) {
-                    if (j >= ctx) {
-                        const int64_t k = j - ctx;
-                        if (tree_mask ? !tree_mask[t * max_q + k] : k > i) continue;
-                    }
-                    slot[n] = (int32_t)j;
-                    const int64_t at = (int64_t)table[j / block_size] * sb + (j % block_size) * so + kvh * sh;
-#if defined(__AVX512F__)
-                    if (j + 4 < len) { /* the pages are not a stride the hardware prefetchers follow well */
-                        const int64_t j4 = j + 4;
-                        const int64_t a4 = (int64_t)table[j4 / block_size] * sb + (j4 % block_size) * so + kvh * sh;
-                        const char *p4 = bf16 ? (const char *)((const uint16_t *)kc + a4) : (const char *)((const float *)kc + a4);
-                        for (int64_t off = 0; off < D * (bf16 ? 2 : 4); off += 64) _mm_prefetch(p4 + off, _MM_HINT_T0);
-                    }
-#endif
-                    score[n++] = (bf16 ? dot_bf16(qv, (const uint16_t *)kc + at, D) : dot(qv, (const float *)kc + at, D))
-                                 * scale;
-                }
                 float *o = bf16 ? acc : (float *)out + (t * Hq + h) * D;
+                const int64_t ho = kvh * sh;
+                /* the first query head of a group brings its keys in from memory (the pages are not a stride the
+                 * hardware prefetchers follow well); the group's other heads find them in L2 */
+                const int first = h % group == 0;
 #if defined(__AVX512F__)
                 if (D == 64 || D == 128) {
-                    if (D == 64 && bf16) softmax_pv_wide(4, 1, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
-                    else if (D == 64) softmax_pv_wide(4, 0, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
-                    else if (bf16) softmax_pv_wide(8, 1, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
-                    else softmax_pv_wide(8, 0, score, n, slot, table, block_size, sb, so, vc, kvh * sh, o);
+                    const float *kf = (const float *)kc + ho, *vf = (const float *)vc + ho;
+                    const uint16_t *kh = (const uint16_t *)kc + ho, *vh = (const uint16_t *)vc + ho;
+                    if (D == 64 && bf16) scores_wide(4, 1, qv, kh, at, n, scale, score, first), softmax_pv_wide(4, 1, score, n, at, vh, o);
+                    else if (D == 64) scores_wide(4, 0, qv, kf, at, n, scale, score, first), softmax_pv_wide(4, 0, score, n, at, vf, o);
+                    else if (bf16) scores_wide(8, 1, qv, kh, at, n, scale, score, first), softmax_pv_wide(8, 1, score, n, at, vh, o);
+                    else scores_wide(8, 0, qv, kf, at, n, scale, score, first), softmax_pv_wide(8, 0, score, n, at, vf, o);
                     if (bf16)
                         for (int64_t d = 0; d < D; d++) ((uint16_t *)out)[(t * Hq + h) * D + d] = f32_to_bf16(o[d]);
                     continue;
                 }
 #endif
+                for (int64_t s = 0; s < n; s++)
+                    score[s] = (bf16 ? dot_bf16(qv, (const uint16_t *)kc + at[s] + ho, D) : dot(qv, (const float *)kc + at[s] + ho, D))
+                               * scale;
                 float m = -INFINITY;
                 for (int64_t s = 0; s < n; s++) m = score[s] > m ? score[s] : m;
                 for (int64_t s = 0; s < n; s++) score[s] -= m;
@@ -233,10 +283,8 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
                 for (int64_t s = 0; s < n; s++) total += score[s];
                 for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
                 for (int64_t s = 0; s < n; s++) {
-                    const int64_t j = slot[s];
-                    const int64_t at = (int64_t)table[j / block_size] * sb + (j % block_size) * so + kvh * sh;
-                    if (bf16) axpy_bf16(o, score[s], (const uint16_t *)vc + at, D);
-                    else axpy(o, score[s], (const float *)vc + at, D);
+                    if (bf16) axpy_bf16(o, score[s], (const uint16_t *)vc + at[s] + ho, D);
+                    else axpy(o, score[s], (const float *)vc + at[s] + ho, D);
                 }
                 const float inv = 1.0f / total;
                 for (int64_t d = 0; d < D; d++) o[d] *= inv;
@@ -245,7 +293,7 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
             }
         }
         free(score);
-        free(slot);
+        free(at);
         free(qw);
         free(acc);
     }
