@@ -135,3 +135,25 @@ def test_tree_batch_from_tensors_validates_and_trims():
         TreeBatch(tokens, parents, torch.tensor([0, 2]))
     with pytest.raises(HyspecError, match="disagree on the vocabulary size"):
         TreeBatch.from_trees([DraftTree.chain(0, [1], vocab_size=4), DraftTree.chain(0, [1], vocab_size=5)])
+
+
+def test_host_and_vectorized_structure_agree_on_random_padded_batches():
+    """CPU trees take a host-list path for depths, ancestors and children (fewer small tensor ops); the vectorized
+    path (what CUDA/NPU trees use) must give the same tensors."""
+    from hyspec.spec import tree as T
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        b, n = 1 + trial % 4, 1 + int(torch.randint(1, 26, (1,), generator=gen))
+        parents = torch.full((b, n), -1, dtype=torch.int64)
+        sizes = torch.randint(1, n + 1, (b,), generator=gen)
+        for r in range(b):
+            for i in range(1, int(sizes[r])):
+                parents[r, i] = int(torch.randint(0, i, (1,), generator=gen))
+        valid = torch.arange(n)[None, :] < sizes[:, None]
+        d_host, a_host = T._depths_and_ancestors_host(parents, valid)
+        d_vec, a_vec = T._depths_and_ancestors_vectorized(parents, valid)
+        assert torch.equal(d_host, d_vec) and torch.equal(a_host, a_vec)
+        c_vec = T._child_table_vectorized(parents, valid)
+        c_host = T._child_table(parents, valid)
+        assert c_host.dtype == c_vec.dtype and torch.equal(c_host, c_vec), (parents, valid)
