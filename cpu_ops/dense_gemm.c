@@ -125,6 +125,19 @@ static inline vec load_bf16(const uint16_t *p, int count) {
 }
 #endif
 
+/* Software prefetch, one row of x: a tile reads its block's NB weight rows (one contiguous region) as NB
+ * interleaved streams, and on a Zen 4 VM the hardware prefetchers left lines out -- bf16 weights were read at
+ * 14-15 GB/s of a 37 GB/s copy bandwidth (docs/results/2026-12-03/attention/dense_rows.sh).  So one sweep runs
+ * DENSE_PREFETCH_BYTES ahead of the tile's progress through the region (the next block's rows included). */
+#ifndef DENSE_PREFETCH_BYTES
+#define DENSE_PREFETCH_BYTES 8192
+#endif
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 /* one weight row's VL elements at k, widened to fp32 */
 static inline __attribute__((always_inline)) vec load_w(const int wtype, const void *w, int64_t index, int count) {
     return wtype == BF16 ? load_bf16((const uint16_t *)w + index, count) : load_f32((const float *)w + index, count);
@@ -136,9 +149,13 @@ static inline __attribute__((always_inline)) void tile(const int wtype, const in
     vec acc[R_MAX][4];
     for (int r = 0; r < R; r++)
         for (int i = 0; i < 4; i++) acc[r][i] = vzero();
+    const int es = wtype == BF16 ? 2 : 4;
+    const char *region = (const char *)w + n0 * K * es; /* the block's NB rows */
     for (int64_t k = 0; k < K; k += VL) {
         const int count = K - k >= VL ? VL : (int)(K - k);
         vec wv[4];
+        if (R == 1 && k * es % 64 == 0) /* a line per row per 64 bytes of progress */
+            for (int i = 0; i < NB; i++) PREFETCH(region + (k * es / 64 * NB + i) * 64 + DENSE_PREFETCH_BYTES);
         for (int i = 0; i < 4; i++) wv[i] = i < NB ? load_w(wtype, w, (n0 + i) * K + k, count) : vzero();
         for (int r = 0; r < R; r++) {
             const vec xv = load_f32(x + r * K + k, count);
@@ -162,8 +179,11 @@ static inline __attribute__((always_inline)) void tile_dpbf16(const int R, const
     __m512 acc[R_MAX][4];
     for (int r = 0; r < R; r++)
         for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
+    const char *region = (const char *)(w + n0 * K); /* the block's NB rows: one contiguous region */
     for (int64_t k = 0; k < K; k += 32) {
         __m512 wv[4];
+        if (R == 1)
+            for (int i = 0; i < NB; i++) PREFETCH(region + (k / 32 * NB + i) * 64 + DENSE_PREFETCH_BYTES);
         for (int i = 0; i < 4; i++) wv[i] = i < NB ? load_pairs(w + (n0 + i) * K + k, K - k) : _mm512_setzero_ps();
         for (int r = 0; r < R; r++) {
             const __m512 xv = load_pairs(x + r * K + k, K - k);
