@@ -152,3 +152,40 @@ def test_the_probe_lists_a8_exactly_where_it_runs(monkeypatch):
     assert ("gguf-blocks-a8" in backend.quantization_kernels()) == fast
     monkeypatch.setattr(a8, "available", lambda: (False, "test"))
     assert "gguf-blocks-a8" not in backend.quantization_kernels()
+
+
+@needs_vnni
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a8_speculation_emits_its_plain_law_through_generate(tiny_q4_1, method):
+    """Temperature 0.8 with top-k and top-p through LLM.generate: the first three tokens of 3,500 seeded
+    requests follow the law of a8's own plain logits (a8 is its own target: its activations' rounding is
+    part of the model being sampled, and verification must not change that law)."""
+    from hyspec import LLM
+    from hyspec.conformance.distribution import (DEFAULT_SAMPLES, compare, exact_law, lookup_prompt,
+                                                 sample_through_generate)
+    from hyspec.conformance.methods import CONTROLLER_OFF
+
+    _, path = tiny_q4_1
+
+    def engine(spec=None):
+        return LLM(str(path), kv_cache_bytes=32 << 20, max_model_len=256, max_num_seqs=256, quantization="a8",
+                   speculative_config=spec)
+
+    plain = engine()
+    base = plain.tokenizer.encode("def add(a, b):\n    return a + b\n\ndef")
+    # the tokens y1 can be, appended until most of them appear in the prompt (6 of 8 here), so ngram drafts
+    prompt = lookup_prompt(plain.engine, base, rounds=12)
+    law = exact_law(plain.engine, prompt)
+    lookup = {"prompt_lookup_min": 1, "prompt_lookup_max": 3} if method == "ngram" else {}
+    llm = engine({**CONTROLLER_OFF, "method": method, "num_speculative_tokens": 3, **lookup})
+    try:
+        # suffix: 8 tokens, so that later requests draft from the cache of earlier responses (trees, forks)
+        samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=3 if method == "ngram" else 8)
+        drafted = llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"]
+    finally:
+        llm.engine.spec.close()
+    result = compare(samples, law)
+    print(f"a8 {method}: {result.describe()}; {drafted} draft tokens")  # shown with -s
+    assert drafted >= DEFAULT_SAMPLES // 4, f"{method}: only {drafted} draft tokens: the law would be plain's"
+    assert result.passed, f"a8 {method}: {result.describe()}"
+    assert result.power <= 0.05, result.describe()
