@@ -169,6 +169,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         # drive_on_this_thread(): the caller's thread steps the engine instead of a thread of our own
         self._external = False
+        self._claimed = False  # claim_driver() ran: a driver is coming even if start() binds first
         self._bound = threading.Event()  # start() has bound the event loop (external mode waits for it)
         self._external_done = threading.Event()  # the external driver's loop returned
         self._idle: asyncio.Event | None = None
@@ -220,14 +221,24 @@ class AsyncEngine:
             self._thread.start()
         self._bound.set()
 
+    def claim_driver(self) -> None:
+        """Declare that a thread will call :meth:`drive_on_this_thread`, so that :meth:`start` binds only.
+
+        Call it before the event loop's thread can reach :meth:`start`: otherwise start() may win the race,
+        start an engine thread of its own, and drive_on_this_thread then refuses."""
+        if self._thread is not None or self._bound.is_set():
+            raise RuntimeError("claim_driver must be called before start()")
+        self._external = self._claimed = True
+
     def drive_on_this_thread(self, keep_waiting: Callable[[], bool]) -> None:
-        """Step the engine on the calling thread until shutdown (blocking); call before :meth:`start`.
+        """Step the engine on the calling thread until shutdown (blocking); call :meth:`claim_driver` before the
+        event loop's thread starts, or this before :meth:`start`.
 
         Waits for :meth:`start` (the app's start-up, on the event loop's thread) while ``keep_waiting()``
         holds -- it turning false (the server thread died during start-up) returns at once.
         """
-        if self._thread is not None or self._bound.is_set():
-            raise RuntimeError("drive_on_this_thread must be called before start()")
+        if self._thread is not None or (self._bound.is_set() and not self._claimed):
+            raise RuntimeError("drive_on_this_thread must be called (or claim_driver) before start()")
         self._external = True
         while not self._bound.wait(0.1):
             if not keep_waiting():

@@ -59,6 +59,7 @@ def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, shutdown_tim
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        async_engine.claim_driver()  # before the server thread can reach the app's start-up
         thread.start()
         async_engine.drive_on_this_thread(keep_waiting=thread.is_alive)
         thread.join()

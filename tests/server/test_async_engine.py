@@ -214,6 +214,7 @@ def test_driven_on_the_callers_thread_the_engine_steps_there(engine):
         asyncio.run(main())
 
     loop_thread = threading.Thread(target=event_loop_thread)
+    ae.claim_driver()  # before the loop thread can reach start(), as hyspec serve does
     loop_thread.start()
     ae.drive_on_this_thread(keep_waiting=loop_thread.is_alive)  # returns once shutdown() stopped it
     loop_thread.join(10)
