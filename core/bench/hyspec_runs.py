@@ -51,6 +51,7 @@ def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None)
     from hyspec import LLM
 
     extra = {} if settings.kv_cache_bytes is None else {"kv_cache_bytes": settings.kv_cache_bytes}
+    extra["enable_prefix_caching"] = settings.prefix_caching
     return LLM(str(model), speculative_config=spec, backend=settings.backend, dtype=settings.dtype,
                quantization=settings.quantization, **extra)
 
@@ -99,8 +100,11 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -
         ttfts = [o.metrics.ttft for o in outs if o.metrics is not None and o.metrics.ttft is not None]
         return [list(o.outputs[0].token_ids) for o in outs], ttfts
 
-    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave,
-                                                    before_pass=llm.engine.spec.forget_shared_history)
+    def forget_between_passes() -> None:  # a pass must not draft from, nor reuse the KV of, the previous pass
+        llm.engine.spec.forget_shared_history()
+        llm.reset_prefix_cache()
+
+    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave, before_pass=forget_between_passes)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
     if acceptance is not None:

@@ -72,6 +72,7 @@ class BenchSettings:
     speculative_config_extra: Mapping[str, Any] = field(default_factory=dict)
     price_per_hour: float | None = None
     kv_cache_bytes: int | None = None
+    prefix_caching: bool = True  # hyspec's engines reuse cached prompt pages (vLLM's default), reset per pass
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0
     quick: bool = False
@@ -129,6 +130,7 @@ class BenchSettings:
             "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
             "speculative_config_extra": dict(self.speculative_config_extra),
             "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
+            "prefix_caching": self.prefix_caching,
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
                    "transformers with no eos_token_id, llama.cpp generating past it)",

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="JSON object merged into each method's speculative_config, e.g. "
                         "'{\"controller\": {\"enabled\": false}}'")
     e.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
+    e.add_argument("--no-prefix-caching", action="store_true",
+                   help="hyspec engines prefill every prompt in full (default: automatic prefix caching, as in "
+                        "vLLM; the cache is emptied before each timed pass, so a pass reuses only its own prompts)")
     e.add_argument("--bandwidth-bytes", type=int, default=None,
                    help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
     e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")
@@ -108,7 +111,7 @@ def _settings(args: argparse.Namespace):
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),
                          price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
-                         quick=args.quick)
+                         quick=args.quick, prefix_caching=not args.no_prefix_caching)
     return with_preset(replace(base, **values), given)
 
 

@@ -28,6 +28,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU KV cache budget in bytes")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="KV tokens per page (vLLM's flag; default: the backend's, 16 on CPU/CUDA, 128 on NPU)")
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="reuse the KV of earlier prompts' full pages (vLLM's flag; off by default here)")
 
 
 def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -41,4 +43,6 @@ def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         out["kv_cache_bytes"] = args.kv_cache_bytes
     if getattr(args, "block_size", None):
         out["block_size"] = args.block_size
+    if getattr(args, "enable_prefix_caching", False):
+        out["enable_prefix_caching"] = True
     return out

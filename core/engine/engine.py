@@ -44,6 +44,7 @@ from hyspec.engine.stopping import append_token, find_stop_string
 from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
 from hyspec.kv.pool import KVPool
+from hyspec.kv.prefix_cache import PrefixCache
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
@@ -76,6 +77,7 @@ class LLMEngine:
         skip_tokenizer_init: bool = False,
         fragmentation_threshold: float = 1.2,
         fragmentation_window_s: float = 300.0,
+        enable_prefix_caching: bool = False,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -141,6 +143,12 @@ class LLMEngine:
 
         self.fragmentation = FragmentationMonitor(self.pool, fragmentation_threshold, fragmentation_window_s)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len))
+        if not isinstance(enable_prefix_caching, bool):
+            raise ConfigError("enable_prefix_caching", f"must be true or false, got {enable_prefix_caching!r}")
+        self.prefix_cache: PrefixCache | None = None
+        if enable_prefix_caching:
+            self.prefix_cache = PrefixCache(self.pool, self.layout)
+            self.scheduler.prefix_lookup = self._adopt_cached_prefix
         self._ids = itertools.count()
         self._requests: dict[str, Sequence] = {}
         #: What drafters may see of the target (they never get the engine itself).
@@ -313,7 +321,33 @@ class LLMEngine:
                 forks[seq.request_id] = list(seq.followers)
         t0 = time.perf_counter()
         result = self.runner.run(feeds, aux_layers=self.spec.aux_layers)
-        return TargetRun(feeds, rows, result, time.perf_counter() - t0, forks)
+        seconds = time.perf_counter() - t0
+        if self.prefix_cache is not None:
+            for row in rows:
+                if row.kind is RowKind.PREFILL:  # the prompt's KV is complete: its full pages can serve others
+                    seq = row.seq
+                    self.prefix_cache.insert(seq.token_ids[:min(seq.num_prompt_tokens, seq.num_cached)], seq.kv.pages)
+        return TargetRun(feeds, rows, result, seconds, forks)
+
+    # -- prefix caching --------------------------------------------------------------------------
+
+    def _adopt_cached_prefix(self, seq: Sequence) -> None:
+        """Admission of a sequence with no KV: adopt the cached pages its tokens start with (at least its last
+        token is left to prefill, for its logits).  Not for requests that want prompt logprobs (the skipped
+        rows would have none) nor while a drafter learns from the target's hidden states (it would never see
+        the skipped tokens')."""
+        if seq.wants_prompt_logprobs or getattr(self.spec, "needs_hidden", False):
+            return
+        pages = self.prefix_cache.match(seq.token_ids, len(seq.token_ids) - 1)
+        if pages:
+            seq.kv.adopt(pages, len(pages) * self.layout.block_size)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's ``reset_prefix_cache``); False when caching is off."""
+        if self.prefix_cache is None:
+            return False
+        self.prefix_cache.reset()
+        return True
 
     def _accept(self, run: TargetRun, drafts: Drafts) -> tuple[dict[str, list[int]], dict[str, list]]:
         """Tokens per request (one sampled for each plain row, the verified path + bonus for each tree),

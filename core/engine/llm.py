@@ -61,6 +61,10 @@ class LLM:
             self._closed = True
             self.engine.spec.close()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix (vLLM's name); False when ``enable_prefix_caching`` is off."""
+        return self.engine.reset_prefix_cache()
+
     def __enter__(self) -> "LLM":
         return self
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hyspec.engine.sequence import Sequence, Status
 from hyspec.errors import ConfigError
@@ -51,6 +52,9 @@ class Scheduler:
         # memory pressure as the last schedule met it (read by the speculation strategy's plan)
         self.admission_blocked = False  # requests waited that the KV pool could not admit
         self.preempted_last = 0  # sequences preempted by the last schedule
+        #: called for a sequence about to be admitted with no KV: may adopt cached prefix pages (the engine's
+        #: prefix cache), so only the rest of its prompt is scheduled for prefill
+        self.prefix_lookup: Callable[[Sequence], None] | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -89,10 +93,13 @@ class Scheduler:
         self.admission_blocked = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if self.prefix_lookup is not None and not seq.kv.pages:
+                self.prefix_lookup(seq)
             chunk = min(len(seq.token_ids) - seq.num_cached, budget)
             try:
                 seq.kv.reserve(seq.num_cached + chunk, reclaim=True)
             except OutOfKVBlocks:
+                seq.kv.release()  # adopted prefix pages go back to the cache alone (evictable) while it waits
                 self.admission_blocked = True
                 break
             self.waiting.popleft()

@@ -74,6 +74,9 @@ class KVPool:
         self._free: deque[int] = deque(range(num_pages))
         self._layouts: dict[int, KVLayout] = {}
         self._reclaimers: list[Callable[[int], int]] = []
+        # evictors free pages no live sequence holds (the prefix cache's): tried before any failure, for
+        # every allocation, since dropping them costs nobody anything but a future prefill
+        self._evictors: list[Callable[[int], int]] = []
         self.holders: "weakref.WeakSet" = weakref.WeakSet()  # live SequenceKVs (fragmentation.py reads them)
 
     @classmethod
@@ -131,6 +134,11 @@ class KVPool:
         """``reclaim(pages_wanted) -> pages_freed``: called when a target allocation finds the pool full."""
         self._reclaimers.append(reclaim)
 
+    def add_evictor(self, evict: Callable[[int], int]) -> None:
+        """``evict(pages_wanted) -> pages_freed`` over pages only a cache holds: called whenever free pages run
+        short, before reclaimers (which cost a drafter its cache) and whether or not the caller allows those."""
+        self._evictors.append(evict)
+
     def remove_reclaimers_of(self, owner_object: object) -> None:
         """Forget the reclaimers bound to ``owner_object`` (a released drafter must not be kept alive)."""
         self._reclaimers = [r for r in self._reclaimers if getattr(r, "__self__", None) is not owner_object]
@@ -154,6 +162,10 @@ class KVPool:
     def allocate(self, owner: int, count: int, reclaim: bool = True) -> list[int]:
         if count <= 0:
             return []
+        for evictor in self._evictors:
+            if len(self._free) >= count:
+                break
+            evictor(count - len(self._free))
         if len(self._free) < count and reclaim:
             for reclaimer in self._reclaimers:
                 reclaimer(count - len(self._free))

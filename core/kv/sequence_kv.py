@@ -49,6 +49,17 @@ class SequenceKV:
             raise KVOwnershipError(f"{self.layout.name}: write past the reserved pages")
         self.pool.check_owner(self.layout.owner, self.pages[first:last + 1], exclusive=True)
 
+    def adopt(self, pages: list[int], num_tokens: int) -> None:
+        """Start from ``pages`` that already hold entries ``0 .. num_tokens-1`` (a prefix cache's full pages):
+        one more holder for each, read-only like every shared page.  Only an empty sequence adopts."""
+        if self.pages or self.num_tokens:
+            raise ValueError("adopt: the sequence already holds KV")
+        if num_tokens > len(pages) * self.layout.block_size:
+            raise ValueError(f"adopt: {num_tokens} entries do not fit {len(pages)} pages")
+        self.pool.share(self.layout.owner, pages)
+        self.pages = list(pages)
+        self.num_tokens = num_tokens
+
     def fork(self) -> "SequenceKV":
         """A second sequence continuing from these entries: it shares the full pages (read-only for
         both) and gets a copy of the partly filled last page, so each writes its own continuation.

@@ -78,6 +78,13 @@ class EngineStats:
     num_step_failures: int = 0
     kv_fragmentation: float = 1.0
     kv_compactions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (0 when it is off)
+    prefix_cache_hits: int = 0  # of those, found cached
+
+
+def _prefix_counts(engine: Any) -> tuple[int, int]:
+    cache = getattr(engine, "prefix_cache", None)
+    return (cache.stats.queries, cache.stats.hits) if cache is not None else (0, 0)
 
 
 class RequestStream:
@@ -449,7 +456,7 @@ class AsyncEngine:
         frag = self.engine.fragmentation
         self.stats = EngineStats(len(sched.waiting), len(sched.running), pool.usage(), pool.num_free,
                                  pool.num_pages, self._num_steps, self._num_step_failures, frag.index,
-                                 frag.compactions)
+                                 frag.compactions, *_prefix_counts(self.engine))
 
     def _flush(self) -> None:
         if not self._outbox:

@@ -154,7 +154,15 @@ class _EngineCollector(Collector):
         for name, doc, value in (("hyspec_engine_steps", "Engine steps run.", stats.num_steps),
                                  ("hyspec_engine_step_failures", "Engine steps that raised.", stats.num_step_failures),
                                  ("hyspec_kv_compactions", "KV pool compactions run by the fragmentation monitor.",
-                                  stats.kv_compactions)):
+                                  stats.kv_compactions),
+                                 ("hyspec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  stats.prefix_cache_queries),
+                                 ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  stats.prefix_cache_queries),
+                                 ("hyspec_prefix_cache_hits", "Prompt tokens found in the prefix cache (not prefilled).",
+                                  stats.prefix_cache_hits),
+                                 ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (not prefilled).",
+                                  stats.prefix_cache_hits)):
             fam = CounterMetricFamily(name, doc, labels=["model_name"])
             fam.add_metric(m, float(value))
             yield fam

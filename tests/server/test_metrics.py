@@ -85,3 +85,21 @@ def test_speculative_metrics_join_the_app_registry(engine, monkeypatch):
     assert spec.registries == [first.registry, second.registry]  # one registry per app, no global state
     text = generate_latest(first.registry).decode()
     assert 'hyspec_dispatch_decisions_total{arm="spec",method="ngram"} 3.0' in text
+
+
+def test_prefix_cache_counters_follow_the_engine(tiny_model_dir):
+    from hyspec.engine.sampling_params import SamplingParams
+
+    eng = LLMEngine(tiny_model_dir, **{**ENGINE_ARGS, "enable_prefix_caching": True, "block_size": 4})
+    ae = AsyncEngine(eng)
+    metrics = ServerMetrics(ae, "m")
+    get = metrics.registry.get_sample_value
+    assert get("vllm:prefix_cache_queries_total", {"model_name": "m"}) == 0
+    ids = list(range(3, 23))
+    for _ in range(2):  # the second request finds the first one's pages
+        eng.add_request(ids, SamplingParams(temperature=0, max_tokens=2))
+        while eng.has_unfinished_requests():
+            eng.step()
+    ae._publish_stats()
+    assert get("vllm:prefix_cache_queries_total", {"model_name": "m"}) == 2 * (len(ids) - 1)
+    assert get("hyspec_prefix_cache_hits_total", {"model_name": "m"}) == 16  # four full pages of 19 tokens
