@@ -51,6 +51,8 @@ from typing import Callable, Sequence
 from hyspec.errors import HyspecError
 from hyspec.spec.config import SpeculativeConfig
 from hyspec.spec.cost_model import CostModel, StepSample
+from hyspec.spec.draft_sizing import DraftSizer
+from hyspec.spec.tree import DraftTree
 
 __all__ = ["GoodputController", "CostModel", "StepSample", "DraftCost"]
 
@@ -134,6 +136,7 @@ class GoodputController:
         self._caps = {m.method: min(m.num_speculative_tokens, self.max_tokens) for m in config.hybrid.methods}
         self._methods: dict[str, _MethodState] = {}
         self._host: dict[tuple[int, bool], float] = {}  # (batch size, speculated) -> EWMA host seconds a step
+        self._sizers: dict[str, DraftSizer] = {}  # scored methods: per-node calibration (draft_sizing.py)
 
     @classmethod
     def from_profile(cls, config: SpeculativeConfig, measure: Callable[[int, int], float],
@@ -231,6 +234,46 @@ class GoodputController:
         return self._decide(st, batch_size, candidates,
                             lambda b: 1.0 + self._tree_estimate(st, b),
                             lambda b: min(b, self.tree_depth) + 1)
+
+    def choose_scored_budget(self, method: str, batch_size: int) -> int:
+        """Budget for a scored method (drafts sized after drafting, :meth:`size_scored`): the full tree budget
+        whenever drafts accepted whole could beat plain decoding at this batch size, else 0."""
+        if batch_size < 1:
+            raise HyspecError(f"choose_scored_budget: batch_size must be >= 1, got {batch_size}")
+        if not self.enabled:
+            return self.tree_budget
+        st = self._state(method)
+        overhead, per_token = st.draft.coefficients()
+        host, predict = self.host_seconds(batch_size, True), self.cost_model.predict
+        plain = self.threshold / (predict(batch_size, 1) + self.host_seconds(batch_size, False))
+        for b in self.budget_buckets:
+            n = min(b, self.tree_depth)
+            if (n + 1) / (overhead + per_token * batch_size * b + predict(batch_size, n + 1) + host) > plain:
+                return self.tree_budget
+        return 0
+
+    def size_scored(self, method: str, batch_size: int, trees: dict[str, DraftTree]) -> dict[str, DraftTree]:
+        """The scored drafts worth verifying this step, each cut to its kept nodes (draft_sizing.py)."""
+        if not self.enabled or not trees:
+            return trees
+        predict = self.cost_model.predict
+        host = self.host_seconds(batch_size, True)
+        plain = self.threshold * batch_size / (predict(batch_size, 1) + self.host_seconds(batch_size, False))
+        return self._sizer(method).size(trees, batch_size, lambda n: predict(batch_size, 1 + n / batch_size) + host,
+                                        plain)
+
+    def observe_scored(self, method: str, tree: DraftTree, accepted_path: Sequence[int]) -> None:
+        """A verified scored draft: which of its nodes were accepted (the path, root excluded)."""
+        self._sizer(method).observe(tree, list(accepted_path))
+
+    def scored_acceptance(self, method: str) -> DraftSizer:
+        return self._sizer(method)
+
+    def _sizer(self, method: str) -> DraftSizer:
+        sizer = self._sizers.get(method)
+        if sizer is None:
+            sizer = self._sizers[method] = DraftSizer(self.prior, self.explore_interval)
+        return sizer
 
     def goodput(self, method: str, batch_size: int, k: int) -> float:
         """Predicted committed tokens per second per sequence for a chain of k (k = 0: plain)."""

@@ -164,7 +164,9 @@ class SpecDecoder(Speculation):
         if limit is not None and batch >= limit:
             return self._remember(StepPlan(method, 0, 0, batch, "budget_zero"))
         proposer = self.proposers[method]
-        if proposer.builds_trees:
+        if proposer.scores_drafts:  # drafts sized after drafting (_propose)
+            budget = self.controller.choose_scored_budget(method, batch)
+        elif proposer.builds_trees:
             budget = self.controller.choose_tree_budget(method, batch)
         else:
             budget = self.controller.choose(method, batch)
@@ -270,6 +272,8 @@ class SpecDecoder(Speculation):
         n_tokens = sum(t.num_nodes - 1 for t in trees.values())
         if n_tokens:
             self.controller.observe_draft_time(plan.method, n_tokens, seconds)
+        if proposer.scores_drafts:
+            trees = self.controller.size_scored(plan.method, plan.batch_size, trees)
         return trees, seconds
 
     def abandon(self, drafts: Drafts, cause: str) -> Drafts:
@@ -329,7 +333,10 @@ class SpecDecoder(Speculation):
         self.metrics.record_step(method, "spec", len(seqs), n_draft, accepted_per_pos, causes,
                                  drafts.seconds, verify_seconds)
         proposer = self.proposers.get(method)
-        if proposer is not None and proposer.builds_trees:
+        if proposer is not None and proposer.scores_drafts:
+            for seq, path, n_acc in zip(seqs, out.accepted_nodes.tolist(), out.num_accepted.tolist()):
+                self.controller.observe_scored(method, drafts.trees[seq.request_id], path[:n_acc])
+        elif proposer is not None and proposer.builds_trees:
             self.controller.observe_tree_acceptance(method, plan.budget, out.num_accepted.tolist())
         else:
             drafted = [int(((batch.depths >= d + 1) & batch.valid).any(1).sum()) for d in range(batch.max_depth)]

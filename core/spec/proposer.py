@@ -60,6 +60,9 @@ class Proposer(ABC):
     needs_hidden: bool = False
     #: True for methods that build trees (the controller then picks a tree budget, not a length).
     builds_trees: bool = False
+    #: True for methods whose trees carry NodeScores: they draft at their full budget and the step's
+    #: verified size is chosen afterwards, draft by draft (draft_sizing.py)
+    scores_drafts: bool = False
 
     @abstractmethod
     def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:

@@ -62,6 +62,20 @@ def _depths_and_ancestors_host(parents: torch.Tensor, valid: torch.Tensor) -> tu
             torch.tensor(anc, dtype=torch.bool).view(b, n, n))
 
 
+@dataclass(frozen=True)
+class NodeScores:
+    """A drafter's own estimate of each draft node (what draft sizing calibrates, draft_sizing.py).
+
+    ``conditional[i]`` is node ``i + 1``'s estimated chance of acceptance given its parent was accepted
+    (suffix decoding: the share of matched occurrences that continued that way); ``source`` and
+    ``match_length`` say where the draft came from (suffix: 0 the request's own tokens, 1 the cache of
+    earlier responses; the matched suffix's length)."""
+
+    conditional: tuple[float, ...]
+    source: int = 0
+    match_length: int = 0
+
+
 @dataclass
 class DraftTree:
     """One sequence's draft tree.
@@ -76,6 +90,7 @@ class DraftTree:
     parents: torch.Tensor  # [N] int64, parents[0] = -1, parents[i] < i
     draft_probs: torch.Tensor | None = None  # [N, V] fp32, or None
     vocab_size: int | None = None
+    scores: NodeScores | None = None  # the drafter's per-node estimates (scored drafters only)
     depths: torch.Tensor = field(init=False)  # [N] int64, root 0
 
     def __post_init__(self) -> None:
@@ -96,6 +111,8 @@ class DraftTree:
                 raise HyspecError(f"DraftTree.draft_probs has {self.draft_probs.shape[1]} columns, vocab_size is {self.vocab_size}")
             self.vocab_size = int(self.draft_probs.shape[1])
         _check_structure(self.tokens[None], self.parents[None], torch.tensor([n]), self.vocab_size, "DraftTree")
+        if self.scores is not None and len(self.scores.conditional) != n - 1:
+            raise HyspecError(f"DraftTree.scores has {len(self.scores.conditional)} entries for {n - 1} draft nodes")
         valid = torch.ones(1, n, dtype=torch.bool, device=self.tokens.device)
         self.depths = _depths_and_ancestors(self.parents[None], valid)[0][0]
 
@@ -135,6 +152,22 @@ class DraftTree:
     @property
     def num_nodes(self) -> int:
         return int(self.tokens.numel())
+
+    def keep(self, nodes: Sequence[int]) -> "DraftTree":
+        """The tree of the root and ``nodes`` (draft node indices whose parents are the root or kept too), in
+        their original order, parents renumbered."""
+        kept = sorted(set(nodes) - {0})
+        new_index = {0: 0, **{old: new for new, old in enumerate(kept, 1)}}
+        parents = self.parents.tolist()
+        if any(parents[i] not in new_index for i in kept):
+            raise HyspecError("DraftTree.keep: a kept node's parent was dropped")
+        rows = torch.tensor([0, *kept], dtype=torch.int64, device=self.tokens.device)
+        scores = None
+        if self.scores is not None:
+            scores = NodeScores(tuple(self.scores.conditional[i - 1] for i in kept), self.scores.source,
+                                self.scores.match_length)
+        return DraftTree(self.tokens[rows], [-1, *(new_index[parents[i]] for i in kept)],
+                         None if self.draft_probs is None else self.draft_probs[rows], self.vocab_size, scores)
 
     def ancestor_mask(self) -> torch.Tensor:  # [N, N] bool, [i, j] = j is i or an ancestor of i
         valid = torch.ones(1, self.num_nodes, dtype=torch.bool, device=self.tokens.device)

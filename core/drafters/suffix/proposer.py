@@ -24,13 +24,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hyspec.drafters.suffix.store import TokenStore
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.spec.tree import DraftTree, NodeScores
 
+#: where a draft came from (NodeScores.source): the request's own tokens, or the cache of earlier responses
+OWN, CACHE = 0, 1
 #: occurrences per pattern kept by the stores (frequencies are estimated over the newest ones)
 MAX_PER_KEY = 64
 
@@ -61,42 +63,55 @@ class Draft:
     parents: list[int]  # parent of each node: 0 = the root, i = the i-th node (1-based)
     score: float  # the sum of the nodes' probabilities: expected accepted tokens
     match_length: int
+    conditional: list[float] = field(default_factory=list)  # each node's share of its parent's occurrences
+    source: int = 0  # OWN or CACHE
 
 
 def grow_tree(continuations: list[list[int]], budget: int, min_prob: float) -> Draft:
-    """The most probable nodes (up to ``budget``) of the trie of ``continuations``, parents first."""
+    """The most probable nodes (up to ``budget``) of the trie of ``continuations``, parents first.
+
+    The trie is built node by node (token -> child per node), in time linear in the continuations'
+    total length: keying nodes by their whole path cost time quadratic in the depth, which at a tree
+    depth of 48 made drafting dearer than the verification it saves."""
     total = len(continuations)
     if total == 0 or budget < 1:
         return Draft([], [], 0.0, 0)
-    counts: dict[tuple[int, ...], int] = {}  # path -> occurrences that went this way
-    kids: dict[tuple[int, ...], list[tuple[int, ...]]] = {(): []}
+    kids: list[dict[int, int]] = [{}]  # trie node -> {token: child node}, in first-seen order
+    count = [total]  # occurrences that went through each trie node (the root: all of them)
+    token = [-1]
     for cont in continuations:
-        for depth in range(1, len(cont) + 1):
-            path = tuple(cont[:depth])
-            if path not in counts:
-                counts[path] = 0
-                kids[path] = []
-                kids[path[:-1]].append(path)
-            counts[path] += 1
-    tokens, parents, score = [], [], 0.0
+        node = 0
+        for t in cont:
+            child = kids[node].get(t)
+            if child is None:
+                child = kids[node][t] = len(count)
+                kids.append({})
+                count.append(0)
+                token.append(t)
+            count[child] += 1
+            node = child
+    tokens, parents, conditional, score = [], [], [], 0.0
     order = itertools.count()  # ties: the continuation seen first (the most recent occurrence) wins
-    heap = [(-counts[p] / total, next(order), p, 0) for p in kids[()] if counts[p] / total >= min_prob]
+    # heap entries: (-probability, tie order, trie node, its trie parent, the draft node index of that parent)
+    heap = [(-count[c] / total, next(order), c, 0, 0) for c in kids[0].values() if count[c] / total >= min_prob]
     heapq.heapify(heap)
     while heap and len(tokens) < budget:
-        neg, _, path, parent = heapq.heappop(heap)
-        tokens.append(path[-1])
+        neg, _, trie_node, trie_parent, parent = heapq.heappop(heap)
+        tokens.append(token[trie_node])
         parents.append(parent)
+        conditional.append(count[trie_node] / count[trie_parent])
         score += -neg
         node = len(tokens)
-        for child in kids[path]:
-            if counts[child] / total >= min_prob:
-                heapq.heappush(heap, (-counts[child] / total, next(order), child, node))
-    return Draft(tokens, parents, score, 0)
+        for child in kids[trie_node].values():
+            if count[child] / total >= min_prob:
+                heapq.heappush(heap, (-count[child] / total, next(order), child, trie_node, node))
+    return Draft(tokens, parents, score, 0, conditional)
 
 
 class SuffixProposer(Proposer):
     method = "suffix"
     builds_trees = True
+    scores_drafts = True
 
     def __init__(self, settings: SuffixSettings, max_tokens: int, vocab_size: int):
         self.settings = settings
@@ -121,7 +136,8 @@ class SuffixProposer(Proposer):
             best = self.draft(own, context, budget, exclude_end=(0, len(context) - 1))
             if self.settings.max_cached_requests:
                 cached = self.draft(self.cache, context, budget)
-                if cached.score > best.score:
+                cached.source = CACHE
+                if cached.score >= best.score:  # ties: an earlier response of a re-run request is the surer guide
                     best = cached
                     self.stats["drafts_cache"] += bool(best.tokens)
                 else:
@@ -160,7 +176,8 @@ class SuffixProposer(Proposer):
         return best
 
     def _tree(self, root: int, draft: Draft) -> DraftTree:
-        return DraftTree([root, *draft.tokens], [-1, *draft.parents], vocab_size=self.vocab_size)
+        return DraftTree([root, *draft.tokens], [-1, *draft.parents], vocab_size=self.vocab_size,
+                         scores=NodeScores(tuple(draft.conditional), draft.source, draft.match_length))
 
     def _own_store(self, seq) -> TokenStore:
         """The request's tokens, indexed: created at its first draft, extended as it generates."""
