@@ -19,18 +19,24 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     Prompt lookup matches 1..3-token n-grams, as transformers' prompt lookup
     does with ``max_matching_ngram_size=3``; every method drafts up to
     ``num_speculative_tokens`` tokens per step, except suffix, whose drafts size
-    themselves under a ceiling of at least SUFFIX_CEILING (vLLM's default).
+    themselves under a ceiling of their tree depth (``suffix_decoding_max_tree_depth``, vLLM's default
+    SUFFIX_CEILING unless --speculative-config-extra sets it).
     hybrid is the bandit policy over ngram, suffix and every drafter found (``drafters``: the methods
     whose weights were found).
     """
     if method == PLAIN:
         return None
+    # suffix's ceiling follows its tree depth, as vLLM's default num_speculative_tokens for suffix does
+    from hyspec.spec.config import MAX_SPECULATIVE_TOKENS
+
+    depth = settings.speculative_config_extra.get("suffix_decoding_max_tree_depth", SUFFIX_CEILING)
+    suffix_ceiling = min(max(settings.num_speculative_tokens, int(depth)), MAX_SPECULATIVE_TOKENS)
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
     if method == "ngram":
         config.update(prompt_lookup_min=NGRAM_MIN, prompt_lookup_max=NGRAM_MAX)
     elif method == "suffix":
         # a ceiling, not a length: suffix sizes each draft from its match (vLLM's default ceiling, the tree depth)
-        config["num_speculative_tokens"] = max(settings.num_speculative_tokens, SUFFIX_CEILING)
+        config["num_speculative_tokens"] = suffix_ceiling
     elif method in DRAFTER_METHODS:
         config["model"] = str(drafters[method])
     elif method == "hybrid":
@@ -42,7 +48,7 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
                                          {"method": "suffix"}]  # suffix at the top-level ceiling, as alone
         choices += [{"method": m, "model": str(drafters[m]), "num_speculative_tokens": k}
                     for m in DRAFTER_METHODS if m in drafters]
-        config["num_speculative_tokens"] = max(k, SUFFIX_CEILING)
+        config["num_speculative_tokens"] = suffix_ceiling
         config["hybrid"] = {"policy": "bandit", "methods": choices}
     return deep_merge(config, settings.speculative_config_extra)
 

@@ -334,9 +334,9 @@ class LLMEngine:
     def _adopt_cached_prefix(self, seq: Sequence) -> None:
         """Admission of a sequence with no KV: adopt the cached pages its tokens start with (at least its last
         token is left to prefill, for its logits).  Not for requests that want prompt logprobs (the skipped
-        rows would have none) nor while a drafter learns from the target's hidden states (it would never see
-        the skipped tokens')."""
-        if seq.wants_prompt_logprobs or getattr(self.spec, "needs_hidden", False):
+        rows would have none).  A drafter that learns from the target's hidden states gets them from the first
+        uncached token on: it drafts from a shorter context, as after its cache was reclaimed."""
+        if seq.wants_prompt_logprobs:
             return
         pages = self.prefix_cache.match(seq.token_ids, len(seq.token_ids) - 1)
         if pages:

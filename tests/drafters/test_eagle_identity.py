@@ -202,3 +202,20 @@ def test_head_for_another_target_is_rejected_at_start_up(target_dir, tmp_path):
     recipe.save(recipe.build(other, {}), target_dir, tmp_path / "other")
     with pytest.raises(CheckpointError, match="hidden size 32; this target has 64"):
         spec_llm(target_dir, {"method": "eagle", "model": str(tmp_path / "other")})
+
+
+def test_prefix_cache_hits_leave_the_head_a_shorter_context_and_the_tokens_unchanged(target_dir, plain, heads):
+    """A cached prefix is never prefilled, so the head gets features from the first uncached token on (a
+    shorter context, as after a reclaim); the tokens stay plain decoding's."""
+    ref = plain[0]
+    llm = spec_llm(target_dir, {"method": "eagle3", "model": str(heads["eagle3"]["trained"])}, block_size=4,
+                   enable_prefix_caching=True)
+    prompts = [p * 3 for p in PROMPTS[:4]]  # long enough for full pages
+    expected = token_ids(LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20)
+                         .generate(prompts, GREEDY))
+    for _ in range(2):  # the second pass adopts every prompt's full pages
+        assert token_ids(llm.generate(prompts, GREEDY)) == expected
+    assert llm.engine.prefix_cache.stats.hits > 0
+    assert llm.engine.spec.metrics.snapshot()["totals"]["accepted_tokens"] > 0
+    assert ref  # the module's reference ran (the heads were trained on it)
+    assert not llm.engine.spec.proposers["eagle3"]._states
