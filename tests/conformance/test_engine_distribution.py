@@ -98,3 +98,35 @@ def test_method_emits_the_target_law_through_generate(workspace, law_and_prompt,
 def test_method_emits_the_target_law_at_full_power(workspace, law_and_prompt, method):
     result = run_and_compare(workspace, law_and_prompt, method, FULL_SAMPLES)
     assert result.power <= 0.02, f"the slow tier must detect a 2-point shift; it detects {result.power:.1%}"
+
+
+def test_suffix_trees_cut_by_draft_sizing_emit_the_target_law(workspace, monkeypatch):
+    """With the controller on, suffix trees are cut node by node before verification (draft_sizing.py); the
+    cut trees must emit the target's law too.  A cost model where a verified row costs 2 ms against a
+    0.5 s step makes the cut bite at the batch sizes this test runs (~256 requests at once): a node pays
+    only while its calibrated path acceptance is above ~0.5."""
+    from hyspec.spec.cost_model import CostModel, StepSample
+    from hyspec.spec.tree import DraftTree
+
+    prompt = list(prompts(6)[3])
+    law = exact_law(engine(workspace).engine, prompt)
+    llm = engine(workspace, {"method": "suffix", "controller": {"profile_at_startup": False}})
+    llm.engine.spec.controller.cost_model = CostModel(
+        [StepSample(b, n, 0.5 + 0.002 * b * n) for b in (1, 8, 64, 256) for n in (1, 2, 5, 9, 17)])
+    cuts = {"n": 0}
+    keep = DraftTree.keep
+
+    def counted(self, nodes):
+        cuts["n"] += 1
+        return keep(self, nodes)
+
+    monkeypatch.setattr(DraftTree, "keep", counted)
+    try:
+        samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=8)
+        drafted = llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"]
+    finally:
+        llm.engine.spec.close()
+    result = compare(samples, law)
+    print(f"sized suffix trees: {result.describe()}; {drafted} draft tokens, {cuts['n']} trees cut")  # -s
+    assert result.passed, f"sized suffix trees: {result.describe()}"
+    assert drafted >= DEFAULT_SAMPLES // 4 and cuts["n"] >= 40, (drafted, cuts)  # 1454 and 80 when written
