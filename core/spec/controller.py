@@ -242,14 +242,9 @@ class GoodputController:
             raise HyspecError(f"choose_scored_budget: batch_size must be >= 1, got {batch_size}")
         if not self.enabled:
             return self.tree_budget
-        st = self._state(method)
-        overhead, per_token = st.draft.coefficients()
-        host, predict = self.host_seconds(batch_size, True), self.cost_model.predict
-        plain = self.threshold / (predict(batch_size, 1) + self.host_seconds(batch_size, False))
-        for b in self.budget_buckets:
-            n = min(b, self.tree_depth)
-            if (n + 1) / (overhead + per_token * batch_size * b + predict(batch_size, n + 1) + host) > plain:
-                return self.tree_budget
+        seconds, plain = self._costs(self._state(method), batch_size, self.budget_buckets)
+        if any((min(b, self.tree_depth) + 1) / seconds[b] > plain for b in self.budget_buckets):
+            return self.tree_budget
         return 0
 
     def size_scored(self, method: str, batch_size: int, trees: dict[str, DraftTree]) -> dict[str, DraftTree]:
@@ -289,11 +284,7 @@ class GoodputController:
     # -- internals ---------------------------------------------------------------------
     def _decide(self, st: _MethodState, batch: int, candidates: Sequence[int],
                 expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
-        predict = self.cost_model.predict
-        overhead, per_token = st.draft.coefficients()
-        host = self.host_seconds(batch, True)
-        seconds = {n: overhead + per_token * batch * n + predict(batch, n + 1) + host for n in candidates}
-        plain = self.threshold / (predict(batch, 1) + self.host_seconds(batch, False))
+        seconds, plain = self._costs(st, batch, candidates)
         best, best_goodput = 0, plain
         for n in candidates:
             g = expected(n) / seconds[n]
@@ -316,6 +307,15 @@ class GoodputController:
                              probe, self.explore_interval)
                 return probe
         return 0
+
+    def _costs(self, st: _MethodState, batch: int, candidates: Sequence[int]) -> tuple[dict[int, float], float]:
+        """Predicted seconds of a step drafting and verifying n nodes per sequence, for each candidate n, and
+        the per-sequence goodput a speculative step must beat (plain decoding's, times 1 + min_gain)."""
+        predict = self.cost_model.predict
+        overhead, per_token = st.draft.coefficients()
+        host = self.host_seconds(batch, True)
+        seconds = {n: overhead + per_token * batch * n + predict(batch, n + 1) + host for n in candidates}
+        return seconds, self.threshold / (predict(batch, 1) + self.host_seconds(batch, False))
 
     def _step_seconds(self, st: _MethodState, batch: int, n: int) -> float:
         return st.draft.predict(batch * n) + self.cost_model.predict(batch, n + 1) + self.host_seconds(batch, True)
