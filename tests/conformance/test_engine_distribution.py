@@ -102,17 +102,22 @@ def test_method_emits_the_target_law_at_full_power(workspace, law_and_prompt, me
 
 def test_suffix_trees_cut_by_draft_sizing_emit_the_target_law(workspace, monkeypatch):
     """With the controller on, suffix trees are cut node by node before verification (draft_sizing.py); the
-    cut trees must emit the target's law too.  A cost model where a verified row costs 2 ms against a
+    cut trees must emit the target's law too.  A cost model where a verified row costs 1 ms against a
     0.5 s step makes the cut bite at the batch sizes this test runs (~256 requests at once): a node pays
-    only while its calibrated path acceptance is above ~0.5."""
+    only while its calibrated path acceptance is above ~0.35."""
     from hyspec.spec.cost_model import CostModel, StepSample
     from hyspec.spec.tree import DraftTree
 
     prompt = list(prompts(6)[3])
     law = exact_law(engine(workspace).engine, prompt)
     llm = engine(workspace, {"method": "suffix", "controller": {"profile_at_startup": False}})
-    llm.engine.spec.controller.cost_model = CostModel(
-        [StepSample(b, n, 0.5 + 0.002 * b * n) for b in (1, 8, 64, 256) for n in (1, 2, 5, 9, 17)])
+    controller = llm.engine.spec.controller
+    controller.cost_model = CostModel(
+        [StepSample(b, n, 0.5 + 0.001 * b * n) for b in (1, 8, 64, 256) for n in (1, 2, 5, 9, 17)])
+    # the costs stay the ones above: measured step, host and draft times would rescale them run by run,
+    # and which trees get cut would then depend on this machine's timing
+    for name in ("observe_step_time", "observe_host_time", "observe_draft_time"):
+        monkeypatch.setattr(controller, name, lambda *args, **kwargs: None)
     cuts = {"n": 0}
     keep = DraftTree.keep
 
@@ -129,4 +134,4 @@ def test_suffix_trees_cut_by_draft_sizing_emit_the_target_law(workspace, monkeyp
     result = compare(samples, law)
     print(f"sized suffix trees: {result.describe()}; {drafted} draft tokens, {cuts['n']} trees cut")  # -s
     assert result.passed, f"sized suffix trees: {result.describe()}"
-    assert drafted >= DEFAULT_SAMPLES // 4 and cuts["n"] >= 40, (drafted, cuts)  # 1454 and 80 when written
+    assert drafted >= DEFAULT_SAMPLES // 4 and cuts["n"] >= 40, (drafted, cuts)  # 1642 and 173 (deterministic)
