@@ -63,6 +63,31 @@ def test_step_classes(context, batch, label):
     assert step_class(context, batch) == label
 
 
+@pytest.mark.parametrize("match, bucket", [(0, "match<=0"), (3, "match<=3"), (4, "match<=15"), (16, "match>15")])
+def test_a_measured_match_length_is_part_of_the_class(match, bucket):
+    assert step_class(10, 1, match) == f"ctx<=256,bs<=1,{bucket}"
+
+
+def test_match_classes_keep_a_copy_apart_from_a_fresh_question():
+    """Suffix commits many tokens a step where it can copy and pays nothing where it cannot: with the match
+    bucket in the class the bandit copies with suffix and decodes the rest plainly, request after request,
+    instead of carrying the last request's means into the next."""
+    bandit = BanditPolicy(["suffix", "none"], explore_fraction=0.1, warmup=1)
+    d = HybridDispatcher(None, ["suffix"], reload_interval_s=None, bandit=bandit)
+    goodput = {(True, "suffix"): 600.0, (True, "none"): 110.0, (False, "suffix"): 95.0, (False, "none"): 110.0}
+    chosen = {True: [], False: []}
+    for request in range(20):
+        copies = request % 2 == 0  # re-runs and fresh questions alternate
+        for _ in range(15):
+            method = d.choose(StepSignals(context_length=100, batch_size=1, match_length=16 if copies else 0))
+            d.observe_step(int(goodput[(copies, method)]), 1.0)
+            chosen[copies].append(method)
+    for copies, best in ((True, "suffix"), (False, "none")):
+        later = chosen[copies][20:]
+        assert later.count(best) >= 0.85 * len(later)
+    assert set(k for k, _ in bandit.snapshot().choices) == {"ctx<=256,bs<=1,match>15", "ctx<=256,bs<=1,match<=0"}
+
+
 @pytest.mark.parametrize("kwargs, key", [({"explore_fraction": 0.0}, "bandit_explore_fraction"),
                                          ({"explore_fraction": 0.9}, "bandit_explore_fraction"),
                                          ({"warmup": 0}, "bandit_warmup"), ({"discount": 1.5}, "bandit_discount")])

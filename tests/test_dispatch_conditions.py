@@ -60,6 +60,14 @@ def test_meaning(condition, signals, expected):
     assert holds(condition, **signals) is expected
 
 
+def test_match_length_reads_as_nan_when_nothing_measured_it():
+    assert holds("match_length >= 8", match_length=12) is True
+    assert holds("match_length >= 8", match_length=3) is False
+    assert holds("match_length >= 8 or match_length < 8") is False  # None: no model-free drafter loaded
+    with pytest.raises(Exception, match="match_length"):
+        StepSignals(match_length=-1)
+
+
 def test_a_method_without_data_reads_as_nan_so_its_comparisons_do_not_fire():
     # Otherwise "accept_rate.eagle < 0.3 -> none" would fire before eagle ever ran, and it never would.
     for condition in ("accept_rate.eagle < 0.3", "accept_rate.eagle >= 0.3", "accept_rate.eagle == 0"):

@@ -1,20 +1,30 @@
 """``hybrid.policy: "bandit"``: which method (plain included) pays, learnt from measured goodput.
 
 The engine verifies one method per step, so the choice is per step; what is learnt is per *class*
-of step -- the batch's mean context length and its size, each in a few buckets -- because which
-drafter pays depends on both (prompt lookup pays on long prompts it can copy from; at large batches
-the verification forward stops being free and plain decoding wins).
+of step -- the batch's mean context length, its size and, when a model-free drafter is loaded, the
+longest copy it finds right now (``StepSignals.match_length``), each in a few buckets -- because
+which drafter pays depends on all three (prompt lookup pays on long prompts it can copy from; at
+large batches the verification forward stops being free and plain decoding wins; and a step that
+can copy 16 tokens from an earlier response is a different bet from one that can copy nothing).
+Without the match bucket the classes mix an agent's re-run, where suffix decoding commits tens of
+tokens a step, with a fresh question, where nothing drafts well: the means then follow whichever
+kind of request came last, and the policy switches to the wrong arm as a copy begins.
 
-Per class and arm the policy keeps a discounted mean of goodput: the tokens a step committed over
-the step's wall time (drafting, the target forward and verification), so a drafter that is
-accepted often but costs too much loses to one that is accepted less and costs nothing.  Choice:
+Per class and arm the policy keeps the arm's goodput: the tokens its steps committed over those
+steps' wall time (drafting, the target forward and verification), both summed with a discount, so
+a drafter that is accepted often but costs too much loses to one that is accepted less and costs
+nothing.  It is a ratio of sums (the arm's tokens per second), not a mean of per-step ratios: a
+drafter's steps commit one token or ten, and a short mean of such ratios swings past a steady
+arm's often enough to send the policy there for long stretches (it comes back only by
+exploration).  Choice:
 
 1. every arm is chosen ``warmup`` times in a class before anything else (least-chosen first);
 2. then the arm with the highest mean, except that one step in ``1 / explore_fraction`` (counted
    per class, deterministic) tries the arm chosen longest ago -- so exploration is
    bounded by ``explore_fraction`` of the steps, and a method that got better (a warmer cache, a
    longer prompt) is found again;
-3. the discount (``discount`` per observation of that arm) lets old measurements fade.
+3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
+   lets old measurements fade.
 
 Only decode steps teach it (a step that also prefills says nothing about the method's speed).
 """
@@ -25,26 +35,34 @@ from dataclasses import dataclass, field
 
 from hyspec.errors import ConfigError
 
-#: mean context length buckets (upper bounds, tokens) and batch size buckets (upper bounds)
+#: mean context length buckets (upper bounds, tokens), batch size buckets and match length buckets
+#: (nothing to copy; a few tokens, which drafts a few at best; a real copy; a long one)
 CONTEXT_BUCKETS = (256, 1024, 4096)
 BATCH_BUCKETS = (1, 4, 16)
+MATCH_BUCKETS = (0, 3, 15)
 
 
-def step_class(context_length: float, batch_size: int) -> str:
-    """A label like ``ctx<=1024,bs<=4`` (the last bucket of each is ``>``)."""
+def step_class(context_length: float, batch_size: int, match_length: int | None = None) -> str:
+    """A label like ``ctx<=1024,bs<=4`` or ``ctx<=256,bs<=1,match>15`` (the last bucket of each is ``>``);
+    the match part only when a match length was measured."""
     def bucket(value: float, bounds: tuple[int, ...], name: str) -> str:
         for b in bounds:
             if value <= b:
                 return f"{name}<={b}"
         return f"{name}>{bounds[-1]}"
 
-    return f"{bucket(context_length, CONTEXT_BUCKETS, 'ctx')},{bucket(batch_size, BATCH_BUCKETS, 'bs')}"
+    label = f"{bucket(context_length, CONTEXT_BUCKETS, 'ctx')},{bucket(batch_size, BATCH_BUCKETS, 'bs')}"
+    if match_length is None:
+        return label
+    return f"{label},{bucket(match_length, MATCH_BUCKETS, 'match')}"
 
 
 @dataclass
 class ArmStats:
     weight: float = 0.0  # discounted count
-    mean: float = 0.0  # discounted mean goodput, tokens/s
+    tokens: float = 0.0  # discounted committed tokens
+    seconds: float = 0.0  # discounted wall time of those steps
+    mean: float = 0.0  # tokens / seconds: the arm's goodput, tokens/s
     pulls: int = 0  # undiscounted: times observed
     chosen: int = 0  # times chosen (a chosen step that also prefilled is not observed)
     last_step: int = -1  # the class step at which it was last chosen
@@ -60,13 +78,13 @@ class ClassState:
 @dataclass(frozen=True)
 class BanditSnapshot:
     choices: dict[tuple[str, str], int]  # (class, arm) -> steps it was chosen
-    goodput: dict[tuple[str, str], float]  # (class, arm) -> discounted mean tokens/s
+    goodput: dict[tuple[str, str], float]  # (class, arm) -> discounted tokens / discounted seconds
     explorations: int
 
 
 class BanditPolicy:
     def __init__(self, arms: list[str] | tuple[str, ...], explore_fraction: float = 0.1, warmup: int = 2,
-                 discount: float = 0.97):
+                 discount: float = 0.99):
         arms = tuple(dict.fromkeys(arms))
         if not arms:
             raise ConfigError("speculative_config.hybrid.policy", "the bandit needs at least one method to choose "
@@ -111,9 +129,10 @@ class BanditPolicy:
         with self._lock:
             state = self._state(klass)
             stats = state.arms[arm]
-            goodput = tokens / seconds
             stats.weight = self.discount * stats.weight + 1.0
-            stats.mean += (goodput - stats.mean) / stats.weight
+            stats.tokens = self.discount * stats.tokens + tokens
+            stats.seconds = self.discount * stats.seconds + seconds
+            stats.mean = stats.tokens / stats.seconds
             stats.pulls += 1
 
     def snapshot(self) -> BanditSnapshot:

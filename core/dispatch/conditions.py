@@ -306,6 +306,8 @@ class _Parser:
         name = tok.text
         if name in ("true", "false"):
             return _constant(name == "true", tok.offset)
+        if name in _OPTIONAL_SIGNALS:  # None (not measured) reads as NaN: every comparison but != is false
+            return _Node("number", _optional_getter(name), tok.offset)
         if name in SIGNAL_NAMES:
             return _Node("number", operator.attrgetter(name), tok.offset)
         if name in PER_METHOD_SIGNALS:
@@ -328,6 +330,20 @@ class _Parser:
             f"unknown name {name!r}" + (f" (did you mean {hint!r}?)" if hint else f"; signals are {known}"),
             tok.offset,
         )
+
+
+#: scalar signals that are None when nothing measured them
+_OPTIONAL_SIGNALS = frozenset({"match_length"})
+
+
+def _optional_getter(name: str) -> Callable[[Any], float]:
+    get = operator.attrgetter(name)
+    nan = math.nan
+
+    def read(s: Any) -> float:
+        value = get(s)
+        return nan if value is None else value
+    return read
 
 
 def _per_method_getter(family: str, method: str) -> Callable[[Any], float]:

@@ -149,7 +149,7 @@ class HybridDispatcher:
                     method = candidate
                     break
             if method == BANDIT:
-                klass = step_class(signals.context_length, signals.batch_size)
+                klass = step_class(signals.context_length, signals.batch_size, signals.match_length)
                 method = self.bandit.choose(klass)
                 self._last = (klass, method)
         self._decisions[method] += 1

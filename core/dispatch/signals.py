@@ -26,7 +26,11 @@ SIGNAL_NAMES = (
     "load",
     "queue_depth",
     "remote_health",
+    "match_length",
 )
+#: ``match_length`` is measured up to this many tokens: enough to tell the bandit's buckets apart,
+#: and it bounds the per-step cost of measuring it
+MATCH_LENGTH_CAP = 16
 #: Per-method signals, written ``accept_rate.eagle`` in a condition.
 PER_METHOD_SIGNALS = ("accept_rate", "goodput")
 
@@ -41,6 +45,12 @@ class StepSignals:
     drafter.  ``max_context_length`` is the longest sequence, for rules that
     care about the worst case (it defaults to ``context_length``, i.e. a batch
     of one).
+
+    ``match_length`` is the longest copy a model-free drafter (suffix, else ngram) finds for any
+    sequence of the batch right now: how many of its last tokens occur earlier in its own tokens or
+    (suffix) in earlier responses, capped at ``MATCH_LENGTH_CAP``.  ``None`` when no such drafter is
+    loaded; a condition then reads it as NaN.  It tells a step that can copy (an agent re-running a
+    step, an edit of pasted code) from one that cannot, before anything is drafted.
 
     ``accept_rate[m]`` is the EWMA acceptance rate of method ``m`` (0..1) and
     ``goodput[m]`` its EWMA committed tokens per second; a method with no data
@@ -60,6 +70,7 @@ class StepSignals:
     queue_depth: int = 0  # requests waiting for admission
     remote_health: float = 1.0  # share of recent remote-drafter pings answered; 1 without one
     max_context_length: float | None = None  # None -> context_length
+    match_length: int | None = None  # None: no model-free drafter loaded to measure it
     accept_rate: dict[str, float] = field(default_factory=dict)
     goodput: dict[str, float] = field(default_factory=dict)
 
@@ -73,6 +84,8 @@ class StepSignals:
                 f"StepSignals.max_context_length ({self.max_context_length}) must be >= "
                 f"context_length ({self.context_length}), which is the batch mean"
             )
+        if self.match_length is not None and not 0 <= self.match_length:
+            raise HyspecError(f"StepSignals.match_length must be >= 0 or None, got {self.match_length}")
         if self.batch_size < 0 or self.queue_depth < 0:
             raise HyspecError(
                 f"StepSignals.batch_size and queue_depth must be >= 0, got {self.batch_size}, {self.queue_depth}"

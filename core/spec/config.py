@@ -225,7 +225,7 @@ class HybridConfig:
     bandit_explore_fraction: float = key(0.1, "bandit: the most steps of a class it spends trying other arms, "
                                               "in (0, 0.5].")
     bandit_warmup: int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).")
-    bandit_discount: float = key(0.97, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
+    bandit_discount: float = key(0.99, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
 
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)

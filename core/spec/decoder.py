@@ -151,7 +151,7 @@ class SpecDecoder(Speculation):
         if self.dispatcher is not None:
             if not decoding:  # only prefills or control-arm requests: nothing to decide
                 return self._remember(StepPlan(NONE, 0, 0, batch))
-            method = self.dispatcher.choose(self._signals(scheduler))
+            method = self.dispatcher.choose(self._signals(scheduler, decoding))
             if method == NONE:
                 return self._remember(StepPlan(NONE, 0, 0, batch, "dispatcher"))
         else:
@@ -180,8 +180,8 @@ class SpecDecoder(Speculation):
             self.metrics.record_rejection(plan.reason, method or self.config.method, count=count)
         return plan
 
-    def _signals(self, scheduler):
-        from hyspec.dispatch.signals import StepSignals
+    def _signals(self, scheduler, decoding: list[Sequence]):
+        from hyspec.dispatch.signals import MATCH_LENGTH_CAP, StepSignals
 
         running = scheduler.running
         lengths = [len(s.token_ids) for s in running] or [0]
@@ -199,7 +199,22 @@ class SpecDecoder(Speculation):
             remote_health=self.remote_health(),
             max_context_length=float(max(lengths)),
             accept_rate=accept,
+            match_length=self._match_length(decoding, MATCH_LENGTH_CAP),
         )
+
+    def _match_length(self, decoding: list[Sequence], cap: int) -> int | None:
+        """The longest copy the model-free drafter finds for any decoding sequence (suffix, which also
+        searches earlier responses, else ngram); None without one."""
+        for method in MATCHING_METHODS:
+            proposer = self.proposers.get(method)
+            if proposer is not None:
+                best = 0
+                for seq in decoding:
+                    best = max(best, proposer.match_length(seq, cap) or 0)
+                    if best >= cap:
+                        break
+                return best
+        return None
 
     def remote_health(self) -> float:
         return min((p.health() for p in self.proposers.values()), default=1.0)
@@ -396,6 +411,10 @@ class SpecDecoder(Speculation):
             p.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
+
+
+#: drafters whose match length is the hybrid's ``match_length`` signal, in order of preference
+MATCHING_METHODS = ("suffix", "ngram")
 
 
 def _optimize_modules(target: TargetContext, proposer: Proposer) -> None:

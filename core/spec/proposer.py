@@ -82,6 +82,12 @@ class Proposer(ABC):
         """Most draft nodes this proposer can produce per sequence and step."""
         return 64
 
+    def match_length(self, seq: Sequence, cap: int) -> int | None:
+        """How many of ``seq``'s last tokens (at most ``cap``) this drafter finds earlier, followed by
+        something it could draft: the hybrid's ``match_length`` signal.  None: this drafter does not
+        copy (the model-based ones), so it has no such figure."""
+        return None
+
     def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
         """The target kept KV for more of ``seq``'s tokens (called after every step)."""
 

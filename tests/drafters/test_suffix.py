@@ -121,6 +121,21 @@ def test_no_global_cache_when_max_cached_requests_is_zero():
     assert len(prop.cache) == 0 and prop.memory_bytes() == 0
 
 
+def test_match_length_looks_in_the_requests_own_tokens_and_in_earlier_responses():
+    """The hybrid's match_length signal: the own tokens (never the context's own end), then the cache, capped."""
+    prop = SuffixProposer(SuffixSettings(max_tree_depth=8), max_tokens=8, vocab_size=100)
+    assert prop.match_length(_Seq("a", [1, 2, 3, 4], []), cap=16) == 0  # "4" occurs only at the end
+    assert prop.match_length(_Seq("b", [1, 2, 3, 9, 1, 2, 3], []), cap=16) == 3
+    assert prop.match_length(_Seq("c", [1, 2, 3, 9, 1, 2, 3], []), cap=2) == 2  # the cap
+    prop.on_finish(_Seq("old", [0], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]))
+    # the cache holds a longer copy than the own tokens; the tree depth (8) caps it at 7
+    assert prop.match_length(_Seq("d", [5, 21, 22, 23, 24, 25, 26, 27, 28], []), cap=16) == 7
+    assert prop.match_length(_Seq("e", [5, 21, 22, 23], []), cap=16) == 3
+    off = SuffixProposer(SuffixSettings(max_cached_requests=0), max_tokens=8, vocab_size=100)
+    off.on_finish(_Seq("old", [0], [20, 21, 22, 23]))
+    assert off.match_length(_Seq("f", [5, 21, 22, 23], []), cap=16) == 0
+
+
 # -- config --------------------------------------------------------------------------------------------
 
 

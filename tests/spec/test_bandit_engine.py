@@ -24,4 +24,7 @@ def test_a_bandit_hybrid_is_identical_to_plain_and_learns_goodput(tmp_path):
     assert arms == {"ngram", "suffix", "none"}  # every arm tried in the warm-up
     assert all(v > 0 for v in snap.bandit.goodput.values())
     assert sum(snap.decisions.values()) == sum(snap.bandit.choices.values())  # no rule: the bandit chose every step
+    # suffix measures the match length for the classes: the repeating prompt copies, the others barely
+    classes = {klass for (klass, _) in snap.bandit.choices}
+    assert all(",match" in k for k in classes) and any("match>15" in k or "match<=15" in k for k in classes)
     llm.engine.pool.assert_all_free()

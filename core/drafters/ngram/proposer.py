@@ -15,6 +15,16 @@ from hyspec.spec.proposer import DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
 
+def match_length(tokens: np.ndarray, n_min: int, n_max: int) -> int:
+    """The longest n in [n_min, n_max] whose last-n-token pattern occurs earlier with a token after it; 0: none."""
+    length = len(tokens)
+    for n in range(min(n_max, length - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
+        if (windows == tokens[length - n:]).all(axis=1).any():
+            return n
+    return 0
+
+
 def find_continuation(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier match of the last n tokens (longest n first)."""
     length = len(tokens)
@@ -48,6 +58,9 @@ class NgramProposer(Proposer):
             follow = find_continuation(tokens, self.n_min, self.n_max, min(req.budget, self.max_tokens))
             out.append(DraftTree.chain(req.seq.last_token, follow, vocab_size=self.vocab_size) if follow else None)
         return out
+
+    def match_length(self, seq, cap: int) -> int:
+        return match_length(self._tokens(seq), self.n_min, min(self.n_max, cap))
 
     def _tokens(self, seq) -> np.ndarray:
         """The history as an int array, grown in place rather than rebuilt every step."""

@@ -148,6 +148,16 @@ class SuffixProposer(Proposer):
             out.append(self._tree(req.seq.last_token, best) if best.tokens else None)
         return out
 
+    def match_length(self, seq, cap: int) -> int:
+        """The longest suffix of ``seq``'s tokens (at most ``cap``, and short of the tree depth) found in
+        its own earlier tokens or in the cache of earlier responses."""
+        context = seq.token_ids
+        cap = min(cap, self.settings.max_tree_depth - 1)
+        n = self._own_store(seq).longest_match(context, cap, exclude_end=(0, len(context) - 1)).length
+        if self.settings.max_cached_requests and n < cap:
+            n = max(n, self.cache.longest_match(context, cap).length)
+        return n
+
     def draft(self, store: TokenStore, context: list[int], budget: int,
               exclude_end: tuple[int, int] | None = None) -> Draft:
         """The best tree ``store`` offers for ``context`` under ``budget`` nodes.
