@@ -87,9 +87,12 @@ def workload_requests(name: str, render: Callable[[list[dict]], str], num_reques
         raise HyspecError(f"--workload: unknown workload {name!r}; one of {', '.join(WORKLOADS)}")
     if num_requests < 1:
         raise HyspecError(f"--workload {name}: needs at least one request, got {num_requests}")
-    code = [(t, False) for t in _cycle(humaneval_prompts(), num_requests)] if name in (HUMANEVAL, MIXED) else []
-    chat = [(t, True) for t in _cycle(chat_prompts(render), num_requests)] if name in (CHAT, MIXED) else []
-    agentic = [(t, True) for t in agentic_stream(render, num_requests)] if name in (AGENTIC, MIXED) else []
+    # mixed takes a third from each: its agentic third is a stream of its own, so the re-runs fall inside it
+    # (an agentic stream built for all num_requests would have its re-runs in the two thirds never taken)
+    share = -(-num_requests // 3) if name == MIXED else num_requests
+    code = [(t, False) for t in _cycle(humaneval_prompts(), share)] if name in (HUMANEVAL, MIXED) else []
+    chat = [(t, True) for t in _cycle(chat_prompts(render), share)] if name in (CHAT, MIXED) else []
+    agentic = [(t, True) for t in agentic_stream(render, share)] if name in (AGENTIC, MIXED) else []
     if name != MIXED:
         return code or chat or agentic
     parts = [code, chat, agentic]

@@ -34,6 +34,14 @@ def test_mixed_interleaves_code_chat_and_agentic():
     assert texts[0].lstrip().startswith(("from", "def", "import"))  # a HumanEval prompt
 
 
+def test_mixed_holds_agentic_re_runs():
+    """Its agentic third re-runs its own requests, after them, as the agentic workload does."""
+    texts = [t for t, _ in workload_requests("mixed", render, 18)]
+    agentic = texts[2::3]
+    assert len(agentic) == 6 and agentic[:3] == agentic[3:] and len(set(agentic)) == 3
+    assert len(set(texts[0::3])) == 6 and len(set(texts[1::3])) == 6  # code and chat do not repeat
+
+
 def test_unknown_workloads_and_conflicting_options_are_named(tmp_path):
     with pytest.raises(HyspecError, match="unknown workload 'agents'"):
         workload_requests("agents", render, 4)
