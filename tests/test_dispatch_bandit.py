@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hyspec.dispatch.bandit import BanditPolicy, step_class
+from hyspec.dispatch.bandit import BanditPolicy, parent_class, step_class
 from hyspec.dispatch.dispatcher import HybridDispatcher
 from hyspec.dispatch.rules import BANDIT, RuleFileError, parse_rules
 from hyspec.dispatch.signals import StepSignals
@@ -86,6 +86,24 @@ def test_match_classes_keep_a_copy_apart_from_a_fresh_question():
         later = chosen[copies][20:]
         assert later.count(best) >= 0.85 * len(later)
     assert set(k for k, _ in bandit.snapshot().choices) == {"ctx<=256,bs<=1,match>15", "ctx<=256,bs<=1,match<=0"}
+
+
+def test_a_rare_class_borrows_from_its_parent_class():
+    """ctx<=1024,bs<=1,match<=3 starts from what ctx<=256,bs<=1,match<=3 learnt (their parent: bs<=1,match<=3):
+    no warm-up of arms the parent knows, and two unlucky steps of its own do not outweigh the parent."""
+    assert parent_class("ctx<=1024,bs<=1,match<=3") == "bs<=1,match<=3"
+    assert parent_class("ctx<=256,bs<=4") == "bs<=4" and parent_class("small") is None
+    policy = BanditPolicy(["suffix", "none"], warmup=2)
+    run(policy, "ctx<=256,bs<=1,match<=3", 60, {"suffix": 170.0, "none": 140.0})
+    rare = "ctx<=1024,bs<=1,match<=3"
+    assert policy.choose(rare) == "suffix"  # no warm-up: the parent has tried both arms
+    policy.observe(rare, "suffix", tokens=80, seconds=1.0)  # an unlucky first step in the rare class
+    assert policy.choose(rare) == "suffix"
+    policy.observe(rare, "suffix", tokens=80, seconds=1.0)
+    for _ in range(40):  # but a class that really differs goes its own way
+        arm = policy.choose(rare)
+        policy.observe(rare, arm, tokens=80 if arm == "suffix" else 140, seconds=1.0)
+    assert [policy.choose(rare) for _ in range(5)].count("none") >= 4
 
 
 @pytest.mark.parametrize("kwargs, key", [({"explore_fraction": 0.0}, "bandit_explore_fraction"),

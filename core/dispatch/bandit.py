@@ -26,6 +26,14 @@ exploration).  Choice:
 3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
    lets old measurements fade.
 
+Classes are many (context x batch x match buckets) and some are rare, so each borrows from its
+*parent*, the same class without the context bucket (``ctx<=1024,bs<=1,match<=3`` -> ``bs<=1,
+match<=3``), which sees every step of its children: an arm's estimate is its class's tokens and
+seconds plus ``PRIOR_STEPS`` steps' worth at the parent's goodput, and an arm the parent has tried
+``warmup`` times needs no warm-up in a new child.  A rare class then starts from what the common
+ones learnt instead of from two warm-up steps that may have been unlucky, and a well-visited
+class is ruled by its own measurements.
+
 Only decode steps teach it (a step that also prefills says nothing about the method's speed).
 """
 from __future__ import annotations
@@ -34,6 +42,9 @@ import threading
 from dataclasses import dataclass, field
 
 from hyspec.errors import ConfigError
+
+#: steps' worth of the parent class's goodput in each arm's estimate (see the module docstring)
+PRIOR_STEPS = 4.0
 
 #: mean context length buckets (upper bounds, tokens), batch size buckets and match length buckets
 #: (nothing to copy; a few tokens, which drafts a few at best; a real copy; a long one)
@@ -55,6 +66,12 @@ def step_class(context_length: float, batch_size: int, match_length: int | None 
     if match_length is None:
         return label
     return f"{label},{bucket(match_length, MATCH_BUCKETS, 'match')}"
+
+
+def parent_class(klass: str) -> str | None:
+    """The class without its context bucket (None for a class of one part): what a rare class borrows from."""
+    head, sep, rest = klass.partition(",")
+    return rest if sep and head.startswith("ctx") else None
 
 
 @dataclass
@@ -101,22 +118,25 @@ class BanditPolicy:
         self.warmup = warmup
         self.discount = discount
         self._classes: dict[str, ClassState] = {}
+        self._parents: dict[str, ClassState] = {}  # the classes without their context bucket (parent_class)
         self._choices: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # choose/observe on the engine thread, snapshot at scrape time
 
     def choose(self, klass: str) -> str:
         with self._lock:
             state = self._state(klass)
+            parent = self._parent(klass)
             state.steps += 1
-            cold = [a for a in self.arms if state.arms[a].chosen < self.warmup]
+            cold = [a for a in self.arms if state.arms[a].chosen < self.warmup
+                    and (parent is None or parent.arms[a].pulls < self.warmup)]
             if cold:
                 arm = min(cold, key=lambda a: state.arms[a].chosen)
             elif state.steps % self.explore_every == 0 and len(self.arms) > 1:
-                best = self._best(state)
+                best = self._best(state, parent)
                 arm = min((a for a in self.arms if a != best), key=lambda a: state.arms[a].last_step)
                 state.explorations += 1
             else:
-                arm = self._best(state)
+                arm = self._best(state, parent)
             state.arms[arm].chosen += 1
             state.arms[arm].last_step = state.steps
             self._choices[(klass, arm)] = self._choices.get((klass, arm), 0) + 1
@@ -127,13 +147,15 @@ class BanditPolicy:
         if arm not in self.arms or seconds <= 0 or tokens < 0:
             return
         with self._lock:
-            state = self._state(klass)
-            stats = state.arms[arm]
-            stats.weight = self.discount * stats.weight + 1.0
-            stats.tokens = self.discount * stats.tokens + tokens
-            stats.seconds = self.discount * stats.seconds + seconds
-            stats.mean = stats.tokens / stats.seconds
-            stats.pulls += 1
+            for state in (self._state(klass), self._parent(klass)):
+                if state is None:
+                    continue
+                stats = state.arms[arm]
+                stats.weight = self.discount * stats.weight + 1.0
+                stats.tokens = self.discount * stats.tokens + tokens
+                stats.seconds = self.discount * stats.seconds + seconds
+                stats.mean = stats.tokens / stats.seconds
+                stats.pulls += 1
 
     def snapshot(self) -> BanditSnapshot:
         with self._lock:
@@ -147,8 +169,25 @@ class BanditPolicy:
             state = self._classes[klass] = ClassState({a: ArmStats() for a in self.arms})
         return state
 
-    def _best(self, state: ClassState) -> str:
-        return max(self.arms, key=lambda a: (state.arms[a].mean, -self.arms.index(a)))
+    def _parent(self, klass: str) -> ClassState | None:
+        name = parent_class(klass)
+        if name is None:
+            return None
+        state = self._parents.get(name)
+        if state is None:
+            state = self._parents[name] = ClassState({a: ArmStats() for a in self.arms})
+        return state
+
+    def _best(self, state: ClassState, parent: ClassState | None) -> str:
+        def estimate(arm: str) -> float:
+            own = state.arms[arm]
+            prior = parent.arms[arm] if parent is not None else None
+            if prior is None or not prior.pulls:
+                return own.mean
+            step = prior.seconds / prior.weight  # the parent's mean step time for this arm
+            return (own.tokens + PRIOR_STEPS * prior.mean * step) / (own.seconds + PRIOR_STEPS * step)
+
+        return max(self.arms, key=lambda a: (estimate(a), -self.arms.index(a)))
 
 
-__all__ = ["BanditPolicy", "BanditSnapshot", "step_class"]
+__all__ = ["BanditPolicy", "BanditSnapshot", "parent_class", "step_class"]
