@@ -46,20 +46,38 @@ log = logging.getLogger(__name__)
 
 
 class _HeadState:
-    """One sequence's head KV and buffered features."""
+    """One sequence's head KV and buffered features.
 
-    __slots__ = ("kv", "base", "fed", "feats", "feat_start")
+    The features live in a buffer that grows by doubling: appending a step's rows to a
+    ``torch.cat`` of everything buffered copied the whole buffer every step, quadratic in the
+    sequence's length, and while the controller keeps the head from drafting every token of the
+    request stays buffered (3H floats a token for EAGLE-3) -- at batch 32 that copy was a few
+    per cent of the step.  A tensor handed in (``restart``) is not written to: it may be the
+    target's hidden states, which other drafters read too."""
+
+    __slots__ = ("kv", "base", "fed", "_buf", "_len", "_owned", "feat_start")
 
     def __init__(self, kv: SequenceKV, start: int):
         self.kv = kv
         self.base = start  # pair index of KV entry 0
         self.fed = 0  # KV entries 0..fed-1 hold committed pairs (real features)
-        self.feats: torch.Tensor | None = None  # [m, F] raw features of pairs feat_start .. feat_start+m-1
+        self._buf: torch.Tensor | None = None  # rows 0.._len-1: raw features of pairs feat_start ..
+        self._len = 0
+        self._owned = False  # _buf was allocated here (may be written in place)
         self.feat_start = start
 
     @property
+    def feats(self) -> torch.Tensor | None:
+        """[m, F] raw features of pairs feat_start .. feat_start+m-1 (a view of the buffer)."""
+        return None if self._buf is None else self._buf[:self._len]
+
+    @feats.setter
+    def feats(self, value: torch.Tensor | None) -> None:
+        self._buf, self._len, self._owned = value, 0 if value is None else value.shape[0], False
+
+    @property
     def feat_end(self) -> int:
-        return self.feat_start + (0 if self.feats is None else self.feats.shape[0])
+        return self.feat_start + self._len
 
     def restart(self, start: int, feats: torch.Tensor | None) -> None:
         self.kv.release()
@@ -73,13 +91,20 @@ class _HeadState:
         The buffer holds at most the sequence's unfed tokens (bounded by max_model_len), one
         feature row each: H values (3H for EAGLE-3) next to the target's 2 * layers * kv_size.
         """
-        if self.feats is None or start > self.feat_end or start < max(self.base, self.feat_start):
+        if self._buf is None or start > self.feat_end or start < max(self.base, self.feat_start):
             self.restart(start, feats)
-        else:
-            keep = start - self.feat_start
-            self.feats = torch.cat([self.feats[:keep], feats]) if keep else feats
-            if start < self.base + self.fed:  # pairs recomputed by the target: their head KV is stale
-                self.fed = start - self.base
+            return
+        keep = start - self.feat_start
+        need = keep + feats.shape[0]
+        buf = self._buf
+        if not self._owned or need > buf.shape[0] or buf.dtype != feats.dtype:
+            grown = feats.new_empty((max(need, 2 * buf.shape[0], 16), feats.shape[1]))
+            grown[:keep] = buf[:keep]
+            self._buf, self._owned = grown, True
+        self._buf[keep:need] = feats
+        self._len = need
+        if start < self.base + self.fed:  # pairs recomputed by the target: their head KV is stale
+            self.fed = start - self.base
 
 
 class EagleProposer(Proposer):
