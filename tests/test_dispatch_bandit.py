@@ -169,6 +169,16 @@ def test_the_bandit_decides_unmatched_steps_pinned_rules_win_and_it_learns(tmp_p
     assert set(snap.goodput) == {("ctx<=256,bs<=1", m) for m in ("ngram", "suffix", "none")}
 
 
+def test_match_length_is_measured_only_for_a_bandit_or_a_rule_that_reads_it(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"when": "batch_size > 8", "method": "none"}, {"method": "ngram"}]))
+    d = HybridDispatcher(path, ["ngram"], reload_interval_s=None)
+    assert not d.needs_match_length
+    path.write_text(json.dumps([{"when": "match_length >= 8", "method": "ngram"}]))
+    assert d.reload() and d.needs_match_length
+    assert HybridDispatcher(None, ["ngram"], reload_interval_s=None, bandit=BanditPolicy(["ngram"])).needs_match_length
+
+
 def test_without_a_rule_file_a_bandit_decides_every_step():
     d = HybridDispatcher(None, ["eagle"], reload_interval_s=None, bandit=BanditPolicy(["eagle", "none"]))
     assert d.rules == ()  # the built-in rules would pin eagle

@@ -225,6 +225,10 @@ class HybridDispatcher:
         if not active and self.bandit is None:
             log.info("no rule in %s names a loaded method (%s): every step decodes plainly",
                      self.rules_path, ", ".join(self._loaded) or "none loaded")
+        # measuring match_length costs a suffix lookup per sequence and step: only when something reads it
+        # (a name inside a condition that compiled can only be that signal)
+        self.needs_match_length = self.bandit is not None or any(
+            rule.when is not None and "match_length" in rule.when for rule in rules)
         self._rules = rules
         self._active = active  # one assignment: choose() sees the old or the new set, never a mix
 

@@ -199,7 +199,7 @@ class SpecDecoder(Speculation):
             remote_health=self.remote_health(),
             max_context_length=float(max(lengths)),
             accept_rate=accept,
-            match_length=self._match_length(decoding, MATCH_LENGTH_CAP),
+            match_length=self._match_length(decoding, MATCH_LENGTH_CAP) if self.dispatcher.needs_match_length else None,
         )
 
     def _match_length(self, decoding: list[Sequence], cap: int) -> int | None:
