@@ -25,3 +25,8 @@ class CUDABackend(AcceleratorBackend):
 
     def device_module(self) -> ModuleType:
         return torch.cuda
+
+    def graph_capturer(self):
+        from hyspec.backends.cuda_graphs import CUDAGraphCapturer
+
+        return CUDAGraphCapturer(self.device)

@@ -17,6 +17,7 @@ import torch
 from hyspec.ops import OpTable
 
 if TYPE_CHECKING:
+    from hyspec.engine.graph_capture import GraphCapturer
     from hyspec.model.quant import GroupQuantized
 
 
@@ -58,6 +59,11 @@ class Backend(ABC):
     def block_size_rule(self) -> tuple[int, int | None] | None:
         """(multiple, largest) block size the kernels take for models that let the pool choose (drafters);
         None: as many tokens as fit a page, in multiples of 16."""
+        return None
+
+    def graph_capturer(self) -> "GraphCapturer | None":
+        """What records a step's forward once and replays it (hyspec.engine.step_graphs); None: steps run
+        eagerly.  The CUDA backend returns its CUDA-graph capturer; CPU and NPU have none."""
         return None
 
     def quantization_kernels(self) -> tuple[str, ...]:

@@ -195,14 +195,18 @@ def _paged_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_partitions"])
 def _merge_partitions_kernel(
-    out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
+    out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr, total_rows_ptr,
     stride_ot, stride_oh, stride_od,
     num_q_heads, num_partitions, head_dim,
     BLOCK_HEADS: tl.constexpr, P_BLOCK: tl.constexpr, D_PAD: tl.constexpr, OUT_DTYPE: tl.constexpr,
     SOFT_BF16: tl.constexpr,
 ):
-    """out[t, h] = sum_p acc_p * 2^(m_p - m) / sum_p l_p * 2^(m_p - m), m = max_p m_p."""
+    """out[t, h] = sum_p acc_p * 2^(m_p - m) / sum_p l_p * 2^(m_p - m), m = max_p m_p.
+
+    Rows from ``*total_rows_ptr`` (``query_start_loc[num_seqs]``) on belong to no sequence: a captured step's
+    padding, whose partitions no program wrote.  They get zeros, not the workspace's leftovers."""
     tok = tl.program_id(0).to(tl.int64)
+    padding = tok >= tl.load(total_rows_ptr).to(tl.int64)
     head = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
     head_ok = head < num_q_heads
     base = (tok * num_q_heads + head) * num_partitions  # [BLOCK_HEADS]
@@ -226,6 +230,7 @@ def _merge_partitions_kernel(
         acc_total += tl.sum(acc * weight[:, :, None], axis=1)
     l_sum = tl.sum(l_total, axis=1)
     out = acc_total / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    out = tl.where(padding, 0.0, out)
     tl.store(out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
              round_to(out, OUT_DTYPE, SOFT_BF16), mask=head_ok[:, None] & (d < head_dim)[None, :])
 
@@ -301,7 +306,9 @@ def triton_paged_attention(
     group_pad = next_power_of_2(group)
     block_q = max(1, cfg.block_m // group_pad)
     d_pad = max(16, next_power_of_2(D))  # tl.dot needs K >= 16
-    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    # padding rows of a captured step (past query_start_loc[num_seqs]) have no program: zeros, not leftovers
+    alloc = torch.zeros if static_bounds is not None else torch.empty
+    out = alloc((T, Hq, D), dtype=q.dtype, device=q.device)
     if T == 0:
         return out
 
@@ -338,7 +345,7 @@ def triton_paged_attention(
     if split:
         merge_heads = min(cfg.merge_heads, next_power_of_2(Hq))
         _merge_partitions_kernel[(T, triton.cdiv(Hq, merge_heads))](
-            out, m_ws, l_ws, acc_ws, *out.stride(), Hq, num_partitions, D,
+            out, m_ws, l_ws, acc_ws, meta.query_start_loc[meta.num_seqs:], *out.stride(), Hq, num_partitions, D,
             BLOCK_HEADS=merge_heads, P_BLOCK=cfg.merge_block, D_PAD=d_pad, OUT_DTYPE=TRITON_DTYPES[q.dtype],
             SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4, enable_fp_fusion=False,
         )

@@ -7,6 +7,9 @@ runs compiled or interpreted is fixed when its module is imported: set
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +30,29 @@ class KernelInputError(HyspecError):
 def interpreted(kernel: object) -> bool:
     """True when ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (runs on CPU tensors)."""
     return isinstance(kernel, InterpretedFunction)
+
+
+@contextlib.contextmanager
+def interpreter_launches() -> Iterator[list[tuple]]:
+    """Inside: every interpreted Triton launch is recorded as (kernel, grid, scalar args, constexprs and launch
+    options) and still runs.  What a recorded CUDA graph replays is exactly this list: two steps under one
+    graph must produce equal lists (hyspec.engine.graph_capture.ReexecutingCapturer compares them).
+
+    Process-wide (it patches the interpreter's launch): one recording at a time, on the calling thread.
+    """
+    launches: list[tuple] = []
+    original = InterpretedFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        scalars = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        launches.append((self.fn.__name__, grid, scalars, tuple(sorted((k, str(v)) for k, v in kwargs.items()))))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = record
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = original
 
 
 def check_device(op: str, kernel: object, *tensors: torch.Tensor) -> None:

@@ -7,7 +7,11 @@
   replayed, compared bitwise with the eager call; then replayed after the sequences grew, which is what a
   serving graph must survive.  Twice: with the step's own launch (grid and partitions from host lengths:
   the grown replay is expected to be stale) and with ``static_bounds`` (fixed launch, device-side exits:
-  expected to match).  The engine does not capture graphs yet (issue "CUDA", scope 4).
+  expected to match);
+* ``engine_graph_check``: ``LLM.generate`` on the tiny target, greedy, plain and ngram, once with the engine's
+  captured steps (hyspec.engine.step_graphs) and once with ``enforce_eager=True``: the same tokens, the
+  graphs' capture / replay counts and both wall times.  With ``device="cpu"`` (a dry run) the engine runs on
+  conformance's interpreter backend, whose capturer replays by re-execution with the launch checks.
 """
 from __future__ import annotations
 
@@ -82,4 +86,48 @@ def _capture_one(device: torch.device | str, bounds: tuple[int, int] | None) -> 
     return out
 
 
-__all__ = ["graph_capture_check", "race_check"]
+def engine_graph_check(device: str, max_tokens: int = 32) -> dict[str, Any]:
+    import contextlib
+    import tempfile
+
+    from hyspec import LLM, SamplingParams
+    from hyspec.conformance.targets import engine_backend, resolve
+    from hyspec.conformance.tiny import make_tiny_target
+
+    motif = [7, 19, 33, 41, 5]
+    prompts = [motif * 4, [3, 9, 27, 81, 11, 12], motif * 2 + [60, 61], list(range(40, 70))]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+             "controller": {"enabled": False, "profile_at_startup": False}}
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_tiny_target(tmp)
+        if device == "cpu":
+            target = next(t for t in resolve("cuda") if getattr(t, "backend", None) is not None)
+            backend_ctx = engine_backend(target)
+        else:
+            backend_ctx = contextlib.nullcontext("cuda")
+        with backend_ctx as backend:
+            for method, spec in (("plain", None), ("ngram", ngram)):
+                runs = {}
+                for eager in (True, False):
+                    llm = LLM(str(model_dir), backend=backend, dtype="float32" if device == "cpu" else "bfloat16",
+                              max_model_len=256, enforce_eager=eager, speculative_config=spec,
+                              **({"kv_cache_bytes": 8 << 20} if device == "cpu" else {"memory_fraction": 0.2}))
+                    try:
+                        llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up/capture
+                        started = time.perf_counter()
+                        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+                        runs[eager] = {"tokens": tokens, "seconds": round(time.perf_counter() - started, 3),
+                                       "graphs": llm.engine.graph_stats}
+                    finally:
+                        llm.close()
+                out[method] = {"identical": runs[True]["tokens"] == runs[False]["tokens"],
+                               "eager_seconds": runs[True]["seconds"], "graph_seconds": runs[False]["seconds"],
+                               "graph_stats": runs[False]["graphs"]}
+    out["passed"] = all(v["identical"] and (v["graph_stats"] or {}).get("replays", 0) > 0
+                        for k, v in out.items() if isinstance(v, dict))
+    return out
+
+
+__all__ = ["engine_graph_check", "graph_capture_check", "race_check"]

@@ -7,7 +7,8 @@ Steps: (1) environment and versions; (2) every op's kernels at small sizes, comp
 (``hyspec conformance --backend cuda --only ops --quick``); (3) the rejection sampler's race-prone cases,
 repeated (hyspec.cuda_ops.first_contact.race_check); (4) ``scripts/gpu_check.py --no-sweep`` (correctness,
 chain == decode bitwise, bandwidth against the reference; writes its own JSON as it goes); (5) graph capture
-of a decode step (hyspec.cuda_ops.first_contact.graph_capture_check).  A hang or a sticky CUDA error in one
+of a decode step (hyspec.cuda_ops.first_contact.graph_capture_check); (6) LLM.generate with the engine's
+captured steps against enforce_eager (engine_graph_check; in a dry run through re-execution).  A hang or a sticky CUDA error in one
 step costs that step only: the report is rewritten after every step.
 """
 from __future__ import annotations
@@ -43,6 +44,13 @@ import json
 from hyspec.cuda_ops.first_contact import graph_capture_check
 print(json.dumps(graph_capture_check("cuda")))
 """
+ENGINE_GRAPHS = """
+import json, sys
+from hyspec.cuda_ops.first_contact import engine_graph_check
+result = engine_graph_check(sys.argv[1], max_tokens=int(sys.argv[2]))
+print(json.dumps(result))
+sys.exit(0 if result["passed"] else 1)
+"""
 
 
 def main() -> int:
@@ -71,6 +79,8 @@ def main() -> int:
     ]
     if not args.dry_run:
         steps.append(("graph capture of a decode step", [py, "-c", GRAPH], 120))
+    steps.append(("engine steps through graphs vs eager", [py, "-c", ENGINE_GRAPHS, "cpu" if args.dry_run else "cuda",
+                                                            "6" if args.dry_run else "64"], 180))
     report = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dry_run": args.dry_run, "host": platform.node(),
               "gpu_check_json": str(gpu_check_out), "steps": []}
     failed = 0

@@ -30,6 +30,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV tokens per page (vLLM's flag; default: the backend's, 16 on CPU/CUDA, 128 on NPU)")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="reuse the KV of earlier prompts' full pages (vLLM's flag; off by default here)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never replay captured steps (vLLM's flag; only the CUDA backend captures graphs)")
 
 
 def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -45,4 +47,6 @@ def model_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         out["block_size"] = args.block_size
     if getattr(args, "enable_prefix_caching", False):
         out["enable_prefix_caching"] = True
+    if getattr(args, "enforce_eager", False):
+        out["enforce_eager"] = True
     return out

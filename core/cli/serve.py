@@ -96,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "takes multiples of 128 for multi-token steps)")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="reuse the KV of earlier prompts' full pages, as vLLM does (off by default here)")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never replay captured steps (vLLM's flag; only the CUDA backend captures graphs)")
     parser.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
                         help="share of device memory hyspec may use, applied through the backend (default 0.8)")
     parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
@@ -121,6 +123,7 @@ def engine_args(args: argparse.Namespace) -> dict:
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "kv_cache_bytes": args.kv_cache_bytes, "memory_fraction": args.memory_fraction,
             "block_size": args.block_size, "enable_prefix_caching": args.enable_prefix_caching,
+            "enforce_eager": args.enforce_eager,
             "speculative_config": args.speculative_config,
             "max_logprobs": args.max_logprobs, "logprobs_mode": args.logprobs_mode,
             **({"tokenizer": args.tokenizer} if args.tokenizer else {}),

@@ -122,7 +122,14 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
                                    "`TRITON_INTERPRET=1 hyspec conformance --backend cuda`")
     backend.ops = table
     backend.name = "cuda-interpreter"
-    note = f"{cuda_reason}: the Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (correctness only)"
+    # decode and verification steps go through the engine's captured-step path as on a GPU; a "replay" reruns
+    # the forward with host reads forbidden and must launch what the capture launched (graph_capture's doc)
+    from hyspec.cuda_ops.common import interpreter_launches
+    from hyspec.engine.graph_capture import ReexecutingCapturer
+
+    backend.graph_capturer = lambda: ReexecutingCapturer(interpreter_launches)
+    note = (f"{cuda_reason}: the Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (correctness only); "
+            "steps that fit a CUDA graph are replayed by re-execution with the launch and host-read checks")
     return Target("cuda", INTERPRETER, torch.device("cpu"), backend, {}, note)
 
 

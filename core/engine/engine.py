@@ -78,6 +78,8 @@ class LLMEngine:
         fragmentation_threshold: float = 1.2,
         fragmentation_window_s: float = 300.0,
         enable_prefix_caching: bool = False,
+        enforce_eager: bool = False,
+        cuda_graph_sizes: list[int] | None = None,
     ):
         from hyspec.backends.registry import get_backend
 
@@ -138,7 +140,8 @@ class LLMEngine:
             raise ConfigError("kv_cache_bytes" if self.device.type == "cpu" else "memory_fraction",
                               f"the KV pool holds {capacity} tokens, less than one max_model_len sequence "
                               f"({max_model_len}); give the cache more memory or lower max_model_len")
-        self.runner = ModelRunner(self.model, self.layout, self.device)
+        self.runner = ModelRunner(self.model, self.layout, self.device,
+                                  graphs=self._step_graphs(enforce_eager, cuda_graph_sizes, max_num_seqs))
         from hyspec.kv.fragmentation import FragmentationMonitor
 
         self.fragmentation = FragmentationMonitor(self.pool, fragmentation_threshold, fragmentation_window_s)
@@ -163,6 +166,29 @@ class LLMEngine:
             self.spec = SpecDecoder.create(self.target, speculative_config)
         log.info("engine ready: %s on %s, %d KV pages of %d tokens", path.name, self.backend.name,
                  self.pool.num_pages, block_size)
+
+    def _step_graphs(self, enforce_eager: bool, sizes: list[int] | None, max_num_seqs: int):
+        """Captured decode / verification steps where the backend records graphs (CUDA) and the user did not
+        ask for eager execution (vLLM's ``enforce_eager``; ``cuda_graph_sizes``: its batch sizes to capture)."""
+        if not isinstance(enforce_eager, bool):
+            raise ConfigError("enforce_eager", f"must be true or false, got {enforce_eager!r}")
+        from hyspec.engine.step_graphs import StepGraphs, batch_buckets
+
+        try:
+            buckets = batch_buckets(max_num_seqs, sizes)
+        except ValueError as e:
+            raise ConfigError("cuda_graph_sizes", str(e)) from None
+        capturer = None if enforce_eager else self.backend.graph_capturer()
+        if capturer is None:
+            return None
+        return StepGraphs(self.model, list(self.layout.caches), capturer, block_size=self.layout.block_size,
+                          max_len=self.model.max_positions, batch_sizes=buckets, device=self.device)
+
+    @property
+    def graph_stats(self) -> dict | None:
+        """Captures, replays and eager steps by reason; None when steps are not captured."""
+        graphs = self.runner.graphs
+        return None if graphs is None else graphs.stats.as_dict()
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids = set(self.config.eos_token_ids)

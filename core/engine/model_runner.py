@@ -10,11 +10,15 @@ any drafter with its own KV layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops import AttentionMetadata
+
+if TYPE_CHECKING:
+    from hyspec.engine.step_graphs import StepGraphs
 
 NO_LOGITS, LAST_LOGITS, ALL_LOGITS = "none", "last", "all"
 
@@ -121,20 +125,38 @@ class ForwardResult:
 
 
 class ModelRunner:
-    """Runs a model over feeds on its KV layout."""
+    """Runs a model over feeds on its KV layout.
 
-    def __init__(self, model, layout, device: torch.device):
+    ``graphs``: captured forwards (hyspec.engine.step_graphs) the steps that fit
+    one replay; None (every backend without a graph capturer, or
+    ``enforce_eager``): every step runs eagerly.
+    """
+
+    def __init__(self, model, layout, device: torch.device, graphs: "StepGraphs | None" = None):
         self.model = model
         self.layout = layout
         self.device = device
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, feeds: list[Feed], aux_layers: tuple[int, ...] = ()) -> ForwardResult:
         inputs = build_inputs(feeds, self.device)
-        out = self.model(inputs.input_ids, inputs.positions, list(self.layout.caches), inputs.meta,
-                         aux_layers=aux_layers)
-        logits = (self.model.compute_logits(out.hidden[inputs.logits_index])
-                  if inputs.logits_index.numel() else out.hidden.new_zeros(0, 0).float())
+        captured = self._run_captured(feeds, inputs, aux_layers) if self.graphs is not None else None
+        if captured is not None:
+            hidden, aux_hidden = captured
+        else:
+            out = self.model(inputs.input_ids, inputs.positions, list(self.layout.caches), inputs.meta,
+                             aux_layers=aux_layers)
+            hidden, aux_hidden = out.hidden, out.aux_hidden
+        logits = (self.model.compute_logits(hidden[inputs.logits_index])
+                  if inputs.logits_index.numel() else hidden.new_zeros(0, 0).float())
         for f in feeds:
             f.kv.num_tokens = f.start + len(f.tokens)
-        return ForwardResult(logits=logits, hidden=out.hidden, aux_hidden=out.aux_hidden, inputs=inputs)
+        return ForwardResult(logits=logits, hidden=hidden, aux_hidden=aux_hidden, inputs=inputs)
+
+    def _run_captured(self, feeds: list[Feed], inputs: BatchInputs, aux_layers: tuple[int, ...]
+                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        meta = inputs.meta
+        key = self.graphs.key_for(meta.query_lens, meta.seq_lens_host, [len(f.kv.pages) for f in feeds],
+                                  meta.tree_mask is not None, tuple(aux_layers))
+        return None if key is None else self.graphs.run(key, inputs.input_ids, meta)

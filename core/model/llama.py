@@ -160,7 +160,10 @@ class CausalLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,  # [T, H], replaces the embedding lookup
     ) -> ModelOutput:
         ops, cos_sin = self.ops, self.cos_sin
-        if positions.numel() and int(positions.max()) >= self.max_positions:
+        if meta.static_bounds is not None:  # a captured step: the bound was checked once, no host read here
+            if meta.static_bounds[1] > self.max_positions:
+                raise ValueError(f"static bound {meta.static_bounds[1]} exceeds the RoPE table ({self.max_positions})")
+        elif positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} exceeds the RoPE table ({self.max_positions})")
         h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None

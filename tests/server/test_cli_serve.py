@@ -29,10 +29,11 @@ def test_defaults_bind_loopback_and_map_onto_engine_arguments(monkeypatch):
     assert args.host == "127.0.0.1" and args.port == 8000 and args.api_key is None and args.max_tokens is None
     assert parse("--max-tokens", "256").max_tokens == 256
     assert serve.engine_args(parse("--enable-prefix-caching"))["enable_prefix_caching"] is True
+    assert serve.engine_args(parse("--enforce-eager"))["enforce_eager"] is True
     assert serve.engine_args(args) == {
         "model": "/m", "backend": "auto", "dtype": "auto", "max_model_len": None, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "kv_cache_bytes": 64 << 20, "memory_fraction": 0.8, "block_size": None,
-        "enable_prefix_caching": False, "speculative_config": '{"method": "ngram"}', "max_logprobs": 20, "logprobs_mode": "raw_logprobs"}
+        "enable_prefix_caching": False, "enforce_eager": False, "speculative_config": '{"method": "ngram"}', "max_logprobs": 20, "logprobs_mode": "raw_logprobs"}
 
 
 @pytest.mark.parametrize("text, value", [("1048576", 1 << 20), ("8MiB", 8 << 20), ("2G", 2 << 30), ("1.5k", 1536)])
