@@ -202,6 +202,9 @@ def compile_variant(variant: Variant, arch: int) -> CompileResult:
         result.shared_bytes = int(compiled.metadata.shared)
         result.bar_sync = len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx))
         result.global_stores = len(re.findall(r"\bst\.global\b", ptx))
+        # which tensor-core path the dots took: Hopper's warpgroup MMA, or the Ampere-style per-warp mma.sync
+        result.extra["wgmma"] = len(re.findall(r"\bwgmma\.mma_async\b", ptx))
+        result.extra["mma_sync"] = len(re.findall(r"\bmma\.sync\b", ptx))
         result.__dict__.update(_ptxas_usage(ptx, name, arch))
         result.ok = True
     except Exception as exc:  # a compile error is the finding: reported per variant

@@ -26,7 +26,15 @@ How the work is cut:
 * Split-KV ("flash decoding"): when the longest query is short (decode and
   verification), each program covers one ``partition_size`` slice of the keys
   and a second kernel merges the partial softmaxes; otherwise (prefill) one
-  program walks the whole range.
+  program walks the whole range.  Whether a step splits depends on its
+  lengths only; a batch whose split workspace would pass
+  ``max_workspace_bytes`` runs as several launches of whole sequences.
+  On a GPU the partition size is fixed per device and model
+  (:func:`partition_size_for`: enough programs for every SM at batch 1).
+* Tiles: :func:`default_attention_config` (32-row tiles for decode and
+  verification, 64-row tiles on 8 warps for long bf16/fp16 prefill chunks,
+  which Triton lowers to Hopper's wgmma); docs/cuda_kernels.md has every
+  variant's registers, spills and tensor-core instructions.
 
 Numerics for 1 vs n query tokens (docs/architecture.md §4): tile and partition
 boundaries are absolute key indices, fixed by the config alone, and the
@@ -35,12 +43,14 @@ among n others therefore sees exactly the key tiles it would see when decoded
 alone; extra keys it may not see contribute exact zeros (``exp2(-inf)``) and
 leave the running max unchanged, and a partial softmax merged with empty
 partitions equals the unsplit one.  So decode and chain verification agree
-bit for bit whenever both use split-KV or both do not.
+bit for bit whenever both use split-KV or both do not: both do (up to
+``split_max_query_len`` rows), whatever the batch.
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -57,13 +67,15 @@ _LOG2E = 1.0 / math.log(2.0)  # exp(x) == exp2(x * _LOG2E)
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile sizes of the attention kernel.  None of them depends on the step's query count."""
+    """Tile sizes of the attention kernel.  None of them depends on the step's query count; the default
+    configuration does, once: prefill chunks longer than ``split_max_query_len`` take the prefill tiles
+    (:func:`default_attention_config`)."""
 
     block_m: int = 32  # query rows (token x head of a KV group) per program
     block_n: int = 32  # keys per inner step
     partition_size: int = 512  # keys per program under split-KV; a multiple of block_n
     split_max_query_len: int = 64  # split-KV only for steps whose longest query is at most this
-    max_workspace_bytes: int = 1 << 30  # split-KV scratch cap; above it the step runs unsplit
+    max_workspace_bytes: int = 1 << 30  # split-KV scratch cap per launch; more sequences take more launches
     merge_block: int = 8  # partitions merged per inner step of the merge kernel
     merge_heads: int = 4  # query heads per merge program
     num_warps: int = 4
@@ -90,9 +102,60 @@ class AttentionConfig:
 PER_STEP_ATTENTION = ["num_q_tiles", "num_partitions", "partition_size", "stride_bt", "stride_tree_t"]
 
 
-def default_attention_config(head_dim: int) -> AttentionConfig:
-    """Register-budget driven defaults: narrower key tiles for wide heads."""
-    return AttentionConfig(block_n=16 if head_dim > 128 else 32)
+#: the widest head the prefill configuration is used for (wider heads keep the decode tiles)
+PREFILL_MAX_HEAD_DIM = 128
+
+
+def default_attention_config(head_dim: int, prefill: bool = False, fp32: bool = False) -> AttentionConfig:
+    """Register-budget driven defaults, checked by compiling for sm_90a and sm_80 (docs/cuda_kernels.md).
+
+    * decode, chains and trees (the split path, up to ``split_max_query_len`` query rows): 32-row tiles on
+      4 warps for bf16/fp16 with D <= 64; 8 warps for wider heads and for fp32 (ieee dots, no tensor cores:
+      on 4 warps D = 128 spilled 116-280 bytes a variant in bf16 and up to 1.7 KB in fp32, on 8 none or
+      44 bytes); 16-key tiles past D = 128.  Decode and verification share this configuration, which is
+      what keeps them bitwise equal.
+    * ``prefill`` (longer queries without a tree mask, bf16/fp16, D <= 128): 64-row tiles on 8 warps, the
+      shape Triton lowers to Hopper's warpgroup MMA (``wgmma``) instead of per-warp ``mma.sync``.
+    """
+    if prefill and head_dim <= PREFILL_MAX_HEAD_DIM:
+        return AttentionConfig(block_m=64, block_n=32, num_warps=8)
+    return AttentionConfig(block_n=16 if head_dim > 128 else 32, num_warps=4 if head_dim <= 64 and not fp32 else 8)
+
+
+#: the context length at which a batch-1 decode should give every SM a split-KV program
+FILL_CONTEXT = 2048
+#: the partition sizes the SM-filling choice ranges over (smaller: more merge work and workspace per key)
+MIN_PARTITION, MAX_PARTITION = 128, 512
+
+
+def partition_size_for(num_sms: int, num_kv_heads: int) -> int:
+    """Keys per split-KV program on a GPU with ``num_sms`` SMs, for a model with ``num_kv_heads``.
+
+    A batch-1 decode launches (context / partition) x KV heads programs; the largest power of two in
+    [128, 512] that still gives ``num_sms`` programs at FILL_CONTEXT tokens (128 on an H200, 132 SMs, for
+    8 KV heads: 16 x 8 = 128 programs at 2k tokens instead of 4 x 8 = 32 with 512).  The choice depends on
+    the device and the model only, never on a step: decode and verification split the keys identically,
+    which keeps them bitwise equal.
+    """
+    if num_sms < 1 or num_kv_heads < 1:
+        raise ValueError(f"partition_size_for: num_sms {num_sms} and num_kv_heads {num_kv_heads} must be >= 1")
+    target = FILL_CONTEXT * num_kv_heads // num_sms
+    size = MIN_PARTITION
+    while size * 2 <= min(target, MAX_PARTITION):
+        size *= 2
+    return size
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_partition_size(q: torch.Tensor, num_kv_heads: int) -> int | None:
+    """:func:`partition_size_for` the GPU ``q`` lives on; None off a GPU (the interpreter keeps the config's)."""
+    if q.device.type != "cuda":
+        return None
+    return partition_size_for(_sm_count(q.device.index or 0), num_kv_heads)
 
 
 @triton.jit(do_not_specialize=PER_STEP_ATTENTION)
@@ -182,8 +245,9 @@ def _paged_attention_kernel(
             m_i = m_new
 
         out_mask = row_ok[:, None] & d_ok[None, :]
-        if SPLIT:
-            ws = (tok * num_q_heads + head) * num_partitions + part  # [BLOCK_M]
+        if SPLIT:  # the workspace holds this launch's rows only: index from its first row
+            local = tok - tl.load(qsl_ptr).to(tl.int64)
+            ws = (local * num_q_heads + head) * num_partitions + part  # [BLOCK_M]
             tl.store(m_ws_ptr + ws, m_i, mask=row_ok)
             tl.store(l_ws_ptr + ws, l_i, mask=row_ok)
             tl.store(acc_ws_ptr + ws[:, None] * D_PAD + d[None, :], acc, mask=out_mask)
@@ -193,23 +257,27 @@ def _paged_attention_kernel(
                      round_to(out, OUT_DTYPE, SOFT_BF16), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["num_partitions"])
+@triton.jit(do_not_specialize=["num_partitions", "num_seqs"])
 def _merge_partitions_kernel(
-    out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr, total_rows_ptr,
+    out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr, qsl_ptr,
     stride_ot, stride_oh, stride_od,
-    num_q_heads, num_partitions, head_dim,
+    num_q_heads, num_partitions, head_dim, num_seqs,
     BLOCK_HEADS: tl.constexpr, P_BLOCK: tl.constexpr, D_PAD: tl.constexpr, OUT_DTYPE: tl.constexpr,
     SOFT_BF16: tl.constexpr,
 ):
     """out[t, h] = sum_p acc_p * 2^(m_p - m) / sum_p l_p * 2^(m_p - m), m = max_p m_p.
 
-    Rows from ``*total_rows_ptr`` (``query_start_loc[num_seqs]``) on belong to no sequence: a captured step's
-    padding, whose partitions no program wrote.  They get zeros, not the workspace's leftovers."""
-    tok = tl.program_id(0).to(tl.int64)
-    padding = tok >= tl.load(total_rows_ptr).to(tl.int64)
+    Program ``i`` merges row ``query_start_loc[0] + i`` of the launch's ``num_seqs`` sequences (``qsl_ptr``
+    starts at the launch's first sequence); programs past their last row exit: a captured step's padding
+    rows, or the next launch's rows, are not touched."""
+    local = tl.program_id(0).to(tl.int64)
+    first = tl.load(qsl_ptr).to(tl.int64)
+    tok = first + local
+    if tok >= tl.load(qsl_ptr + num_seqs).to(tl.int64):
+        return
     head = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)  # [BLOCK_HEADS]
     head_ok = head < num_q_heads
-    base = (tok * num_q_heads + head) * num_partitions  # [BLOCK_HEADS]
+    base = (local * num_q_heads + head) * num_partitions  # [BLOCK_HEADS]
     p = tl.arange(0, P_BLOCK)
     d = tl.arange(0, D_PAD)
     m_max = tl.full([BLOCK_HEADS, P_BLOCK], float("-inf"), tl.float32)
@@ -230,7 +298,6 @@ def _merge_partitions_kernel(
         acc_total += tl.sum(acc * weight[:, :, None], axis=1)
     l_sum = tl.sum(l_total, axis=1)
     out = acc_total / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    out = tl.where(padding, 0.0, out)
     tl.store(out_ptr + tok * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,
              round_to(out, OUT_DTYPE, SOFT_BF16), mask=head_ok[:, None] & (d < head_dim)[None, :])
 
@@ -301,7 +368,14 @@ def triton_paged_attention(
         max_query_len, max_seq_len = meta.max_query_len, meta.max_seq_len
     T, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    cfg = config or default_attention_config(D)
+    if config is None:  # long untreed bf16/fp16 queries (prefill chunks) take the tensor-core prefill tiles
+        prefill = (max_query_len > AttentionConfig.split_max_query_len and meta.tree_mask is None
+                   and q.dtype != torch.float32)
+        config = default_attention_config(D, prefill=prefill, fp32=q.dtype == torch.float32)
+        partition = device_partition_size(q, Hkv)
+        if partition is not None and partition % config.block_n == 0:
+            config = replace(config, partition_size=partition)
+    cfg = config
     group = Hq // Hkv
     group_pad = next_power_of_2(group)
     block_q = max(1, cfg.block_m // group_pad)
@@ -313,43 +387,52 @@ def triton_paged_attention(
         return out
 
     num_partitions = -(-max_seq_len // cfg.partition_size)
-    workspace_bytes = T * Hq * num_partitions * (d_pad + 2) * 4
-    split = (num_partitions > 1 and max_query_len <= cfg.split_max_query_len
-             and workspace_bytes <= cfg.max_workspace_bytes)
+    # Split or not depends on the lengths only, never on the batch: decode and verification must split alike
+    # (bitwise equal rows).  The workspace cap bounds one launch; more sequences take more launches.
+    split = num_partitions > 1 and max_query_len <= cfg.split_max_query_len
+    num_seqs = meta.num_seqs
     if split:
         partition_size = cfg.partition_size
-        m_ws = torch.empty((T, Hq, num_partitions), dtype=torch.float32, device=q.device)
+        row_bytes = Hq * num_partitions * (d_pad + 2) * 4
+        per_launch = min(num_seqs, max(1, cfg.max_workspace_bytes // (row_bytes * max_query_len)))
+        ws_rows = min(T, per_launch * max_query_len)
+        m_ws = torch.empty((ws_rows, Hq, num_partitions), dtype=torch.float32, device=q.device)
         l_ws = torch.empty_like(m_ws)
-        acc_ws = torch.empty((T, Hq, num_partitions, d_pad), dtype=torch.float32, device=q.device)
+        acc_ws = torch.empty((ws_rows, Hq, num_partitions, d_pad), dtype=torch.float32, device=q.device)
     else:
+        per_launch = num_seqs
         num_partitions = 1
         partition_size = -(-max_seq_len // cfg.block_n) * cfg.block_n
         m_ws = l_ws = acc_ws = out  # unused (SPLIT=False)
 
     tree = meta.tree_mask.view(torch.uint8) if meta.tree_mask is not None else meta.block_tables
     num_q_tiles = -(-max_query_len // block_q)
-    grid = (meta.num_seqs * num_q_tiles, Hkv, num_partitions)
-    _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, m_ws, l_ws, acc_ws,
-        meta.query_start_loc, meta.seq_lens, meta.block_tables, tree,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
-        float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
-        D_PAD=d_pad,
-        HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "native",
-        SOFT_BF16=interpreted(_paged_attention_kernel),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
-    )
-    if split:
-        merge_heads = min(cfg.merge_heads, next_power_of_2(Hq))
-        _merge_partitions_kernel[(T, triton.cdiv(Hq, merge_heads))](
-            out, m_ws, l_ws, acc_ws, meta.query_start_loc[meta.num_seqs:], *out.stride(), Hq, num_partitions, D,
-            BLOCK_HEADS=merge_heads, P_BLOCK=cfg.merge_block, D_PAD=d_pad, OUT_DTYPE=TRITON_DTYPES[q.dtype],
-            SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4, enable_fp_fusion=False,
+    merge_heads = min(cfg.merge_heads, next_power_of_2(Hq))
+    for first in range(0, num_seqs, per_launch):
+        seqs = min(per_launch, num_seqs - first)
+        qsl = meta.query_start_loc[first:]  # views: the launch sees its sequences only; rows stay absolute
+        _paged_attention_kernel[(seqs * num_q_tiles, Hkv, num_partitions)](
+            q, k_cache, v_cache, out, m_ws, l_ws, acc_ws,
+            qsl, meta.seq_lens[first:], meta.block_tables[first:], tree,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+            meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
+            float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
+            GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
+            D_PAD=d_pad,
+            HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "native",
+            SOFT_BF16=interpreted(_paged_attention_kernel),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
         )
+        if split:
+            _merge_partitions_kernel[(T if seqs == num_seqs else min(T, seqs * max_query_len),
+                                      triton.cdiv(Hq, merge_heads))](
+                out, m_ws, l_ws, acc_ws, qsl, *out.stride(), Hq, num_partitions, D, seqs,
+                BLOCK_HEADS=merge_heads, P_BLOCK=cfg.merge_block, D_PAD=d_pad, OUT_DTYPE=TRITON_DTYPES[q.dtype],
+                SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4, enable_fp_fusion=False,
+            )
     return out
 
 
-__all__ = ["AttentionConfig", "MAX_HEAD_DIM", "default_attention_config", "triton_paged_attention"]
+__all__ = ["AttentionConfig", "MAX_HEAD_DIM", "PREFILL_MAX_HEAD_DIM", "default_attention_config",
+           "device_partition_size", "partition_size_for", "triton_paged_attention"]

@@ -61,31 +61,46 @@ def markdown(results: list[dict], seconds: float) -> str:
              f"no GPU: {len(results)} compilations in {seconds:.0f} s on this CPU). Variants are every launch "
              "configuration `hyspec.cuda_ops.aot_workloads` makes: `scripts/gpu_check.py`'s GPU shapes and the "
              "serving paths of the default model, in bf16 / fp16 / fp32. Registers, spills and stack come from "
-             "`ptxas -v`; `bar.sync` and `st.global` are counted in the PTX (the rejection sampler's race fix: "
-             "its one-hot variants store only their two outputs, its stored-q variants fence the scratch row "
+             "`ptxas -v`; `bar.sync`, `st.global` and the tensor-core instructions (`wgmma.mma_async`: Hopper's "
+             "warpgroup MMA; `mma.sync`: per-warp, Ampere's) are counted in the PTX (the rejection sampler's race "
+             "fix: its one-hot variants store only their two outputs, its stored-q variants fence the scratch row "
              "with barriers).", "",
              f"Spill budget: {SPILL_BUDGET_BYTES} bytes of spill stores per variant; variants over it are marked "
              "**over** (see the notes under the table).", "",
-             "| kernel variant | arch | ok | regs | spill st/ld (B) | stack (B) | smem (B) | bar.sync | st.global |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| kernel variant | arch | ok | regs | spill st/ld (B) | stack (B) | smem (B) | bar.sync | st.global "
+             "| wgmma / mma.sync |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r["variant"], r["arch"])):
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}" if r["ok"] else "-"
         over = r["ok"] and (r["spill_store_bytes"] or 0) > SPILL_BUDGET_BYTES
         lines.append(f"| `{r['variant']}` | {r['arch']} | {'yes' if r['ok'] else 'FAIL: ' + str(r['error'])} | "
                      f"{r['registers'] if r['ok'] else '-'} | {spill}{' **over**' if over else ''} | "
                      f"{r['stack_bytes'] if r['ok'] else '-'} | {r['shared_bytes']} | {r['bar_sync']} | "
-                     f"{r['global_stores']} |")
+                     f"{r['global_stores']} | {r['extra'].get('wgmma', '-')} / {r['extra'].get('mma_sync', '-')} |")
     over = [r for r in results if r["ok"] and (r["spill_store_bytes"] or 0) > SPILL_BUDGET_BYTES]
     failed = [r for r in results if not r["ok"]]
     lines += ["", f"{len(results) - len(failed)} of {len(results)} compiled; {len(over)} over the spill budget.", "",
-              "## Over the budget, and why (not fixed yet)", "",
-              "* `_paged_attention_kernel`: D = 128 with 32- or 64-row query tiles keeps an fp32 accumulator of "
-              "BLOCK_M x 128 and the score tile in registers; bf16/fp16 inputs now feed the tensor cores directly "
-              "(no fp32 copies of K/V: that halved the spill bytes of the bf16/fp16 variants, 34,952 -> 16,184 "
-              "bytes summed), the fp32 path (ieee dots) spills most.  One configuration (BLOCK_N = 64 with trees, "
-              "gpu_check's sweep) compiles to a 32-register kernel with ~11 KB of spills on sm_90a.  The D = 64 "
-              "variants of the default model do not spill.  Smaller tiles for D = 128, a wgmma prefill "
-              "configuration and fixed partitions are issue \"CUDA\" scope 3, not done.",
+              "## Configurations, and what is over the budget", "",
+              "* Defaults (`hyspec.cuda_ops.attention.default_attention_config`): decode, chains and trees run "
+              "32-row tiles on 4 warps for bf16/fp16 heads up to D = 64 and on 8 warps for wider heads and for "
+              "fp32.  On 4 warps the D = 128 bf16/fp16 variants spilled 116-280 bytes each and the fp32 tree "
+              "variant 1.7 KB on sm_90a; on 8 warps every D = 128 bf16/fp16 default spills nothing on either GPU "
+              "and the fp32 tree variant 44 bytes.",
+              "* Prefill chunks (more than 64 query rows, no tree, bf16/fp16, D <= 128) take 64-row tiles on 8 "
+              "warps: on sm_90a Triton lowers their dots to `wgmma.mma_async` (Hopper's warpgroup MMA; the "
+              "column above), with no spills; on sm_80 to `mma.sync`.  The 32-row decode tiles compile to "
+              "`mma.sync` on both.",
+              "* Split-KV partitions on a GPU: `partition_size_for(SMs, KV heads)`, the largest power of two in "
+              "[128, 512] that gives every SM a program for a batch-1 decode at 2k tokens (128 on an H200 for 8 "
+              "KV heads), fixed per device and model so that decode and verification split alike.  Whether a step "
+              "splits depends on its lengths only: the workspace cap (`max_workspace_bytes`, 1 GiB) bounds one "
+              "launch, and a batch whose rows x heads x partitions exceed it runs as several launches of whole "
+              "sequences (each row computed exactly as in one launch), where it used to run unsplit and differ "
+              "from decode.",
+              "* Still over: the fp32 (ieee) variants of D = 64 trees on sm_80 (16-24 bytes) and of D = 128 trees "
+              "on sm_90a (44 bytes), the D = 64 bf16/fp16 tree split on sm_80 (4 bytes), and gpu_check's sweep "
+              "configurations (64-key tiles, 64-row tiles with trees): up to 650 bytes; they are measured, not "
+              "defaults.",
               "* `_scatter_kernel` on sm_90a, 16-token tiles of D = 64: 32-36 bytes of spills (ptxas-blackwell), "
               "none on sm_80.", ""]
     return "\n".join(lines)

@@ -39,7 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 from hyspec.cuda_ops.aot import compile_variant, load_variants
 wanted = set(sys.argv[3].split(","))
-variants = [v for v in load_variants(Path(sys.argv[1])) if v.kernel in wanted]
+needles = sys.argv[4].split(";") if len(sys.argv) > 4 else []  # every one must occur in the variant's label
+variants = [v for v in load_variants(Path(sys.argv[1])) if v.kernel in wanted and all(n in v.label() for n in needles)]
 print(json.dumps([dict(asdict(compile_variant(v, int(sys.argv[2]))), has_q=dict(v.constexprs).get("HAS_Q"))
                   for v in variants]))
 """
@@ -62,8 +63,9 @@ def variants_file(tmp_path_factory) -> Path:
     return path
 
 
-def _compile(variants_file: Path, arch: int, kernels: set[str]) -> list[dict]:
-    r = subprocess.run([sys.executable, "-c", COMPILE, str(variants_file), str(arch), ",".join(sorted(kernels))],
+def _compile(variants_file: Path, arch: int, kernels: set[str], needles: tuple[str, ...] = ()) -> list[dict]:
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(variants_file), str(arch), ",".join(sorted(kernels)),
+                        *([";".join(needles)] if needles else [])],
                        capture_output=True, text=True, timeout=1800, env=_env(interpret=False), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
@@ -96,6 +98,19 @@ def test_the_rejection_sampler_compiles_for_sm90a_without_its_race(variants_file
     stored = [r for r in results if r["has_q"]]
     assert one_hot and stored  # N, C, max_depth are not specialised: one binary each for chains and trees
     assert min(s["bar_sync"] for s in stored) > max(o["bar_sync"] for o in one_hot)
+
+
+def test_prefill_tiles_reach_wgmma_and_wide_heads_do_not_spill(variants_file: Path) -> None:
+    """sm_90a: the default model's bf16 prefill chunks (64-row tiles, 8 warps) compile to Hopper's warpgroup MMA
+    with no spills; the D = 128 bf16 decode / verification variants (8 warps) spill nothing (4 warps spilled
+    116-280 bytes each)."""
+    prefill = _compile(variants_file, 90, {"_paged_attention_kernel"},
+                       ("BLOCK_M=64", "D_PAD=64", "HAS_TREE=False", "SPLIT=False", "OUT_DTYPE=bf16"))
+    assert prefill and all(r["ok"] and r["extra"]["wgmma"] > 0 and r["spill_store_bytes"] == 0 for r in prefill), \
+        prefill
+    wide = _compile(variants_file, 90, {"_paged_attention_kernel"},
+                    ("BLOCK_M=32", "BLOCK_N=32", "D_PAD=128", "SPLIT=True", "OUT_DTYPE=bf16", "num_warps=8"))
+    assert wide and all(r["ok"] and r["spill_store_bytes"] == 0 for r in wide), wide
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from hyspec.cuda_ops.attention import AttentionConfig, triton_paged_attention  # noqa: E402
+from hyspec.cuda_ops.attention import (AttentionConfig, default_attention_config,  # noqa: E402
+                                       triton_paged_attention)
 from hyspec.cuda_ops.cases import paged_attention_case  # noqa: E402
 from hyspec.cuda_ops.common import KernelInputError  # noqa: E402
 from hyspec.cuda_ops.tolerances import tolerance  # noqa: E402
@@ -61,6 +62,91 @@ def test_unsplit_and_default_configs(scenario: str) -> None:
     case = paged_attention_case(ctx, qlens, 4, 2, 32, block_size, torch.bfloat16, tree=tree, seed=3)
     check(case, SINGLE)
     check(case, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_long_prefill_takes_the_prefill_tiles(dtype: torch.dtype) -> None:
+    """A 90-row prefill chunk (past split_max_query_len) with the default configuration: bf16 runs the 64-row,
+    8-warp prefill tiles (Hopper's wgmma shape), fp32 keeps the decode tiles; both match the reference."""
+    from hyspec.cuda_ops.aot import record_launches
+
+    case = paged_attention_case([30, 0], [90, 70], 8, 2, 64, 16, dtype, seed=4)
+    with record_launches(execute=True) as seen:
+        check(case, None)
+    blocks = {dict(v.constexprs)["BLOCK_M"] for v in seen.values() if v.kernel == "_paged_attention_kernel"}
+    assert blocks == ({64} if dtype == torch.bfloat16 else {32})
+    assert default_attention_config(64, prefill=True).num_warps == 8
+    assert default_attention_config(256, prefill=True) == default_attention_config(256)  # too wide: decode tiles
+    assert default_attention_config(128).num_warps == 8 and default_attention_config(64).num_warps == 4
+
+
+def test_partition_size_fills_the_sms_and_is_fixed_per_device_and_model() -> None:
+    from hyspec.cuda_ops.attention import partition_size_for
+
+    assert partition_size_for(132, 8) == 128  # H200, Llama-8B: 16 partitions x 8 heads at 2k tokens
+    assert partition_size_for(132, 3) == 128  # SmolLM2: as small as allowed
+    assert partition_size_for(132, 32) == 256  # MHA 7B: 2k x 32 / 132 = 496 -> 256
+    assert partition_size_for(8, 8) == 512  # a small GPU: the cap
+    with pytest.raises(ValueError):
+        partition_size_for(0, 8)
+
+
+def test_the_device_partition_size_keeps_decode_equal_to_verification(monkeypatch) -> None:
+    """With the SM-derived partition size (faked: no GPU here) the default config splits a chain and its
+    decodes at the same key boundaries: the chain-equals-decode property of the default path."""
+    from hyspec.cuda_ops import attention
+
+    monkeypatch.setattr(attention, "device_partition_size", lambda q, hkv: 32)
+    ctx, n = 60, 4
+    case = paged_attention_case([ctx], [n], 8, 2, 32, 16, torch.float32, seed=12)
+    with interpreter_launches_of("_paged_attention_kernel") as launches:
+        batched = triton_paged_attention(*case.args())
+    assert [grid[2] for _, grid, *_ in launches] == [-(-(ctx + n) // 32)]  # 32-key partitions, not 512
+    for i in range(n):
+        m = case.meta
+        alone = AttentionMetadata(
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.tensor([ctx + i + 1], dtype=torch.int32), block_tables=m.block_tables,
+            slot_mapping=m.slot_mapping[i:i + 1], positions=m.positions[i:i + 1], tree_mask=None, query_lens=[1],
+            seq_lens_host=[ctx + i + 1])
+        single = triton_paged_attention(case.q[i:i + 1], case.k_cache, case.v_cache, alone, case.scale)
+        if _interpreter_matmul_is_row_invariant():
+            assert torch.equal(single[0], batched[i])
+        else:
+            torch.testing.assert_close(single[0], batched[i], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["own", "static_bounds"])
+def test_a_workspace_cap_splits_the_launch_not_the_numerics(static: bool) -> None:
+    """A cap that fits one sequence's rows: the step runs one launch per sequence (attention + merge each) and
+    every row equals the single-launch result bit for bit (same partitions, same merge), so the cap can never
+    make verification differ from decode."""
+    case = paged_attention_case([70, 300, 20], [3, 5, 1], 8, 2, 32, 16, torch.float32, tree=True, seed=9)
+    bounds = (8, 512) if static else None
+    one = triton_paged_attention(*case.args(), config=SPLIT, static_bounds=bounds)
+    partitions = -(-(512 if static else 305) // SPLIT.partition_size)
+    row_bytes = 8 * partitions * (32 + 2) * 4
+    capped = AttentionConfig(**{**SPLIT.__dict__, "max_workspace_bytes": row_bytes * (8 if static else 5)})
+    with interpreter_launches_of("_merge_partitions_kernel") as merges:
+        chunked = triton_paged_attention(*case.args(), config=capped, static_bounds=bounds)
+    assert len(merges) == 3
+    assert torch.equal(one, chunked)
+    expected = REF.attention(*case.args())
+    tolerance("attention", torch.float32).check(chunked, expected, "chunked attention")
+
+
+def interpreter_launches_of(kernel: str):
+    import contextlib
+
+    from hyspec.cuda_ops.common import interpreter_launches
+
+    @contextlib.contextmanager
+    def block():
+        seen: list[tuple] = []
+        with interpreter_launches() as launches:
+            yield seen
+            seen.extend(launch for launch in launches if launch[0] == kernel)
+    return block()
 
 
 def test_narrow_tiles() -> None:
