@@ -140,8 +140,9 @@ class LLMEngine:
             raise ConfigError("kv_cache_bytes" if self.device.type == "cpu" else "memory_fraction",
                               f"the KV pool holds {capacity} tokens, less than one max_model_len sequence "
                               f"({max_model_len}); give the cache more memory or lower max_model_len")
+        self._graphs_for = self._graph_factory(enforce_eager, cuda_graph_sizes, max_num_seqs)
         self.runner = ModelRunner(self.model, self.layout, self.device,
-                                  graphs=self._step_graphs(enforce_eager, cuda_graph_sizes, max_num_seqs))
+                                  graphs=self._graphs_for(self.model, self.layout) if self._graphs_for else None)
         from hyspec.kv.fragmentation import FragmentationMonitor
 
         self.fragmentation = FragmentationMonitor(self.pool, fragmentation_threshold, fragmentation_window_s)
@@ -158,7 +159,7 @@ class LLMEngine:
         self.target = TargetContext(
             backend=self.backend, pool=self.pool, vocab_size=self.config.vocab_size, max_model_len=max_model_len,
             dtype=self.dtype, model=self.model, model_path=path, tokenizer=self.tokenizer, layout=self.layout,
-            runner=self.runner, max_num_seqs=max_num_seqs)
+            runner=self.runner, max_num_seqs=max_num_seqs, step_graphs=self._graphs_for)
         self.spec: Speculation = NoSpeculation()
         if speculative_config is not None:
             from hyspec.spec.decoder import SpecDecoder
@@ -167,9 +168,10 @@ class LLMEngine:
         log.info("engine ready: %s on %s, %d KV pages of %d tokens", path.name, self.backend.name,
                  self.pool.num_pages, block_size)
 
-    def _step_graphs(self, enforce_eager: bool, sizes: list[int] | None, max_num_seqs: int):
-        """Captured decode / verification steps where the backend records graphs (CUDA) and the user did not
-        ask for eager execution (vLLM's ``enforce_eager``; ``cuda_graph_sizes``: its batch sizes to capture)."""
+    def _graph_factory(self, enforce_eager: bool, sizes: list[int] | None, max_num_seqs: int):
+        """``(model, layout) -> StepGraphs`` where the backend records graphs (CUDA) and the user did not ask for
+        eager execution (vLLM's ``enforce_eager``; ``cuda_graph_sizes``: its batch sizes to capture); None
+        otherwise.  The target and a draft model each get theirs (one capturer, so one memory pool)."""
         if not isinstance(enforce_eager, bool):
             raise ConfigError("enforce_eager", f"must be true or false, got {enforce_eager!r}")
         from hyspec.engine.step_graphs import StepGraphs, batch_buckets
@@ -181,8 +183,11 @@ class LLMEngine:
         capturer = None if enforce_eager else self.backend.graph_capturer()
         if capturer is None:
             return None
-        return StepGraphs(self.model, list(self.layout.caches), capturer, block_size=self.layout.block_size,
-                          max_len=self.model.max_positions, batch_sizes=buckets, device=self.device)
+
+        def graphs_for(model, layout) -> StepGraphs:
+            return StepGraphs(model, list(layout.caches), capturer, block_size=layout.block_size,
+                              max_len=model.max_positions, batch_sizes=buckets, device=self.device)
+        return graphs_for
 
     @property
     def graph_stats(self) -> dict | None:

@@ -41,6 +41,9 @@ class TargetContext:
     layout: "KVLayout | None" = None  # the target's own pages in ``pool``
     runner: "ModelRunner | None" = None  # one packed target forward (start-up profiling only)
     max_num_seqs: int = 1  # the scheduler's batch limit (the dispatcher normalises load by it)
+    #: ``(model, layout) -> StepGraphs`` for a drafter that runs a CausalLM through a ModelRunner (draft_model):
+    #: its steps replay captured graphs like the target's; None where steps run eagerly
+    step_graphs: Any = None
 
     @property
     def ops(self) -> "OpTable":

@@ -171,17 +171,21 @@ def _engine_on_triton(model_dir, monkeypatch, graphs: bool, **kwargs):
                enforce_eager=not graphs, **kwargs)
 
 
-@pytest.mark.parametrize("method", ["plain", "ngram"])
+@pytest.mark.parametrize("method", ["plain", "ngram", "draft_model"])
 def test_generate_through_graphs_equals_eager(tmp_path, monkeypatch, method) -> None:
-    """LLM.generate, greedy, with steps captured and without: the same tokens (plain decoding, and ngram's
-    verification chains on prompts that repeat), and the decode / verification steps went through graphs."""
+    """LLM.generate, greedy, with steps captured and without: the same tokens (plain decoding, ngram's
+    verification chains on prompts that repeat, and the target drafting for itself through draft_model, whose
+    own decode steps replay graphs too), and the steps went through graphs."""
     from hyspec import SamplingParams
     from hyspec.conformance.tiny import make_tiny_target
 
     model_dir = make_tiny_target(tmp_path / "tiny")
-    spec = None if method == "plain" else {"method": "ngram", "num_speculative_tokens": 3,
-                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                                           "controller": {"enabled": False, "profile_at_startup": False}}
+    off = {"controller": {"enabled": False, "profile_at_startup": False}}
+    spec = {"plain": None,
+            "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                      "prompt_lookup_max": 3, **off},
+            "draft_model": {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3,
+                            **off}}[method]
     motif = [7, 19, 33, 41, 5]
     prompts = [motif * 4, [3, 9, 27, 81, 11, 12], motif * 2 + [60, 61]]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -191,12 +195,16 @@ def test_generate_through_graphs_equals_eager(tmp_path, monkeypatch, method) -> 
         try:
             outputs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
             stats = llm.engine.graph_stats
+            drafter = llm.engine.spec.proposers.get("draft_model") if spec is not None else None
+            draft_graphs = drafter.runner.graphs if drafter is not None else None
         finally:
             llm.close()
         if graphs:
             assert stats["replays"] > 0 and stats["captures"] >= 1
+            if drafter is not None:
+                assert draft_graphs is not None and draft_graphs.stats.replays > 0
         else:
-            assert stats is None
+            assert stats is None and draft_graphs is None
     assert outputs[True] == outputs[False]
 
 

@@ -63,7 +63,8 @@ class DraftModelProposer(Proposer):
         self.pool: KVPool = target.pool
         self.layout = self.pool.register("draft_model", cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                          target.dtype)
-        self.runner = ModelRunner(self.model, self.layout, target.device)
+        graphs = target.step_graphs(self.model, self.layout) if target.step_graphs is not None else None
+        self.runner = ModelRunner(self.model, self.layout, target.device, graphs=graphs)
         self.max_tokens = max_tokens
         self._states: OrderedDict[str, _DraftState] = OrderedDict()  # least recently drafted first
         self.pool.add_reclaimer(self._reclaim)
