@@ -1,6 +1,8 @@
 """hyspec's side of the benchmark: one engine per method, timed over the workload's waves."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -94,8 +96,33 @@ def _hybrid_choices(spec: Any) -> dict[str, Any]:
     return out
 
 
-def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -> Measurement:
-    """Warm up on one wave, then time ``repeats`` passes over every wave."""
+def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory,
+                 continuous: bool = False) -> Measurement:
+    """Warm up on one wave, then time ``repeats`` passes over every wave.
+
+    ``continuous``: a pass hands every request to the engine at once, with at most ``batch_size`` running
+    (the scheduler's ``max_num_seqs``): a finished request's slot is refilled at the next step, as a
+    server's continuous batching does, instead of the wave waiting for its slowest request.
+    """
+    if continuous:
+        with _max_num_seqs(llm, workload.batch_size):
+            return _run_workload(llm, workload, repeats, peak, [range(len(workload.prompts))])
+    return _run_workload(llm, workload, repeats, peak, None)
+
+
+@contextlib.contextmanager
+def _max_num_seqs(llm: Any, limit: int):
+    scheduler = llm.engine.scheduler
+    saved = scheduler.config
+    scheduler.config = dataclasses.replace(saved, max_num_seqs=limit)
+    try:
+        yield
+    finally:
+        scheduler.config = saved
+
+
+def _run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory,
+                  waves: list[range] | None) -> Measurement:
     _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
     spec = llm.engine.spec if llm.engine.spec.enabled else None
     before = spec.metrics.snapshot()["totals"] if spec is not None else None
@@ -110,7 +137,8 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory) -
         llm.engine.spec.forget_shared_history()
         llm.reset_prefix_cache()
 
-    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave, before_pass=forget_between_passes)
+    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave, before_pass=forget_between_passes,
+                                                    waves=waves)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
     if acceptance is not None:

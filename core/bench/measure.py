@@ -67,7 +67,7 @@ class Measurement:
 
 def timed_passes(workload: "Workload", repeats: int,
                  run_wave: Callable[[range], tuple[list[list[int]], list[float]]],
-                 before_pass: Callable[[], None] | None = None,
+                 before_pass: Callable[[], None] | None = None, waves: list[range] | None = None,
                  ) -> tuple[list[float], list[float], list[list[list[int]]], int]:
     """``repeats`` timed passes over every wave of ``workload``, the same way for hyspec and its peers.
 
@@ -75,6 +75,7 @@ def timed_passes(workload: "Workload", repeats: int,
     measured.  ``before_pass()`` runs before each pass, untimed (hyspec: drafters forget what they
     learnt across requests, so a pass never drafts from an earlier pass's answers).  Returns
     tokens/s per pass, every TTFT, the outputs of each pass and the tokens generated in one pass.
+    ``waves``: how a pass is cut (default ``workload.waves``; continuous batching passes one range).
     """
     rates: list[float] = []
     ttfts: list[float] = []
@@ -86,7 +87,7 @@ def timed_passes(workload: "Workload", repeats: int,
         repeat_outputs: list[list[int]] = []
         generated = 0
         start = time.perf_counter()
-        for wave in workload.waves:
+        for wave in workload.waves if waves is None else waves:
             tokens, wave_ttfts = run_wave(wave)
             repeat_outputs += tokens
             generated += sum(len(t) for t in tokens)

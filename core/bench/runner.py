@@ -170,7 +170,7 @@ class BenchRunner:
         rows, reference = [], {}
         for w in workloads:
             self._tick(f"hyspec plain bs {w.batch_size} T {w.temperature:g}")
-            m = run_workload(llm, w, self.settings.repeats, self.peak)
+            m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
             reference[w.key()] = m.outputs[0]
             identity = IdentityVerdict(NOT_APPLICABLE) if w.temperature else None
             rows.append(Row(HYSPEC, PLAIN, w.batch_size, w.temperature, OK, measurement=m, identity=identity))
@@ -217,7 +217,7 @@ class BenchRunner:
         for w in workloads:
             self._tick(f"hyspec {method} bs {w.batch_size} T {w.temperature:g}")
             try:
-                m = run_workload(llm, w, self.settings.repeats, self.peak)
+                m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
             except Exception as exc:
                 rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
             else:

@@ -49,6 +49,9 @@ FULL = Preset(num_prompts=32, max_tokens=128, batch_sizes=(1, 4, 16, 32), temper
               bandwidth_bytes=1 << 30, methods=None)
 
 
+BATCHING = ("waves", "continuous")
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """Everything a run needs; checked on construction (each error names its option)."""
@@ -73,6 +76,10 @@ class BenchSettings:
     price_per_hour: float | None = None
     kv_cache_bytes: int | None = None
     prefix_caching: bool = True  # hyspec's engines reuse cached prompt pages (vLLM's default), reset per pass
+    #: "waves": each batch of requests runs to its last token before the next starts (static batching, the peers'
+    #: way); "continuous": every request is handed to hyspec's engine at once with ``batch_size`` running
+    #: (a server's continuous batching: a finished request's slot is refilled)
+    batching: str = "waves"
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0
     quick: bool = False
@@ -88,6 +95,8 @@ class BenchSettings:
         if not self.temperatures or any(not isinstance(t, (int, float)) or not t >= 0 or t != t
                                         for t in self.temperatures):
             raise ConfigError("--temperatures", f"expected numbers >= 0, got {list(self.temperatures)}")
+        if self.batching not in BATCHING:
+            raise ConfigError("--batching", f"must be one of {', '.join(BATCHING)}, got {self.batching!r}")
         if self.workload is not None:
             from hyspec.bench.workloads import WORKLOADS  # torch-free
 
@@ -130,7 +139,7 @@ class BenchSettings:
             "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
             "speculative_config_extra": dict(self.speculative_config_extra),
             "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
-            "prefix_caching": self.prefix_caching,
+            "prefix_caching": self.prefix_caching, "batching": self.batching,
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
                    "transformers with no eos_token_id, llama.cpp generating past it)",

@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--no-prefix-caching", action="store_true",
                    help="hyspec engines prefill every prompt in full (default: automatic prefix caching, as in "
                         "vLLM; the cache is emptied before each timed pass, so a pass reuses only its own prompts)")
+    e.add_argument("--batching", default="waves", choices=("waves", "continuous"),
+                   help="waves (default): each batch of requests runs to its last token before the next starts, "
+                        "as the peers run; continuous: hyspec's engine gets every request at once with at most "
+                        "the batch size running, a finished request's slot refilled at the next step (a server)")
     e.add_argument("--bandwidth-bytes", type=int, default=None,
                    help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
     e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")
@@ -111,7 +115,7 @@ def _settings(args: argparse.Namespace):
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),
                          price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
-                         quick=args.quick, prefix_caching=not args.no_prefix_caching)
+                         quick=args.quick, prefix_caching=not args.no_prefix_caching, batching=args.batching)
     return with_preset(replace(base, **values), given)
 
 

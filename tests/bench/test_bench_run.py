@@ -134,8 +134,8 @@ def test_injected_mismatch_is_loud_and_fails(tiny, tmp_path, capsys, monkeypatch
 
     real = runs.run_workload
 
-    def corrupting(llm, workload, repeats, peak):
-        m = real(llm, workload, repeats, peak)
+    def corrupting(llm, workload, repeats, peak, continuous=False):
+        m = real(llm, workload, repeats, peak, continuous)
         if llm.engine.spec.enabled:
             for repeat in m.outputs:
                 repeat[1][3] = (repeat[1][3] + 1) % llm.engine.config.vocab_size
@@ -165,7 +165,7 @@ def test_failed_configuration_exits_nonzero(tiny, capsys, monkeypatch):
 
     real = runs.run_workload
 
-    def exploding(llm, workload, repeats, peak):
+    def exploding(llm, workload, repeats, peak, continuous=False):
         if llm.engine.spec.enabled:
             raise RuntimeError("engine blew up")
         return real(llm, workload, repeats, peak)

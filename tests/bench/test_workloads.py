@@ -77,3 +77,37 @@ def test_agentic_end_to_end_suffix_identical_and_passes_start_cold(tiny, tmp_pat
     by_method = {r["method"]: r for r in doc["results"]}
     assert by_method["suffix"]["status"] == "ok" and by_method["suffix"]["identity"]["token_identical"] is True
     assert sizes == [0, 0]  # two passes, each started with nothing cached
+
+
+def test_continuous_batching_refills_slots_and_stays_identical(tiny, tmp_path, monkeypatch):
+    """--batching continuous: a pass queues every request at once and never runs more than the batch size;
+    the outputs are the waves' (greedy, identical to plain decoding) and the setting is in the JSON."""
+    from hyspec.cli.main import main
+    from hyspec.engine.scheduler import Scheduler
+
+    running: list[int] = []
+    original = Scheduler.schedule
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        running.append((len(self.running), len(self.waiting)))
+        return out
+
+    monkeypatch.setattr(Scheduler, "schedule", recording)
+    path = tmp_path / "r.json"
+    args = bench_args(tiny, "--methods", "ngram", "--peers", "none", "--json", str(path), "--batching",
+                      "continuous", max_tokens=6)
+    args[args.index("--num-prompts") + 1] = "6"
+    args[args.index("--batch-sizes") + 1] = "2"
+    assert main(args) == 0
+    doc = json.loads(path.read_text())
+    assert doc["settings"]["batching"] == "continuous"
+    assert all(r["status"] == "ok" for r in doc["results"])
+    assert {r["method"]: r["identity"]["token_identical"] for r in doc["results"] if r["identity"]} == {"ngram": True}
+    assert max(r for r, _ in running) == 2  # never more than the batch size
+    assert any(r == 2 and w >= 2 for r, w in running)  # ... while the rest of the pass waited in the queue
+
+
+def test_batching_must_be_waves_or_continuous():
+    with pytest.raises(ConfigError, match="--batching"):
+        BenchSettings(batching="static")
