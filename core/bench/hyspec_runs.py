@@ -1,8 +1,7 @@
 """hyspec's side of the benchmark: one engine per method, timed over the workload's waves."""
 from __future__ import annotations
 
-import contextlib
-import dataclasses
+import itertools
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -100,36 +99,46 @@ def run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory,
                  continuous: bool = False) -> Measurement:
     """Warm up on one wave, then time ``repeats`` passes over every wave.
 
-    ``continuous``: a pass hands every request to the engine at once, with at most ``batch_size`` running
-    (the scheduler's ``max_num_seqs``): a finished request's slot is refilled at the next step, as a
-    server's continuous batching does, instead of the wave waiting for its slowest request.
+    ``continuous``: a pass keeps ``batch_size`` requests in flight, handing the engine the next request
+    as soon as one finishes (a client with vLLM's ``--max-concurrency``; the engine's own ``max_num_seqs``
+    stays as configured), instead of waves that wait for their slowest request.
     """
-    if continuous:
-        with _max_num_seqs(llm, workload.batch_size):
-            return _run_workload(llm, workload, repeats, peak, [range(len(workload.prompts))])
-    return _run_workload(llm, workload, repeats, peak, None)
+    return _run_workload(llm, workload, repeats, peak, continuous)
 
 
-@contextlib.contextmanager
-def _max_num_seqs(llm: Any, limit: int):
-    scheduler = llm.engine.scheduler
-    saved = scheduler.config
-    scheduler.config = dataclasses.replace(saved, max_num_seqs=limit)
-    try:
-        yield
-    finally:
-        scheduler.config = saved
+_REQUEST_IDS = itertools.count()
 
 
-def _run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory,
-                  waves: list[range] | None) -> Measurement:
+def _generate_continuous(llm: Any, workload: Workload, indices: range, max_tokens: int) -> list[Any]:
+    """Requests ``indices`` with at most ``workload.batch_size`` in the engine at a time, in order; outputs in
+    request order."""
+    engine = llm.engine
+    queue = list(indices)
+    in_flight: dict[str, int] = {}
+    finals: dict[int, Any] = {}
+    while queue or in_flight:
+        while queue and len(in_flight) < workload.batch_size:
+            i = queue.pop(0)
+            seq = engine.add_request(list(workload.prompts[i]), _params(workload, i, max_tokens),
+                                     f"bench-{next(_REQUEST_IDS)}")
+            in_flight[seq.request_id] = i
+        for out in engine.step():
+            if out.finished and out.request_id in in_flight:
+                finals[in_flight.pop(out.request_id)] = out
+        if in_flight and not engine.has_unfinished_requests():
+            raise RuntimeError(f"engine idle with requests in flight {sorted(in_flight)[:3]}")
+    return [finals[i] for i in indices]
+
+
+def _run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory, continuous: bool) -> Measurement:
     _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
     spec = llm.engine.spec if llm.engine.spec.enabled else None
     before = spec.metrics.snapshot()["totals"] if spec is not None else None
     peak.reset()
 
     def run_wave(wave: range) -> tuple[list[list[int]], list[float]]:
-        outs = _generate_wave(llm, workload, wave, workload.max_tokens)
+        generate = _generate_continuous if continuous else _generate_wave
+        outs = generate(llm, workload, wave, workload.max_tokens)
         ttfts = [o.metrics.ttft for o in outs if o.metrics is not None and o.metrics.ttft is not None]
         return [list(o.outputs[0].token_ids) for o in outs], ttfts
 
@@ -138,7 +147,7 @@ def _run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory,
         llm.reset_prefix_cache()
 
     rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave, before_pass=forget_between_passes,
-                                                    waves=waves)
+                                                    waves=[range(len(workload.prompts))] if continuous else None)
     memory = peak.read()
     acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
     if acceptance is not None:

@@ -54,7 +54,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
         f"per request (EOS ignored); median of {s['repeats']} runs (min-max)"
         + {True: "; hyspec: prefix caching on (emptied before each pass)", False: "; hyspec: prefix caching off"}
         .get(s.get("prefix_caching"), "")
-        + ("; hyspec: continuous batching (every request queued, at most the batch size running)"
+        + ("; hyspec: continuous batching (batch size = requests in flight, refilled as each finishes)"
            if s.get("batching") == "continuous" else ""),
         f"copy bandwidth {bw['copy']['bytes_per_s'] / 1e9:.2f} GB/s -> plain-decoding limit "
         f"{bw['plain_limit_tokens_per_s_bs1']:.1f} tok/s at batch size 1 (x batch size above)",

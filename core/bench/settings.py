@@ -77,8 +77,9 @@ class BenchSettings:
     kv_cache_bytes: int | None = None
     prefix_caching: bool = True  # hyspec's engines reuse cached prompt pages (vLLM's default), reset per pass
     #: "waves": each batch of requests runs to its last token before the next starts (static batching, the peers'
-    #: way); "continuous": every request is handed to hyspec's engine at once with ``batch_size`` running
-    #: (a server's continuous batching: a finished request's slot is refilled)
+    #: way); "continuous": hyspec's engine is kept at ``batch_size`` requests in flight
+    #: (a client with vLLM's --max-concurrency: a finished request is replaced at once; the engine's max_num_seqs
+    #: is unchanged, so its load signals read as in waves)
     batching: str = "waves"
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0

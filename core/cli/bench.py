@@ -71,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "vLLM; the cache is emptied before each timed pass, so a pass reuses only its own prompts)")
     e.add_argument("--batching", default="waves", choices=("waves", "continuous"),
                    help="waves (default): each batch of requests runs to its last token before the next starts, "
-                        "as the peers run; continuous: hyspec's engine gets every request at once with at most "
-                        "the batch size running, a finished request's slot refilled at the next step (a server)")
+                        "as the peers run; continuous: hyspec's engine is kept at the batch size in flight, a "
+                        "finished request replaced at once (a client with vLLM's --max-concurrency)")
     e.add_argument("--bandwidth-bytes", type=int, default=None,
                    help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
     e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")

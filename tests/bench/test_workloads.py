@@ -80,20 +80,27 @@ def test_agentic_end_to_end_suffix_identical_and_passes_start_cold(tiny, tmp_pat
 
 
 def test_continuous_batching_refills_slots_and_stays_identical(tiny, tmp_path, monkeypatch):
-    """--batching continuous: a pass queues every request at once and never runs more than the batch size;
-    the outputs are the waves' (greedy, identical to plain decoding) and the setting is in the JSON."""
+    """--batching continuous end to end: never more than the batch size in flight, kept full; the outputs
+    are identical to plain decoding and the setting is in the JSON."""
     from hyspec.cli.main import main
-    from hyspec.engine.scheduler import Scheduler
+    from hyspec.engine.engine import LLMEngine
 
-    running: list[int] = []
-    original = Scheduler.schedule
+    in_flight: list[int] = []
+    joined: list[int] = []  # engine steps taken when each request was added
+    steps = [0]
+    add, step = LLMEngine.add_request, LLMEngine.step
 
-    def recording(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        running.append((len(self.running), len(self.waiting)))
-        return out
+    def adding(self, *args, **kwargs):
+        joined.append(steps[0])
+        return add(self, *args, **kwargs)
 
-    monkeypatch.setattr(Scheduler, "schedule", recording)
+    def stepping(self):
+        steps[0] += 1
+        in_flight.append(len(self.scheduler.running) + len(self.scheduler.waiting))
+        return step(self)
+
+    monkeypatch.setattr(LLMEngine, "add_request", adding)
+    monkeypatch.setattr(LLMEngine, "step", stepping)
     path = tmp_path / "r.json"
     args = bench_args(tiny, "--methods", "ngram", "--peers", "none", "--json", str(path), "--batching",
                       "continuous", max_tokens=6)
@@ -104,8 +111,48 @@ def test_continuous_batching_refills_slots_and_stays_identical(tiny, tmp_path, m
     assert doc["settings"]["batching"] == "continuous"
     assert all(r["status"] == "ok" for r in doc["results"])
     assert {r["method"]: r["identity"]["token_identical"] for r in doc["results"] if r["identity"]} == {"ngram": True}
-    assert max(r for r, _ in running) == 2  # never more than the batch size
-    assert any(r == 2 and w >= 2 for r, w in running)  # ... while the rest of the pass waited in the queue
+    assert max(in_flight) == 2 and in_flight.count(2) > 3
+    assert len(joined) > 6  # warm-up, then every request of each pass
+
+
+def test_continuous_generation_replaces_each_finished_request_at_once():
+    """Requests that take 3, 1, 1, 1, 1 steps at concurrency 2: each joins the step after a slot frees, alone,
+    never in a wave; outputs come back in request order."""
+    from types import SimpleNamespace
+
+    from hyspec.bench.hyspec_runs import _generate_continuous
+    from hyspec.bench.measure import Workload
+
+    lengths = [3, 1, 1, 1, 1]
+
+    class Engine:
+        def __init__(self):
+            self.left, self.joined, self.steps = {}, [], 0
+
+        def add_request(self, prompt, params, request_id):
+            self.left[request_id] = (lengths[len(self.joined)], prompt)
+            self.joined.append(self.steps)
+            return SimpleNamespace(request_id=request_id)
+
+        def step(self):
+            self.steps += 1
+            assert len(self.left) <= 2
+            outs = []
+            for rid, (n, prompt) in list(self.left.items()):
+                self.left[rid] = (n - 1, prompt)
+                if n == 1:
+                    del self.left[rid]
+                    outs.append(SimpleNamespace(request_id=rid, finished=True, prompt=prompt))
+            return outs
+
+        def has_unfinished_requests(self):
+            return bool(self.left)
+
+    engine = Engine()
+    workload = Workload(tuple((i,) for i in range(6)), 2, 0.0, 4, 0)
+    outs = _generate_continuous(SimpleNamespace(engine=engine), workload, range(5), 4)
+    assert [o.prompt for o in outs] == [[0], [1], [2], [3], [4]]
+    assert engine.joined == [0, 0, 1, 2, 3]  # two at first, then one each time one finished
 
 
 def test_batching_must_be_waves_or_continuous():
