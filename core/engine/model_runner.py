@@ -127,8 +127,8 @@ class ForwardResult:
 class ModelRunner:
     """Runs a model over feeds on its KV layout.
 
-    ``graphs``: captured forwards (hyspec.engine.step_graphs) the steps that fit
-    one replay; None (every backend without a graph capturer, or
+    ``graphs``: captured forwards (hyspec.engine.step_graphs); a step that fits
+    one replays it.  None (a backend without a graph capturer, or
     ``enforce_eager``): every step runs eagerly.
     """
 
@@ -141,7 +141,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, feeds: list[Feed], aux_layers: tuple[int, ...] = ()) -> ForwardResult:
         inputs = build_inputs(feeds, self.device)
-        captured = self._run_captured(feeds, inputs, aux_layers) if self.graphs is not None else None
+        captured = self._run_captured(inputs, aux_layers) if self.graphs is not None else None
         if captured is not None:
             hidden, aux_hidden = captured
         else:
@@ -154,9 +154,9 @@ class ModelRunner:
             f.kv.num_tokens = f.start + len(f.tokens)
         return ForwardResult(logits=logits, hidden=hidden, aux_hidden=aux_hidden, inputs=inputs)
 
-    def _run_captured(self, feeds: list[Feed], inputs: BatchInputs, aux_layers: tuple[int, ...]
+    def _run_captured(self, inputs: BatchInputs, aux_layers: tuple[int, ...]
                       ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
         meta = inputs.meta
-        key = self.graphs.key_for(meta.query_lens, meta.seq_lens_host, [len(f.kv.pages) for f in feeds],
+        key = self.graphs.key_for(meta.query_lens, meta.seq_lens_host, meta.block_tables.shape[1],
                                   meta.tree_mask is not None, tuple(aux_layers))
         return None if key is None else self.graphs.run(key, inputs.input_ids, meta)

@@ -166,7 +166,7 @@ class StepGraphs:
     def _eager(self, reason: str) -> None:
         self.stats.eager[reason] = self.stats.eager.get(reason, 0) + 1
 
-    def key_for(self, query_lens: list[int], seq_lens: list[int], pages: list[int], tree: bool,
+    def key_for(self, query_lens: list[int], seq_lens: list[int], table_width: int, tree: bool,
                 aux_layers: tuple[int, ...]) -> GraphKey | None:
         """The graph a step with these per-sequence lengths runs in, or None (and why, in ``stats.eager``)."""
         batch = _bucket(len(query_lens), self.batch_sizes)
@@ -175,7 +175,7 @@ class StepGraphs:
             self._eager("batch")
         elif query is None:
             self._eager("query")
-        elif max(seq_lens) > self.max_len or max(pages) > -(-self.max_len // self.block_size):
+        elif max(seq_lens) > self.max_len or table_width > -(-self.max_len // self.block_size):
             self._eager("length")
         elif batch * query > PADDING_FACTOR * sum(query_lens) + PADDING_SLACK:
             self._eager("padding")  # e.g. one prefill chunk among decodes: the graph would compute mostly padding

@@ -50,12 +50,12 @@ def tiny_triton(tmp_path_factory):
 def test_steps_that_do_not_fit_run_eagerly_and_say_why(tiny_triton) -> None:
     graphs = StepGraphs(tiny_triton, [], ReexecutingCapturer(), block_size=16, max_len=64, batch_sizes=(1, 2, 4, 8),
                         max_query=8)
-    assert graphs.key_for([1, 1, 1], [9, 30, 64], [1, 2, 4], False, ()) == GraphKey(4, 1, False, ())
-    assert graphs.key_for([5, 1], [9, 30], [1, 2], True, (3,)) == GraphKey(2, 8, True, (3,))
-    assert graphs.key_for([1] * 9, [5] * 9, [1] * 9, False, ()) is None  # more sequences than the largest bucket
-    assert graphs.key_for([9], [9], [1], False, ()) is None  # a chunk longer than the largest budget
-    assert graphs.key_for([1], [65], [5], False, ()) is None  # past the length bound
-    assert graphs.key_for([8] + [1] * 7, [20] * 8, [2] * 8, False, ()) is None  # 8 x 8 rows for 15 real ones
+    assert graphs.key_for([1, 1, 1], [9, 30, 64], 4, False, ()) == GraphKey(4, 1, False, ())
+    assert graphs.key_for([5, 1], [9, 30], 2, True, (3,)) == GraphKey(2, 8, True, (3,))
+    assert graphs.key_for([1] * 9, [5] * 9, 1, False, ()) is None  # more sequences than the largest bucket
+    assert graphs.key_for([9], [9], 1, False, ()) is None  # a chunk longer than the largest budget
+    assert graphs.key_for([1], [65], 5, False, ()) is None  # past the length bound
+    assert graphs.key_for([8] + [1] * 7, [20] * 8, 2, False, ()) is None  # 8 x 8 rows for 15 real ones
     assert graphs.stats.eager == {"batch": 1, "query": 1, "length": 1, "padding": 1}
 
 
