@@ -1,7 +1,7 @@
 """What the CUDA and NPU backends share: torch's per-device module (torch.cuda / torch.npu).
 
-torch_npu mirrors torch.cuda's API (mem_get_info, set_per_process_memory_fraction,
-Stream, stream, synchronize), so one implementation serves both; each
+torch_npu mirrors torch.cuda's API (mem_get_info, memory_reserved, memory_allocated,
+empty_cache, Stream, stream, synchronize), so one implementation serves both; each
 subclass says which module to use and where its op overrides come from.
 """
 from __future__ import annotations
@@ -48,20 +48,36 @@ class AcceleratorBackend(Backend):
         """torch.cuda or torch.npu (imported lazily)."""
 
     def memory_stats(self) -> MemoryStats:
-        free, total = self.device_module().mem_get_info(self.device)
-        return MemoryStats(total_bytes=int(total), free_bytes=int(free))
+        """Total and free device memory; free counts what this process's caching allocator holds unused.
+
+        ``mem_get_info`` reports memory torch has cached for reuse (a closed engine's KV pool, say) as in
+        use, so a second engine in the same process would see almost nothing free; that memory is this
+        process's to reuse, so it is added back.
+        """
+        module = self.device_module()
+        free, total = module.mem_get_info(self.device)
+        reusable = 0
+        if hasattr(module, "memory_reserved") and hasattr(module, "memory_allocated"):
+            reusable = max(int(module.memory_reserved(self.device)) - int(module.memory_allocated(self.device)), 0)
+        return MemoryStats(total_bytes=int(total), free_bytes=min(int(free) + reusable, int(total)))
 
     def kv_cache_budget_bytes(self, memory_fraction: float, cpu_kv_bytes: int | None = None) -> int:
-        """``memory_fraction`` of free device memory; the process is capped at that fraction too.
+        """``memory_fraction`` of free device memory (measured after the weights are loaded).
 
-        The cap makes an over-eager allocation fail in this process instead of
-        starving others that share the device.  ``cpu_kv_bytes`` is for the
-        CPU backend and is ignored here.
+        No process-wide cap is set (``set_per_process_memory_fraction``): one process may hold several
+        engines (a benchmark, a test, a judge beside the engine under test), and a cap set by each would
+        let the last one starve the others; the remaining ``1 - memory_fraction`` is the headroom for
+        activations and captured graphs.  ``cpu_kv_bytes`` is for the CPU backend and is ignored here.
         """
         if not 0.0 < memory_fraction <= 1.0:
             raise ValueError(f"memory_fraction must be in (0, 1], got {memory_fraction}")
-        self.device_module().set_per_process_memory_fraction(memory_fraction, self.device)
         return int(self.memory_stats().free_bytes * memory_fraction)
+
+    def release_cached_memory(self) -> None:
+        """Return the caching allocator's unused blocks to the device (after an engine closed)."""
+        module = self.device_module()
+        if hasattr(module, "empty_cache"):
+            module.empty_cache()
 
     def synchronize(self) -> None:
         self.device_module().synchronize(self.device)

@@ -41,6 +41,9 @@ class Backend(ABC):
     def memory_stats(self) -> MemoryStats:
         """Memory of the device as the backend sees it (host RAM on CPU)."""
 
+    def release_cached_memory(self) -> None:
+        """Give memory an allocator keeps for reuse back to the device; called when an engine closes."""
+
     def optimize_model(self, model: "torch.nn.Module") -> "torch.nn.Module":
         """Prepare a loaded model for serving on this backend (e.g. pack weights); same interface after.
 

@@ -64,8 +64,8 @@ def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None)
 
 
 def close_llm(llm: Any) -> None:
-    """Close an engine's drafters; the caller then drops its reference, so the next engine loads into free memory."""
-    llm.engine.spec.close()
+    """Close an engine (drafters stopped, KV pool freed), so the next engine loads into free memory."""
+    llm.close()
 
 
 def _params(workload: Workload, index: int, max_tokens: int):

@@ -189,6 +189,13 @@ class LLMEngine:
                               max_len=model.max_positions, batch_sizes=buckets, device=self.device)
         return graphs_for
 
+    def release_memory(self) -> None:
+        """Free the KV pool and the captured graphs now and hand cached device memory back (LLM.close)."""
+        if self.runner.graphs is not None:
+            self.runner.graphs.release()
+        self.pool.release()
+        self.backend.release_cached_memory()
+
     @property
     def graph_stats(self) -> dict | None:
         """Captures, replays and eager steps by reason; None when steps are not captured."""

@@ -56,10 +56,12 @@ class LLM:
         return self.tokenizer
 
     def close(self) -> None:
-        """Stop the drafters' threads and workers (idempotent); generating afterwards is an error."""
+        """Stop the drafters' threads and workers and free the KV cache (idempotent); generating afterwards
+        is an error."""
         if not self._closed:
             self._closed = True
             self.engine.spec.close()
+            self.engine.release_memory()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt prefix (vLLM's name); False when ``enable_prefix_caching`` is off."""

@@ -163,6 +163,10 @@ class StepGraphs:
         self.graphs: dict[GraphKey, _StaticStep] = {}
         self.stats = GraphStats()
 
+    def release(self) -> None:
+        """Drop every captured graph and its static buffers (the engine is closing); counts are kept."""
+        self.graphs.clear()
+
     def _eager(self, reason: str) -> None:
         self.stats.eager[reason] = self.stats.eager.get(reason, 0) + 1
 

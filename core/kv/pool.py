@@ -79,6 +79,15 @@ class KVPool:
         self._evictors: list[Callable[[int], int]] = []
         self.holders: "weakref.WeakSet" = weakref.WeakSet()  # live SequenceKVs (fragmentation.py reads them)
 
+    def release(self) -> None:
+        """Free the pages' memory now (the engine is closing), though per-layer views of it are still held.
+
+        Every layer's K/V tensor is a view of ``buffer``; shrinking the shared storage to nothing frees the
+        memory whoever holds a view, so the next engine in this process finds it free.  Reading KV afterwards
+        is an error, as generating after ``LLM.close()`` is.
+        """
+        self.buffer.untyped_storage().resize_(0)
+
     @classmethod
     def for_budget(cls, budget_bytes: int, page_bytes: int, device: torch.device | str = "cpu") -> "KVPool":
         return cls(max(budget_bytes // page_bytes, 0), page_bytes, device)

@@ -41,6 +41,22 @@ def test_two_llms_alive_at_once_each_serve_their_own(tiny_ckpt, tiny_llm):
     assert ids(tiny_llm.generate(PROMPTS, GREEDY)) == expected
 
 
+def test_close_frees_the_kv_pool_and_hands_cached_memory_back(tiny_ckpt, tiny_llm, monkeypatch):
+    expected = ids(tiny_llm.generate(PROMPTS, GREEDY))
+    llm = LLM(str(tiny_ckpt[0]), dtype="float32", kv_cache_bytes=8 << 20)
+    released = []
+    monkeypatch.setattr(llm.engine.backend, "release_cached_memory", lambda: released.append(True))
+    assert ids(llm.generate(PROMPTS, GREEDY)) == expected
+    pool = llm.engine.pool
+    assert pool.buffer.untyped_storage().nbytes() == pool.num_pages * pool.page_bytes
+    llm.close()
+    # the per-layer K/V views are still referenced (the runner, drafters), yet their memory is gone
+    assert pool.buffer.untyped_storage().nbytes() == 0 and released == [True]
+    llm.close()  # idempotent: frees nothing twice
+    assert released == [True]
+    assert ids(tiny_llm.generate(PROMPTS, GREEDY)) == expected  # the other engine's pool is untouched
+
+
 def _hybrid_config(ckpt, rules):
     return {"method": "hybrid", "num_speculative_tokens": 3,
             "hybrid": {"methods": [{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}],
