@@ -157,3 +157,20 @@ def test_host_and_vectorized_structure_agree_on_random_padded_batches():
         c_vec = T._child_table_vectorized(parents, valid)
         c_host = T._child_table(parents, valid)
         assert c_host.dtype == c_vec.dtype and torch.equal(c_host, c_vec), (parents, valid)
+
+
+def test_tree_batch_lives_where_verification_asks_and_verify_refuses_a_device_mismatch():
+    # ngram / suffix draft on the host while the target's logits are on the GPU: on an H200 the batch was
+    # built on the CPU and verify_greedy's gather failed (index on cpu, logits on cuda:0).  Only the CPU is
+    # here, so the mismatch is shown with the meta device, which verify must refuse before computing.
+    from hyspec.ops.sampling import SamplingTensors
+    from hyspec.spec.verify import verify
+
+    trees = [DraftTree.chain(0, [1, 2], vocab_size=6), DraftTree.chain(3, [4], vocab_size=6)]
+    batch = TreeBatch.from_trees(trees, device="cpu")
+    assert batch.tokens.device == batch.parents.device == torch.device("cpu")
+    from hyspec import SamplingParams
+
+    sampling = SamplingTensors.from_params([SamplingParams(temperature=0.0)] * 2)
+    with pytest.raises(HyspecError, match="trees are on cpu but the target's logits on meta"):
+        verify(torch.empty(batch.num_tokens, 6, device="meta"), batch, sampling)

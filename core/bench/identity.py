@@ -63,7 +63,8 @@ class ReferenceLogits:
                     quantization=self.quantization, backend=self.backend))
         model = self._model
         with torch.inference_mode():
-            hidden = model.forward_dense(torch.tensor([list(prefix)])).hidden[0, -1:]
+            ids = torch.tensor([list(prefix)], device=model.embed_tokens.weight.device)  # the backend's device
+            hidden = model.forward_dense(ids).hidden[0, -1:]
             return model.compute_logits(hidden)[0].float()
 
 

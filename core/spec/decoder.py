@@ -304,8 +304,8 @@ class SpecDecoder(Speculation):
             return Accepted()
         seqs = [run.rows[i].seq for i in index]
         trees = [drafts.trees[s.request_id] for s in seqs]
-        batch = TreeBatch.from_trees(trees, vocab_size=self.target.vocab_size)
         logits = torch.cat([run.result.feed_logits(i) for i in index])
+        batch = TreeBatch.from_trees(trees, vocab_size=self.target.vocab_size, device=logits.device)
         sampling = SamplingTensors.from_params([s.params for s in seqs])
         out = verify(logits, batch, sampling, [s.generator for s in seqs], ops=self.target.ops)
         emitted = out.emitted_tokens()

@@ -276,8 +276,13 @@ class TreeBatch:
         self.max_depth = int(self.depths.max()) if b else 0
 
     @classmethod
-    def from_trees(cls, trees: Sequence[DraftTree], vocab_size: int | None = None) -> "TreeBatch":
-        """Pad single trees into a batch (one-hot q rows for the deterministic ones if any tree has q)."""
+    def from_trees(cls, trees: Sequence[DraftTree], vocab_size: int | None = None,
+                   device: torch.device | str | None = None) -> "TreeBatch":
+        """Pad single trees into a batch (one-hot q rows for the deterministic ones if any tree has q).
+
+        ``device``: where the batch lives (default: the first tree's).  Verification passes the target
+        logits' device: host drafters (ngram, suffix) build their trees on the CPU, a GPU head on the GPU.
+        """
         if not trees:
             raise HyspecError("TreeBatch.from_trees needs at least one tree")
         sizes = {t.vocab_size for t in trees if t.vocab_size is not None} | ({vocab_size} if vocab_size else set())
@@ -285,7 +290,7 @@ class TreeBatch:
             raise HyspecError(f"TreeBatch.from_trees: trees disagree on the vocabulary size: {sorted(sizes)}")
         vocab = sizes.pop() if sizes else None
         b, n = len(trees), max(t.num_nodes for t in trees)
-        device = trees[0].tokens.device
+        device = trees[0].tokens.device if device is None else torch.device(device)
         tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
         parents = torch.full((b, n), -1, dtype=torch.int64, device=device)
         for r, t in enumerate(trees):
@@ -298,7 +303,7 @@ class TreeBatch:
                 if t.draft_probs is not None:
                     draft_probs[r, : t.num_nodes] = t.draft_probs.float()
                 else:
-                    draft_probs[r, torch.arange(1, t.num_nodes), t.tokens[1:]] = 1.0
+                    draft_probs[r, torch.arange(1, t.num_nodes, device=device), t.tokens[1:].to(device)] = 1.0
         num_nodes = torch.tensor([t.num_nodes for t in trees], dtype=torch.int64, device=device)
         return cls(tokens, parents, num_nodes, draft_probs, vocab)
 

@@ -180,6 +180,9 @@ def _check_inputs(
             f"verify: target_logits must be [T={trees.num_tokens}, V] (one row per tree node), "
             f"got {tuple(target_logits.shape)}"
         )
+    if trees.tokens.device != target_logits.device:
+        raise HyspecError(f"verify: the trees are on {trees.tokens.device} but the target's logits on "
+                          f"{target_logits.device}; build the batch with TreeBatch.from_trees(..., device=)")
     vocab = target_logits.shape[1]
     if trees.vocab_size is not None and trees.vocab_size != vocab:
         raise HyspecError(f"verify: trees use vocab size {trees.vocab_size}, the target's logits have {vocab}")
