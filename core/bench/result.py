@@ -197,6 +197,7 @@ class Document:
     drafters: dict[str, dict[str, Any]]
     memory_method: str
     rows: list[Row] = field(default_factory=list)
+    complete: bool = True  # False: a checkpoint written mid-run (the rows so far)
 
     def to_dict(self) -> dict[str, Any]:
         from datetime import datetime, timezone
@@ -229,4 +230,5 @@ class Document:
             "failed": failed,
             "goals": goals(rows),
             "passed": not identity["mismatches"] and not failed,
+            "complete": self.complete,
         }

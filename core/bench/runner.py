@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, TeacherForcedJudge,
                                    check_identity)
@@ -89,10 +89,14 @@ def _load_workload(settings: BenchSettings, model: Path, max_tokens: int):
 
 
 class BenchRunner:
-    def __init__(self, settings: BenchSettings, command: list[str] | None = None, progress: bool = True):
+    def __init__(self, settings: BenchSettings, command: list[str] | None = None, progress: bool = True,
+                 checkpoint: Callable[[dict[str, Any]], None] | None = None):
         self.settings = settings
         self.command = list(command) if command is not None else ["hyspec", "bench"]
         self.show_progress = progress
+        # called with the document so far (``"complete": false``) after every method and the peers, so a run
+        # killed by a time limit or a crash keeps what it measured (a leased GPU's minutes are few)
+        self.checkpoint = checkpoint
 
     def run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
@@ -120,6 +124,20 @@ class BenchRunner:
             bandwidth = measure_copy_bandwidth(s.bandwidth_bytes, backend.device)
             rows, reference, model_info, judge = self._plain(model, workloads)
             dtype = model_info.pop("_dtype")
+            model_info.update(path=str(model), name=model.name, embedded_default=is_default,
+                              max_model_len=cfg.max_position_embeddings)
+            bandwidth_doc = {"copy": bandwidth, "decode_weight_bytes": model_info["decode_weight_bytes"],
+                             "plain_limit_tokens_per_s_bs1": bandwidth["bytes_per_s"] / model_info["decode_weight_bytes"]}
+
+            def doc(rows: list[Row], complete: bool) -> dict[str, Any]:
+                return Document(
+                    command=self.command, machine=machine_info(backend), model=model_info,
+                    dataset=prompts.summary(), settings=s.to_dict(), bandwidth=bandwidth_doc,
+                    drafters={m: {"path": str(drafters[m]) if m in drafters else None, "reason": missing.get(m)}
+                              for m in DRAFTER_METHODS},
+                    memory_method=self.peak.read().method, rows=rows, complete=complete).to_dict()
+
+            self._save(doc, rows)
             logits = ReferenceLogits(model, dtype, backend, s.quantization)  # the engine's kernels and weights
             self.judge = judge
             loaded = dict(drafters)
@@ -130,21 +148,16 @@ class BenchRunner:
                     rows += self._skip(HYSPEC, method, workloads, missing[method])
                     continue
                 rows += self._method(model, method, workloads, loaded, reference, logits, dtype)
+                self._save(doc, rows)
             rows += self._peers(model, workloads, drafters.get("draft_model"), reference, logits, dtype,
                                 backend.device)
         finally:
             self.bar.close()
-        model_info.update(path=str(model), name=model.name, embedded_default=is_default,
-                          max_model_len=cfg.max_position_embeddings)
-        bandwidth_doc = {"copy": bandwidth, "decode_weight_bytes": model_info["decode_weight_bytes"],
-                         "plain_limit_tokens_per_s_bs1": bandwidth["bytes_per_s"] / model_info["decode_weight_bytes"]}
-        doc = Document(
-            command=self.command, machine=machine_info(backend), model=model_info, dataset=prompts.summary(),
-            settings=s.to_dict(), bandwidth=bandwidth_doc,
-            drafters={m: {"path": str(drafters[m]) if m in drafters else None, "reason": missing.get(m)}
-                      for m in DRAFTER_METHODS},
-            memory_method=self.peak.read().method, rows=rows)
-        return doc.to_dict()
+        return doc(rows, True)
+
+    def _save(self, doc: Callable[[list[Row], bool], dict[str, Any]], rows: list[Row]) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint(doc(list(rows), False))
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -272,13 +285,13 @@ class BenchRunner:
                 self._tick(f"{name} bs {w.batch_size} T {w.temperature:g}")
                 try:
                     m = peer.run(name, w, self.settings.repeats)
+                    agreement = check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype)
                 except PeerUnavailable as exc:
                     rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, SKIPPED, str(exc)))
                 except Exception as exc:  # the peer's own failure (a crash, a timeout): its column says so
                     rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, FAILED,
                                     f"llama.cpp failed: {type(exc).__name__}: {exc}"))
                 else:
-                    agreement = check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype)
                     rows.append(Row(LLAMACPP, name, w.batch_size, w.temperature, OK, measurement=m,
                                     agreement=agreement))
                 self.bar.update(1)
@@ -309,14 +322,14 @@ class BenchRunner:
                 self._tick(f"{peer} bs {w.batch_size} T {w.temperature:g}")
                 try:
                     m = hf.run(peer, w, self.settings.repeats, self.peak)
+                    agreement = (None if w.temperature else
+                                 check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype))
                 except PeerUnavailable as exc:
                     rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, SKIPPED, str(exc)))
-                except Exception as exc:  # the peer's own failure: its column says so
+                except Exception as exc:  # the peer's own failure, or its identity check's: its column says so
                     rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, FAILED,
                                     f"transformers failed: {type(exc).__name__}: {exc}"))
                 else:
-                    agreement = (None if w.temperature else
-                                 check_identity(w.prompts, reference[w.key()], m.outputs[0], logits, dtype))
                     rows.append(Row(TRANSFORMERS, peer, w.batch_size, w.temperature, OK, measurement=m,
                                     agreement=agreement))
                 self.bar.update(1)
@@ -335,6 +348,7 @@ def _quiet_transformers() -> None:
         pass
 
 
-def run_bench(settings: BenchSettings, command: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run the benchmark and return the JSON document (see docs/bench.md)."""
-    return BenchRunner(settings, command, progress).run()
+def run_bench(settings: BenchSettings, command: list[str] | None = None, progress: bool = True,
+              checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark and return the JSON document (see docs/bench.md); ``checkpoint`` gets partial ones."""
+    return BenchRunner(settings, command, progress, checkpoint).run()

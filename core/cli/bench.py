@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,6 +120,13 @@ def _settings(args: argparse.Namespace):
     return with_preset(replace(base, **values), given)
 
 
+def _write_json(path: Path, doc: dict) -> None:
+    """Whole or not at all: a reader (or a kill mid-write) never sees half a document."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.readme_table is not None:
         from hyspec.bench.readme import load_result, render_readme_section
@@ -130,16 +138,22 @@ def run(args: argparse.Namespace) -> int:
     from hyspec.bench.report import format_table
     from hyspec.bench.runner import run_bench
 
-    doc = run_bench(settings, command=["hyspec", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else None,
-                    progress=not args.no_progress)
-    print(format_table(doc, color=sys.stdout.isatty()), end="")
-    if args.json is not None:
+    if args.json is not None:  # fail on an unwritable path now, not after the run
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            if args.json.is_dir() or not os.access(args.json.parent, os.W_OK):
+                raise OSError("not a writable file path")
         except OSError as exc:
             print(f"hyspec bench: error: cannot write --json {args.json}: {exc}", file=sys.stderr)
             return 2
+    # with --json, the rows so far are written after every method ("complete": false), so a run that is
+    # killed or crashes keeps what it measured; the finished document replaces them
+    checkpoint = None if args.json is None else lambda partial: _write_json(args.json, partial)
+    doc = run_bench(settings, command=["hyspec", "bench", *sys.argv[2:]] if sys.argv[1:2] == ["bench"] else None,
+                    progress=not args.no_progress, checkpoint=checkpoint)
+    print(format_table(doc, color=sys.stdout.isatty()), end="")
+    if args.json is not None:
+        _write_json(args.json, doc)
         print(f"result written to {args.json}", file=sys.stderr)
     if args.plot is not None:
         from hyspec.bench.plots import write_plots

@@ -17,7 +17,7 @@ ROW_KEYS = {"engine", "method", "label", "batch_size", "temperature", "status", 
             "bandwidth_ratio", "cost_per_million_tokens"}
 TOP_KEYS = {"schema_version", "kind", "created_utc", "hyspec_version", "command", "machine", "machine_label", "model",
             "dataset", "settings", "bandwidth", "memory_method", "drafters", "results", "identity", "failed",
-            "goals", "passed"}
+            "goals", "passed", "complete"}
 
 
 def rows_of(doc, method, engine="hyspec"):
@@ -174,6 +174,40 @@ def test_failed_configuration_exits_nonzero(tiny, capsys, monkeypatch):
     assert main(bench_args(tiny, "--methods", "ngram", "--peers", "none", max_tokens=4)) == 1
     out = capsys.readouterr().out
     assert "!! FAILED: hyspec ngram bs 1 T 0: RuntimeError: engine blew up" in out
+
+
+def test_a_run_killed_midway_keeps_its_rows_so_far(tiny, tmp_path, monkeypatch):
+    """--json is rewritten after every method ("complete": false), so a crash or a time limit loses nothing
+    measured; the first GPU runs lost all their rows to a late peer failure."""
+    import hyspec.bench.runner as runner
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt  # what a kill looks like from inside: nothing after this point runs
+
+    monkeypatch.setattr(runner.BenchRunner, "_peers", crash)
+    path = tmp_path / "partial.json"
+    assert main(bench_args(tiny, "--methods", "ngram", "--json", str(path), max_tokens=4)) == 130  # Ctrl-C's
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is False
+    assert {r["method"] for r in doc["results"]} == {"none", "ngram"}  # plain decoding is method "none"
+    assert rows_of(doc, "ngram")[(1, 0)]["status"] == "ok"
+    assert not path.with_name(path.name + ".tmp").exists()
+
+
+def test_a_peer_whose_identity_check_fails_is_that_rows_failure(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import hyspec.bench.runner as runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("index on cpu, logits on cuda:0")
+
+    monkeypatch.setattr(runner, "check_identity", broken)
+    path = tmp_path / "r.json"
+    main(bench_args(tiny, "--methods", "ngram", "--peers", "hf_generate", "--json", str(path), max_tokens=4))
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True and rows_of(doc, "ngram")[(1, 0)]["status"] == "ok"
+    peer = [r for r in doc["results"] if r["engine"] == "transformers"]
+    assert len(peer) == 1 and peer[0]["status"] == "failed" and "index on cpu" in peer[0]["reason"]
 
 
 def test_sampled_run_and_missing_transformers(tiny, tmp_path, capsys, monkeypatch):
