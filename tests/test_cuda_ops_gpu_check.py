@@ -110,3 +110,4 @@ def test_gpu_first_contact_dry_run_passes_and_reports_every_step(tmp_path: Path)
     assert steps["ops at small sizes (conformance --only ops)"]["result"]["passed"] is True
     assert json.loads((tmp_path / "first_contact_gpu_check.json").read_text())["dry_run"] is True
     assert "skipped" in steps["graph capture of a decode step"]
+    assert "dry run" in steps["end to end: hyspec bench on the default model"]["skipped"]
