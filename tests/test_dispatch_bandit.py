@@ -208,3 +208,21 @@ def test_the_bandits_state_is_exported():
     assert {s.labels["method"] for s in choices} == {"ngram", "none"}
     assert all(s.labels["step_class"] == "ctx<=256,bs<=1" for s in choices)
     assert families["hyspec_dispatch_bandit_goodput_tokens_per_second"].samples[0].value == pytest.approx(100.0)
+
+
+def test_exploration_is_bounded_by_time_as_well_as_steps():
+    """At batch 32 a speculative step can cost several plain steps: a tenth of the steps must not be a third
+    of the time.  Here the explored arm's steps take 5 s against the best arm's 1 s."""
+    seconds = {"none": 1.0, "suffix": 5.0}
+    tokens = {"none": 32, "suffix": 60}  # suffix: 12 tok/s, plain 32 tok/s
+    policy = BanditPolicy(["none", "suffix"], explore_fraction=0.1, warmup=1)
+    spent = {"none": 0.0, "suffix": 0.0}
+    for _ in range(400):
+        arm = policy.choose("c")
+        policy.observe("c", arm, tokens=tokens[arm], seconds=seconds[arm])
+        spent[arm] += seconds[arm]
+    share = spent["suffix"] / sum(spent.values())
+    # explored still, within the time bound: over it by at most its warm-up step and one exploring step
+    assert 0.03 < share <= 0.1 + 2 * 5.0 / sum(spent.values())
+    # bounded by steps alone (the old rule) it would have been about 40 of 400 steps: 200 s of 560, 36 %
+    assert policy.snapshot().explorations < 40 / 2

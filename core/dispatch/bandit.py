@@ -20,9 +20,12 @@ exploration).  Choice:
 
 1. every arm is chosen ``warmup`` times in a class before anything else (least-chosen first);
 2. then the arm with the highest mean, except that one step in ``1 / explore_fraction`` (counted
-   per class, deterministic) tries the arm chosen longest ago -- so exploration is
-   bounded by ``explore_fraction`` of the steps, and a method that got better (a warmer cache, a
-   longer prompt) is found again;
+   per class, deterministic) tries the arm chosen longest ago, provided the class's exploring steps
+   so far took at most ``explore_fraction`` of its measured time -- so exploration is bounded by
+   ``explore_fraction`` of the steps *and* of the time (at batch 32 a speculative step verifies 32 x
+   (k + 1) rows and can cost several plain steps: bounded by steps alone, a tenth of the steps was
+   a third of the time), and a method that got better (a warmer cache, a longer prompt) is found
+   again;
 3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
    lets old measurements fade.
 
@@ -90,6 +93,8 @@ class ClassState:
     arms: dict[str, ArmStats] = field(default_factory=dict)
     steps: int = 0
     explorations: int = 0
+    seconds: float = 0.0  # measured time of the class's steps (undiscounted)
+    explore_seconds: float = 0.0  # of which, exploring steps
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,14 @@ class BanditPolicy:
         if not 0.0 < discount <= 1.0:
             raise ConfigError("speculative_config.hybrid.bandit_discount", f"must be in (0, 1], got {discount}")
         self.arms = arms
+        self.explore_fraction = explore_fraction
         self.explore_every = max(2, round(1.0 / explore_fraction))
         self.warmup = warmup
         self.discount = discount
         self._classes: dict[str, ClassState] = {}
         self._parents: dict[str, ClassState] = {}  # the classes without their context bucket (parent_class)
         self._choices: dict[tuple[str, str], int] = {}
+        self._exploring: dict[str, str] = {}  # class -> the arm its last choice explored (until observed)
         self._lock = threading.Lock()  # choose/observe on the engine thread, snapshot at scrape time
 
     def choose(self, klass: str) -> str:
@@ -127,14 +134,17 @@ class BanditPolicy:
             state = self._state(klass)
             parent = self._parent(klass)
             state.steps += 1
+            self._exploring.pop(klass, None)  # a step that taught nothing (a prefill) ends that exploration
             cold = [a for a in self.arms if state.arms[a].chosen < self.warmup
                     and (parent is None or parent.arms[a].pulls < self.warmup)]
             if cold:
                 arm = min(cold, key=lambda a: state.arms[a].chosen)
-            elif state.steps % self.explore_every == 0 and len(self.arms) > 1:
+            elif (state.steps % self.explore_every == 0 and len(self.arms) > 1
+                  and state.explore_seconds <= self.explore_fraction * state.seconds):
                 best = self._best(state, parent)
                 arm = min((a for a in self.arms if a != best), key=lambda a: state.arms[a].last_step)
                 state.explorations += 1
+                self._exploring[klass] = arm
             else:
                 arm = self._best(state, parent)
             state.arms[arm].chosen += 1
@@ -147,7 +157,11 @@ class BanditPolicy:
         if arm not in self.arms or seconds <= 0 or tokens < 0:
             return
         with self._lock:
-            for state in (self._state(klass), self._parent(klass)):
+            own = self._state(klass)
+            own.seconds += seconds
+            if self._exploring.pop(klass, None) == arm:
+                own.explore_seconds += seconds
+            for state in (own, self._parent(klass)):
                 if state is None:
                     continue
                 stats = state.arms[arm]
