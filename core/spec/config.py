@@ -222,8 +222,10 @@ class HybridConfig:
     policy: str = key("rules", "rules: steps no rule matches decode plainly; bandit: they (and rules with "
                                "\"policy\": \"bandit\") go to a bandit over the loaded methods and none, learnt "
                                "per class of step from measured goodput (without rules_path: no rules at all).")
-    bandit_explore_fraction: float = key(0.1, "bandit: the most steps of a class it spends trying other arms, "
-                                              "in (0, 0.5].")
+    bandit_explore_fraction: float = key(0.1, "bandit: the largest share of a class's steps, and of its measured "
+                                              "time, spent trying other arms, in (0, 0.5]. A speculative step at a "
+                                              "large batch can cost several plain steps, so bounding the time too "
+                                              "keeps exploration cheap.")
     bandit_warmup: int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).")
     bandit_discount: float = key(0.99, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
 
