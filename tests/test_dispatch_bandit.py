@@ -106,9 +106,44 @@ def test_a_rare_class_borrows_from_its_parent_class():
     assert [policy.choose(rare) for _ in range(5)].count("none") >= 4
 
 
+def test_above_batch_1_a_lead_inside_the_plain_margin_decodes_plainly():
+    """suffix measures 3 % above plain: noise at a large batch, where plain is the safe arm; a real lead (10 %)
+    is still taken, and at batch 1, where verification is nearly free, no margin applies."""
+    def settle(goodput, batch):
+        policy = BanditPolicy(["suffix", "none"], explore_fraction=0.1, warmup=2, plain_margin=0.05)
+        chosen = []
+        for _ in range(100):
+            arm = policy.choose("c", batch)
+            policy.observe("c", arm, tokens=int(goodput[arm]), seconds=1.0)
+            chosen.append(arm)
+        return chosen[-50:]
+
+    assert settle({"suffix": 103.0, "none": 100.0}, 16).count("none") >= 45
+    assert settle({"suffix": 110.0, "none": 100.0}, 16).count("suffix") >= 45
+    assert settle({"suffix": 103.0, "none": 100.0}, 1).count("suffix") >= 45
+    without = BanditPolicy(["suffix", "none"], warmup=2)  # plain_margin 0 (the class's default): the mean rules
+    assert run(without, "c", 100, {"suffix": 103.0, "none": 100.0})[-50:].count("suffix") >= 45
+
+
+def test_the_engine_passes_the_configured_margin_and_batch_size_to_the_bandit():
+    assert SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit"}}).hybrid \
+        .bandit_plain_margin == 0.05
+    with pytest.raises(ConfigError, match="bandit_plain_margin"):
+        SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit", "bandit_plain_margin": 0.7}})
+    bandit = BanditPolicy(["suffix", "none"], warmup=1, plain_margin=0.05)
+    d = HybridDispatcher(None, ["suffix"], reload_interval_s=None, bandit=bandit)
+    for batch, want in ((16, "none"), (1, "suffix")):
+        for _ in range(60):
+            method = d.choose(signals(batch=batch))
+            d.observe_step(103 if method == "suffix" else 100, 1.0)
+        assert [d.choose(signals(batch=batch)) for _ in range(3)].count(want) >= 2
+
+
 @pytest.mark.parametrize("kwargs, key", [({"explore_fraction": 0.0}, "bandit_explore_fraction"),
                                          ({"explore_fraction": 0.9}, "bandit_explore_fraction"),
-                                         ({"warmup": 0}, "bandit_warmup"), ({"discount": 1.5}, "bandit_discount")])
+                                         ({"warmup": 0}, "bandit_warmup"), ({"discount": 1.5}, "bandit_discount"),
+                                         ({"plain_margin": -0.1}, "bandit_plain_margin"),
+                                         ({"plain_margin": 0.6}, "bandit_plain_margin")])
 def test_bad_settings_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         BanditPolicy(["ngram", "none"], **kwargs)

@@ -27,7 +27,15 @@ exploration).  Choice:
    a third of the time), and a method that got better (a warmer cache, a longer prompt) is found
    again;
 3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
-   lets old measurements fade.
+   lets old measurements fade;
+4. at batch sizes above 1, a method is exploited only while its estimate beats plain decoding's by
+   ``plain_margin``: arms whose goodputs lie within a few per cent are a tie the noise decides, and on
+   a tie plain decoding is the arm that loses nothing when the estimate was wrong.  At large batches
+   the speculative arms and plain often sit that close (a speculative step there verifies batch x
+   (k + 1) rows on compute that is already busy), and those classes are visited less, so their
+   estimates are noisier.  At batch 1 verification is nearly free, the gains are often a few per
+   cent, and a margin there only gave them away (measured on the mixed workload: see
+   docs/results/2026-12-04/mixed-continuous-margin/).
 
 Classes are many (context x batch x match buckets) and some are rare, so each borrows from its
 *parent*, the same class without the context bucket (``ctx<=1024,bs<=1,match<=3`` -> ``bs<=1,
@@ -106,7 +114,7 @@ class BanditSnapshot:
 
 class BanditPolicy:
     def __init__(self, arms: list[str] | tuple[str, ...], explore_fraction: float = 0.1, warmup: int = 2,
-                 discount: float = 0.99):
+                 discount: float = 0.99, *, plain: str = "none", plain_margin: float = 0.0):
         arms = tuple(dict.fromkeys(arms))
         if not arms:
             raise ConfigError("speculative_config.hybrid.policy", "the bandit needs at least one method to choose "
@@ -118,18 +126,24 @@ class BanditPolicy:
             raise ConfigError("speculative_config.hybrid.bandit_warmup", f"must be >= 1, got {warmup}")
         if not 0.0 < discount <= 1.0:
             raise ConfigError("speculative_config.hybrid.bandit_discount", f"must be in (0, 1], got {discount}")
+        if not 0.0 <= plain_margin <= 0.5:
+            raise ConfigError("speculative_config.hybrid.bandit_plain_margin",
+                              f"must be in [0, 0.5], got {plain_margin}")
         self.arms = arms
         self.explore_fraction = explore_fraction
         self.explore_every = max(2, round(1.0 / explore_fraction))
         self.warmup = warmup
         self.discount = discount
+        self.plain = plain if plain in arms else None  # the arm that drafts nothing, preferred on a near-tie
+        self.plain_margin = plain_margin
         self._classes: dict[str, ClassState] = {}
         self._parents: dict[str, ClassState] = {}  # the classes without their context bucket (parent_class)
         self._choices: dict[tuple[str, str], int] = {}
         self._exploring: dict[str, str] = {}  # class -> the arm its last choice explored (until observed)
         self._lock = threading.Lock()  # choose/observe on the engine thread, snapshot at scrape time
 
-    def choose(self, klass: str) -> str:
+    def choose(self, klass: str, batch_size: int | None = None) -> str:
+        """The arm for the next step of class ``klass``; ``batch_size`` (the step's) gates ``plain_margin``."""
         with self._lock:
             state = self._state(klass)
             parent = self._parent(klass)
@@ -141,12 +155,12 @@ class BanditPolicy:
                 arm = min(cold, key=lambda a: state.arms[a].chosen)
             elif (state.steps % self.explore_every == 0 and len(self.arms) > 1
                   and state.explore_seconds <= self.explore_fraction * state.seconds):
-                best = self._best(state, parent)
+                best = self._best(state, parent, batch_size)
                 arm = min((a for a in self.arms if a != best), key=lambda a: state.arms[a].last_step)
                 state.explorations += 1
                 self._exploring[klass] = arm
             else:
-                arm = self._best(state, parent)
+                arm = self._best(state, parent, batch_size)
             state.arms[arm].chosen += 1
             state.arms[arm].last_step = state.steps
             self._choices[(klass, arm)] = self._choices.get((klass, arm), 0) + 1
@@ -192,7 +206,7 @@ class BanditPolicy:
             state = self._parents[name] = ClassState({a: ArmStats() for a in self.arms})
         return state
 
-    def _best(self, state: ClassState, parent: ClassState | None) -> str:
+    def _best(self, state: ClassState, parent: ClassState | None, batch_size: int | None = None) -> str:
         def estimate(arm: str) -> float:
             own = state.arms[arm]
             prior = parent.arms[arm] if parent is not None else None
@@ -201,7 +215,12 @@ class BanditPolicy:
             step = prior.seconds / prior.weight  # the parent's mean step time for this arm
             return (own.tokens + PRIOR_STEPS * prior.mean * step) / (own.seconds + PRIOR_STEPS * step)
 
-        return max(self.arms, key=lambda a: (estimate(a), -self.arms.index(a)))
+        best = max(self.arms, key=lambda a: (estimate(a), -self.arms.index(a)))
+        margin = self.plain_margin if batch_size is None or batch_size > 1 else 0.0
+        if self.plain is not None and best != self.plain and margin > 0.0:
+            if estimate(best) < (1.0 + margin) * estimate(self.plain):
+                return self.plain  # a lead inside the margin is noise: decode plainly
+        return best
 
 
 __all__ = ["BanditPolicy", "BanditSnapshot", "parent_class", "step_class"]

@@ -150,7 +150,7 @@ class HybridDispatcher:
                     break
             if method == BANDIT:
                 klass = step_class(signals.context_length, signals.batch_size, signals.match_length)
-                method = self.bandit.choose(klass)
+                method = self.bandit.choose(klass, signals.batch_size)
                 self._last = (klass, method)
         self._decisions[method] += 1
         self._latency.record(perf_counter_ns() - start)

@@ -228,6 +228,11 @@ class HybridConfig:
                                               "keeps exploration cheap.")
     bandit_warmup: int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).")
     bandit_discount: float = key(0.99, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
+    bandit_plain_margin: float = key(0.05, "bandit: at batch sizes above 1, how much more goodput than plain "
+                                           "decoding a method must show before it is chosen over it, a fraction "
+                                           "in [0, 0.5]. Means within a few per cent are noise, and plain "
+                                           "decoding then costs nothing if the estimate was wrong; at batch 1 "
+                                           "verification is nearly free and no margin applies.")
 
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)
@@ -235,6 +240,7 @@ class HybridConfig:
         chk.check_float(self, "bandit_explore_fraction", 0.0, 0.5, lo_open=True)
         chk.check_int(self, "bandit_warmup", 1, 1000)
         chk.check_float(self, "bandit_discount", 0.0, 1.0, lo_open=True)
+        chk.check_float(self, "bandit_plain_margin", 0.0, 0.5)
         chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
         chk.check_float(self, "load_resume_threshold", 0.0, 1.0)
         if self.load_resume_threshold >= self.load_threshold:
