@@ -5,7 +5,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Mapping
 
-from hyspec.bench.machine import PeakMemory
+from hyspec.bench.machine import MemoryPeak, PeakMemory
 from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, acceptance_from_totals, timed_passes
 from hyspec.bench.settings import DRAFTER_METHODS, NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
 from hyspec.bench.stats import Spread
@@ -131,27 +131,55 @@ def _generate_continuous(llm: Any, workload: Workload, indices: range, max_token
 
 
 def _run_workload(llm: Any, workload: Workload, repeats: int, peak: PeakMemory, continuous: bool) -> Measurement:
-    _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
-    spec = llm.engine.spec if llm.engine.spec.enabled else None
-    before = spec.metrics.snapshot()["totals"] if spec is not None else None
+    passes = PassRunner(llm, workload, continuous)
     peak.reset()
+    for _ in range(repeats):
+        passes.timed_pass()
+    return passes.measurement(peak.read())
 
-    def run_wave(wave: range) -> tuple[list[list[int]], list[float]]:
-        generate = _generate_continuous if continuous else _generate_wave
-        outs = generate(llm, workload, wave, workload.max_tokens)
+
+class PassRunner:
+    """One engine on one workload, a timed pass at a time: what ``run_workload`` does in one go, cut so that
+    ``hyspec bench --interleave`` can alternate engines pass by pass (drift on a shared machine then lands on
+    every method alike).  Construction runs the untimed warm-up wave."""
+
+    def __init__(self, llm: Any, workload: Workload, continuous: bool):
+        self.llm, self.workload, self.continuous = llm, workload, continuous
+        _generate_wave(llm, workload, workload.waves[0], min(WARMUP_TOKENS, workload.max_tokens))
+        self.spec = llm.engine.spec if llm.engine.spec.enabled else None
+        self.before = self.spec.metrics.snapshot()["totals"] if self.spec is not None else None
+        self.rates: list[float] = []
+        self.ttfts: list[float] = []
+        self.outputs: list[list[list[int]]] = []
+        self.generated = 0
+
+    def _run_wave(self, wave: range) -> tuple[list[list[int]], list[float]]:
+        generate = _generate_continuous if self.continuous else _generate_wave
+        outs = generate(self.llm, self.workload, wave, self.workload.max_tokens)
         ttfts = [o.metrics.ttft for o in outs if o.metrics is not None and o.metrics.ttft is not None]
         return [list(o.outputs[0].token_ids) for o in outs], ttfts
 
-    def forget_between_passes() -> None:  # a pass must not draft from, nor reuse the KV of, the previous pass
-        llm.engine.spec.forget_shared_history()
-        llm.reset_prefix_cache()
+    def _forget_between_passes(self) -> None:  # a pass must not draft from, nor reuse the KV of, the previous one
+        self.llm.engine.spec.forget_shared_history()
+        self.llm.reset_prefix_cache()
 
-    rates, ttfts, outputs, generated = timed_passes(workload, repeats, run_wave, before_pass=forget_between_passes,
-                                                    waves=[range(len(workload.prompts))] if continuous else None)
-    memory = peak.read()
-    acceptance = acceptance_from_totals(before, spec.metrics.snapshot()["totals"]) if spec is not None else None
-    if acceptance is not None:
-        acceptance.update(_hybrid_choices(spec))
-    return Measurement(tokens_per_s=Spread.of(rates), generated_tokens=generated,
-                       ttft_s=Spread.of(ttfts) if ttfts else None, outputs=outputs, peak=memory,
-                       acceptance=acceptance)
+    def timed_pass(self) -> float:
+        """One timed pass over the whole workload; its tokens/s."""
+        rates, ttfts, outputs, generated = timed_passes(
+            self.workload, 1, self._run_wave, before_pass=self._forget_between_passes,
+            waves=[range(len(self.workload.prompts))] if self.continuous else None)
+        self.rates += rates
+        self.ttfts += ttfts
+        self.outputs += outputs
+        self.generated = generated
+        return rates[0]
+
+    def measurement(self, memory: MemoryPeak) -> Measurement:
+        spec = self.spec
+        acceptance = (acceptance_from_totals(self.before, spec.metrics.snapshot()["totals"])
+                      if spec is not None else None)
+        if acceptance is not None:
+            acceptance.update(_hybrid_choices(spec))
+        return Measurement(tokens_per_s=Spread.of(self.rates), generated_tokens=self.generated,
+                           ttft_s=Spread.of(self.ttfts) if self.ttfts else None, outputs=self.outputs, peak=memory,
+                           acceptance=acceptance)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, TeacherForcedJudge,
                                    check_identity)
 from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
                                   unique_parameter_count)
-from hyspec.bench.measure import Workload
+from hyspec.bench.measure import Measurement, Workload
 from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
 from hyspec.bench.settings import DRAFTER_METHODS, METHODS, PLAIN, BenchSettings
@@ -122,7 +122,12 @@ class BenchRunner:
         try:
             self.bar.set_postfix_str("copy bandwidth")
             bandwidth = measure_copy_bandwidth(s.bandwidth_bytes, backend.device)
-            rows, reference, model_info, judge = self._plain(model, workloads)
+            if s.interleave:
+                rows, reference, model_info, judge, pending = self._interleaved(model, methods, workloads, drafters,
+                                                                                missing)
+            else:
+                rows, reference, model_info, judge = self._plain(model, workloads)
+                pending = None
             dtype = model_info.pop("_dtype")
             model_info.update(path=str(model), name=model.name, embedded_default=is_default,
                               max_model_len=cfg.max_position_embeddings)
@@ -141,13 +146,17 @@ class BenchRunner:
             logits = ReferenceLogits(model, dtype, backend, s.quantization)  # the engine's kernels and weights
             self.judge = judge
             loaded = dict(drafters)
-            for method in methods:
+            for method in methods if pending is None else ():
                 if method == PLAIN:
                     continue
                 if method in DRAFTER_METHODS and method not in drafters:
                     rows += self._skip(HYSPEC, method, workloads, missing[method])
                     continue
                 rows += self._method(model, method, workloads, loaded, reference, logits, dtype)
+                self._save(doc, rows)
+            for method, results in (pending or {}).items():  # the interleaved run's methods, judged now
+                rows += [self._judged(method, w, m, reference, logits, dtype) for w, m in results]
+            if pending:
                 self._save(doc, rows)
             rows += self._peers(model, workloads, drafters.get("draft_model"), reference, logits, dtype,
                                 backend.device)
@@ -169,29 +178,118 @@ class BenchRunner:
         self.bar.update(len(workloads))
         return rows
 
+    @staticmethod
+    def _model_info(engine) -> dict[str, Any]:
+        quant = engine.quantization
+        return {"dtype": str(engine.dtype).replace("torch.", ""), "_dtype": engine.dtype,
+                "quantization": None if quant is None else {**quant.to_dict(), "summary": quant.summary()},
+                "parameters": unique_parameter_count(engine.model),
+                "decode_weight_bytes": decode_weight_bytes(engine.model)}
+
+    @staticmethod
+    def _plain_row(w: Workload, m: Measurement) -> Row:
+        identity = IdentityVerdict(NOT_APPLICABLE) if w.temperature else None
+        return Row(HYSPEC, PLAIN, w.batch_size, w.temperature, OK, measurement=m, identity=identity)
+
     def _plain(self, model: Path, workloads: list[Workload]):
         from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload
 
         self._tick("hyspec plain: loading")
         llm = build_llm(model, self.settings, None)  # no reference without it: errors propagate
-        engine = llm.engine
-        quant = engine.quantization
-        info = {"dtype": str(engine.dtype).replace("torch.", ""), "_dtype": engine.dtype,
-                "quantization": None if quant is None else {**quant.to_dict(), "summary": quant.summary()},
-                "parameters": unique_parameter_count(engine.model),
-                "decode_weight_bytes": decode_weight_bytes(engine.model)}
+        info = self._model_info(llm.engine)
         rows, reference = [], {}
         for w in workloads:
             self._tick(f"hyspec plain bs {w.batch_size} T {w.temperature:g}")
             m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
             reference[w.key()] = m.outputs[0]
-            identity = IdentityVerdict(NOT_APPLICABLE) if w.temperature else None
-            rows.append(Row(HYSPEC, PLAIN, w.batch_size, w.temperature, OK, measurement=m, identity=identity))
+            rows.append(self._plain_row(w, m))
             self.bar.update(1)
         close_llm(llm)
-        del llm, engine
+        del llm
         gc.collect()
         return rows, reference, info, self._judge(model, workloads, reference)
+
+    def _start(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
+               missing: Mapping[str, str] | None = None) -> tuple[Any, list[Row]]:
+        """``method``'s engine, or no engine and the rows that say why it did not start."""
+        from hyspec.bench.hyspec_runs import build_llm, speculative_config
+
+        if missing is not None and method in DRAFTER_METHODS and method not in loaded:
+            return None, self._skip(HYSPEC, method, workloads, missing[method])
+        self._tick(f"hyspec {method}: loading")
+        try:
+            return build_llm(model, self.settings, speculative_config(method, self.settings, loaded)), []
+        except HyspecError as exc:  # not in this build, rejected by the backend, unreadable drafter, bad extra
+            loaded.pop(method, None)  # the hybrid leaves it out
+            return None, self._skip(HYSPEC, method, workloads, f"not available here: {exc}")
+        except Exception as exc:  # a bug: reported, and the run does not pass
+            loaded.pop(method, None)
+            self.bar.update(len(workloads))
+            reason = f"engine start failed: {type(exc).__name__}: {exc}"
+            return None, [Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, reason) for w in workloads]
+
+    def _interleaved(self, model: Path, methods: Sequence[str], workloads: list[Workload],
+                     drafters: Mapping[str, Path], missing: Mapping[str, str]):
+        """``--interleave``: every engine loaded at once; per workload, their timed passes in turn.
+
+        Returns the plain rows, the reference, the model info, the judge and, per method, the
+        (workload, Measurement or the exception that stopped it) pairs, judged by the caller; a method
+        that did not start has its rows there already (skipped or failed)."""
+        from hyspec.bench.hyspec_runs import PassRunner, build_llm, close_llm
+
+        s = self.settings
+        self._tick("hyspec plain: loading")
+        engines = {PLAIN: build_llm(model, s, None)}  # no reference without it: errors propagate
+        info = self._model_info(engines[PLAIN].engine)
+        loaded = dict(drafters)
+        pending: dict[str, list[tuple[Workload, Any]]] = {}
+        try:
+            for method in methods:
+                if method == PLAIN:
+                    continue
+                llm, rows = self._start(model, method, workloads, loaded, missing)
+                if llm is None:
+                    pending[method] = [(w, row) for w, row in zip(workloads, rows)]
+                else:
+                    engines[method] = llm
+            results: dict[str, list[tuple[Workload, Any]]] = {m: [] for m in engines}
+            for w in workloads:
+                self._tick(f"hyspec, interleaved, bs {w.batch_size} T {w.temperature:g}")
+                runners: dict[str, Any] = {}
+                for method, llm in engines.items():
+                    try:
+                        runners[method] = PassRunner(llm, w, s.batching == "continuous")
+                    except Exception as exc:
+                        if method == PLAIN:
+                            raise
+                        results[method].append((w, exc))
+                self.peak.reset()
+                for _ in range(s.repeats):
+                    for method in list(runners):
+                        try:
+                            runners[method].timed_pass()
+                        except Exception as exc:
+                            if method == PLAIN:
+                                raise
+                            del runners[method]
+                            results[method].append((w, exc))
+                memory = self.peak.read()
+                for method, runner in runners.items():
+                    m = runner.measurement(memory)
+                    m.notes.append("interleaved: peak memory is every engine's together")
+                    results[method].append((w, m))
+                self.bar.update(len(engines))
+        finally:
+            for llm in engines.values():
+                close_llm(llm)
+            engines.clear()
+            gc.collect()
+        plain = results.pop(PLAIN)
+        reference = {w.key(): m.outputs[0] for w, m in plain}
+        plain_rows = [self._plain_row(w, m) for w, m in plain]
+        pending.update(results)
+        ordered = {m: pending[m] for m in methods if m in pending}
+        return plain_rows, reference, info, self._judge(model, workloads, reference), ordered
 
     def _judge(self, model: Path, workloads: list[Workload], reference: dict) -> TeacherForcedJudge | None:
         """A plain engine with a small KV pool, kept to judge every method by teacher forcing (bench/identity.py).
@@ -213,20 +311,11 @@ class BenchRunner:
 
     def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
                 reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
-        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload, speculative_config
+        from hyspec.bench.hyspec_runs import close_llm, run_workload
 
-        self._tick(f"hyspec {method}: loading")
-        try:
-            llm = build_llm(model, self.settings, speculative_config(method, self.settings, loaded))
-        except HyspecError as exc:  # not in this build, rejected by the backend, unreadable drafter, bad extra
-            loaded.pop(method, None)  # the hybrid leaves it out
-            return self._skip(HYSPEC, method, workloads, f"not available here: {exc}")
-        except Exception as exc:  # a bug: reported, and the run does not pass
-            loaded.pop(method, None)
-            self.bar.update(len(workloads))
-            reason = f"engine start failed: {type(exc).__name__}: {exc}"
-            return [Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, reason) for w in workloads]
-        rows = []
+        llm, rows = self._start(model, method, workloads, loaded)
+        if llm is None:
+            return rows
         for w in workloads:
             self._tick(f"hyspec {method} bs {w.batch_size} T {w.temperature:g}")
             try:
@@ -241,6 +330,15 @@ class BenchRunner:
         del llm
         gc.collect()
         return rows
+
+    def _judged(self, method: str, w: Workload, result: Any, reference: dict, logits, dtype) -> Row:
+        """An interleaved method's row: its measurement judged against plain decoding, or why it has none."""
+        if isinstance(result, Row):
+            return result
+        if isinstance(result, BaseException):
+            return Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, f"{type(result).__name__}: {result}")
+        return Row(HYSPEC, method, w.batch_size, w.temperature, OK, measurement=result,
+                   identity=self._identity(w, result.outputs, reference, logits, dtype))
 
     def _identity(self, w: Workload, outputs: list[list[list[int]]], reference: dict, logits, dtype) -> IdentityVerdict:
         """Every repeat's outputs against plain decoding's (temperature 0 only)."""

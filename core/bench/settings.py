@@ -81,6 +81,9 @@ class BenchSettings:
     #: (a client with vLLM's --max-concurrency: a finished request is replaced at once; the engine's max_num_seqs
     #: is unchanged, so its load signals read as in waves)
     batching: str = "waves"
+    #: hyspec's engines all loaded at once and their timed passes taken in turn (plain, method, ..., plain, ...), so
+    #: a shared machine's drift lands on every method alike; peers run after, as always
+    interleave: bool = False
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0
     quick: bool = False
@@ -140,7 +143,7 @@ class BenchSettings:
             "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
             "speculative_config_extra": dict(self.speculative_config_extra),
             "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
-            "prefix_caching": self.prefix_caching, "batching": self.batching,
+            "prefix_caching": self.prefix_caching, "batching": self.batching, "interleave": self.interleave,
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
                    "transformers with no eos_token_id, llama.cpp generating past it)",

@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="waves (default): each batch of requests runs to its last token before the next starts, "
                         "as the peers run; continuous: hyspec's engine is kept at the batch size in flight, a "
                         "finished request replaced at once (a client with vLLM's --max-concurrency)")
+    e.add_argument("--interleave", action="store_true",
+                   help="load every hyspec engine at once and time their passes in turn (plain, method, ..., "
+                        "plain, ...), so a noisy machine's drift lands on every method alike; needs the memory of "
+                        "all engines together, and peak memory is then theirs together")
     e.add_argument("--bandwidth-bytes", type=int, default=None,
                    help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
     e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")
@@ -116,7 +120,8 @@ def _settings(args: argparse.Namespace):
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),
                          price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
-                         quick=args.quick, prefix_caching=not args.no_prefix_caching, batching=args.batching)
+                         quick=args.quick, prefix_caching=not args.no_prefix_caching, batching=args.batching,
+                         interleave=args.interleave)
     return with_preset(replace(base, **values), given)
 
 

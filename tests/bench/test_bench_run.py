@@ -176,6 +176,39 @@ def test_failed_configuration_exits_nonzero(tiny, capsys, monkeypatch):
     assert "!! FAILED: hyspec ngram bs 1 T 0: RuntimeError: engine blew up" in out
 
 
+def test_interleave_times_every_engine_pass_by_pass(tiny, tmp_path, monkeypatch):
+    """--interleave loads every engine, then alternates their timed passes (plain, ngram, draft_model, plain, ...),
+    so drift on a shared machine lands on all of them; rows, identity and failures are as in a normal run."""
+    import hyspec.bench.hyspec_runs as runs
+
+    order = []
+    real = runs.PassRunner.timed_pass
+
+    def recording(self):
+        order.append(self.llm.engine.spec.config.method if self.llm.engine.spec.enabled else "none")
+        if order[-1] == "draft_model" and order.count("draft_model") == 3:  # bs 2, first pass
+            raise RuntimeError("second pass blew up")
+        return real(self)
+
+    monkeypatch.setattr(runs.PassRunner, "timed_pass", recording)
+    path = tmp_path / "interleaved.json"
+    args = bench_args(tiny, "--methods", "ngram,draft_model,eagle", "--drafter", f"draft_model={tiny['draft_model']}",
+                      "--peers", "none", "--batch-sizes", "1,2", "--interleave", "--json", str(path), max_tokens=6)
+    assert main(args) == 1  # draft_model's failure fails the run
+    assert order[:6] == ["none", "ngram", "draft_model", "none", "ngram", "draft_model"]  # bs 1, both repeats
+    assert order[6:] == ["none", "ngram", "draft_model", "none", "ngram"]  # bs 2: draft_model once, then dropped
+    doc = json.loads(path.read_text())
+    assert doc["complete"] is True and doc["settings"]["interleave"] is True
+    assert [r["method"] for r in doc["results"]] == ["none", "none", "ngram", "ngram", "draft_model", "draft_model",
+                                                     "eagle", "eagle"]  # the methods' order, plain first
+    for bs in (1, 2):
+        assert rows_of(doc, "ngram")[(bs, 0)]["identity"]["status"] == "identical"
+        assert rows_of(doc, "eagle")[(bs, 0)]["status"] == "skipped"  # no drafter given
+        assert len(rows_of(doc, "none")[(bs, 0)]["tokens_per_s"]["runs"]) == 2
+    assert rows_of(doc, "draft_model")[(1, 0)]["status"] == "ok"
+    assert "second pass blew up" in rows_of(doc, "draft_model")[(2, 0)]["reason"]
+
+
 def test_a_run_killed_midway_keeps_its_rows_so_far(tiny, tmp_path, monkeypatch):
     """--json is rewritten after every method ("complete": false), so a crash or a time limit loses nothing
     measured; the first GPU runs lost all their rows to a late peer failure."""
