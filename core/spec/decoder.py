@@ -367,9 +367,9 @@ class SpecDecoder(Speculation):
                 first, n = run.result.inputs.token_rows[i]
                 if row.kind is RowKind.TREE:
                     rows = [first + r for r in accepted.kept_rows.get(row.seq.request_id, [0])]
-                else:
-                    rows = list(range(first, first + n))
-                index = torch.tensor(rows, dtype=torch.int64, device=run.result.hidden.device)
+                    index = torch.tensor(rows, dtype=torch.int64, device=run.result.hidden.device)
+                else:  # contiguous rows: a slice, not a tensor built and gathered per sequence and step
+                    index = slice(first, first + n)
                 hidden = CommittedHidden(start=feed.start, final=run.result.hidden[index],
                                          aux={layer: h[index] for layer, h in run.result.aux_hidden.items()})
                 # samples forked from this prefill continue from the same committed prompt
