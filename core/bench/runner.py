@@ -149,10 +149,7 @@ class BenchRunner:
             for method in methods if pending is None else ():
                 if method == PLAIN:
                     continue
-                if method in DRAFTER_METHODS and method not in drafters:
-                    rows += self._skip(HYSPEC, method, workloads, missing[method])
-                    continue
-                rows += self._method(model, method, workloads, loaded, reference, logits, dtype)
+                rows += self._method(model, method, workloads, loaded, missing, reference, logits, dtype)
                 self._save(doc, rows)
             for method, results in (pending or {}).items():  # the interleaved run's methods, judged now
                 rows += [self._judged(method, w, m, reference, logits, dtype) for w, m in results]
@@ -210,11 +207,11 @@ class BenchRunner:
         return rows, reference, info, self._judge(model, workloads, reference)
 
     def _start(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
-               missing: Mapping[str, str] | None = None) -> tuple[Any, list[Row]]:
+               missing: Mapping[str, str]) -> tuple[Any, list[Row]]:
         """``method``'s engine, or no engine and the rows that say why it did not start."""
         from hyspec.bench.hyspec_runs import build_llm, speculative_config
 
-        if missing is not None and method in DRAFTER_METHODS and method not in loaded:
+        if method in DRAFTER_METHODS and method not in loaded:
             return None, self._skip(HYSPEC, method, workloads, missing[method])
         self._tick(f"hyspec {method}: loading")
         try:
@@ -310,10 +307,10 @@ class BenchRunner:
         return TeacherForcedJudge(llm, widest.prompts, reference[widest.key()], chunk=s.num_speculative_tokens + 1)
 
     def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
-                reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
+                missing: Mapping[str, str], reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
         from hyspec.bench.hyspec_runs import close_llm, run_workload
 
-        llm, rows = self._start(model, method, workloads, loaded)
+        llm, rows = self._start(model, method, workloads, loaded, missing)
         if llm is None:
             return rows
         for w in workloads:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from hyspec.dispatch.signals import NONE
 from hyspec.errors import ConfigError
 
 #: steps' worth of the parent class's goodput in each arm's estimate (see the module docstring)
@@ -114,7 +115,7 @@ class BanditSnapshot:
 
 class BanditPolicy:
     def __init__(self, arms: list[str] | tuple[str, ...], explore_fraction: float = 0.1, warmup: int = 2,
-                 discount: float = 0.99, *, plain: str = "none", plain_margin: float = 0.0):
+                 discount: float = 0.99, *, plain_margin: float = 0.0):
         arms = tuple(dict.fromkeys(arms))
         if not arms:
             raise ConfigError("speculative_config.hybrid.policy", "the bandit needs at least one method to choose "
@@ -134,7 +135,7 @@ class BanditPolicy:
         self.explore_every = max(2, round(1.0 / explore_fraction))
         self.warmup = warmup
         self.discount = discount
-        self.plain = plain if plain in arms else None  # the arm that drafts nothing, preferred on a near-tie
+        self.plain = NONE if NONE in arms else None  # the arm that drafts nothing, preferred on a near-tie
         self.plain_margin = plain_margin
         self._classes: dict[str, ClassState] = {}
         self._parents: dict[str, ClassState] = {}  # the classes without their context bucket (parent_class)
