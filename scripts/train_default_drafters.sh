@@ -2,6 +2,8 @@
 # The recipe of the drafters in assets/ for the default model (SmolLM2-135M-Instruct): see assets/DRAFTERS.md.
 #
 #   bash scripts/train_default_drafters.sh eagle3        # one method; rerun the same line to resume
+#   INIT=assets/smollm2-eagle3 STEPS=300 LR=5e-4 bash scripts/train_default_drafters.sh eagle3
+#                                                         # continue the committed drafter on another machine
 #
 # Every step resumes: the prompts are a pure function of the seed and this Python's stdlib, the target's
 # answers are cached chunk by chunk in $WORK/selfgen.pt (shared by every method), and train-draft
@@ -16,11 +18,28 @@ mkdir -p "$WORK"
 common=(--self-generate-prompts "$WORK/prompts.jsonl" --self-generate "$PROMPTS" --self-generate-temperature 0,0.7
         --self-generate-cache "$WORK/selfgen.pt" --seq-len 320 --prompt-len 192 --target-dtype float32
         --holdout 32 --cache-hidden --checkpoint-every 20 --log-every 5 --resume
-        --work-dir "$WORK/$METHOD.partial" --out "assets/smollm2-$METHOD")
+        --work-dir "$WORK/$METHOD.partial" --out "assets/smollm2-$METHOD" ${INIT:+--init-from "$INIT"})
 case "$METHOD" in
   eagle3)
-    exec hyspec train-draft --method eagle3 "${common[@]}" --steps "${STEPS:-140}" --batch-size 8 --lr 1e-3 \
+    exec hyspec train-draft --method eagle3 "${common[@]}" --steps "${STEPS:-140}" --batch-size 8 --lr "${LR:-1e-3}" \
       --option draft_vocab_size=8192 --option ttt_steps=4 --option storage=int8 ;;
+  mtp)
+    exec hyspec train-draft --method mtp "${common[@]}" --steps "${STEPS:-400}" --batch-size 8 --lr "${LR:-1e-3}" \
+      --option num_modules=1 --option storage=int8 ;;
+  eagle)
+    exec hyspec train-draft --method eagle "${common[@]}" --steps "${STEPS:-200}" --batch-size 8 --lr "${LR:-1e-3}" \
+      --option storage=int8 ;;
+  dflash|dspark)
+    # One backbone layer: a block of 8 slots is one forward, and on a CPU each layer of it costs like a
+    # verified row.  DSpark adds its Markov head (rank 32) and confidence head.
+    exec hyspec train-draft --method "$METHOD" "${common[@]}" --steps "${STEPS:-200}" --batch-size 8 \
+      --lr "${LR:-1e-3}" --layers 1 --option storage=int8 ;;
+  draft_model)
+    # A small independent LM (HF LlamaForCausalLM, transformers' assistant too): 96 wide so that its own
+    # 49,152-row embedding fits the 12 MB cap in bf16; started from the target's embedding's top directions.
+    exec hyspec train-draft --method draft_model "${common[@]}" --steps "${STEPS:-600}" --batch-size 8 \
+      --lr "${LR:-2e-3}" --hidden-size 96 --layers 2 --heads 3 --kv-heads 1 --intermediate-size 256 \
+      --option embedding_init=target_pca --option storage=bfloat16 ;;
   *)
     echo "no recipe for $METHOD yet (assets/DRAFTERS.md lists what is trained)" >&2; exit 2 ;;
 esac

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "same target, data, seed, --seq-len, --prompt-len and N share one file")
     r = parser.add_argument_group("checkpoints and output")
     r.add_argument("--resume", action="store_true", help="continue from the checkpoint in OUT.partial/ if there is one")
+    r.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                   help="start from the weights of a drafter of this method saved in DIR (e.g. the one OUT holds): "
+                        "continues training across machines, where OUT.partial/ did not travel")
     r.add_argument("--overwrite", action="store_true",
                    help="replace a finished OUT, or discard an earlier run's checkpoint")
     r.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS")
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         method=args.method, target=target, data=args.data, out=args.out, steps=args.steps,
         batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, min_lr_ratio=args.min_lr_ratio,
         warmup=args.warmup, weight_decay=args.weight_decay, grad_clip=args.grad_clip, seed=args.seed,
-        options=method_options(args), resume=args.resume, overwrite=args.overwrite,
+        options=method_options(args), resume=args.resume, overwrite=args.overwrite, init_from=args.init_from,
         self_generate=args.self_generate, self_generate_temperature=args.self_generate_temperature,
         self_generate_prompts=args.self_generate_prompts, holdout=args.holdout,
         prompt_len=args.prompt_len, self_generate_cache=args.self_generate_cache, cache_hidden=args.cache_hidden,

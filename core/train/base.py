@@ -60,6 +60,16 @@ class DrafterRecipe(ABC):
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         """Write ``config.json`` + ``model.safetensors`` (+ tokenizer files if the method needs them) into out_dir."""
 
+    def load_weights(self, drafter: nn.Module, target: CausalLM, folder: Path) -> None:
+        """Overwrite ``drafter``'s weights with those of a drafter this recipe saved (``--init-from``).
+
+        The saved drafter must have been trained for ``target`` and have ``drafter``'s shape; otherwise an
+        error names both.  Recipes that cannot read their own output back say so here.
+        """
+        from hyspec.errors import HyspecError
+
+        raise HyspecError(f"--init-from is not supported for {self.method} yet: train it from scratch")
+
     def trainable_parameters(self, drafter: nn.Module) -> list[nn.Parameter]:
         """Parameters to optimise (shared target weights such as lm_head stay frozen)."""
         return [p for p in drafter.parameters() if p.requires_grad]

@@ -44,7 +44,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # Settings that change the trained weights: a checkpoint resumes only under the same values.
 _RUN_KEYS = ("method", "steps", "batch_size", "seq_len", "lr", "min_lr_ratio", "warmup", "weight_decay",
              "grad_clip", "seed", "options", "precision", "target_dtype", "self_generate",
-             "self_generate_temperature", "self_generate_prompts", "prompt_len", "max_tokens", "holdout")
+             "self_generate_temperature", "self_generate_prompts", "prompt_len", "max_tokens", "holdout",
+             "init_from")
 
 
 @dataclass
@@ -64,6 +65,9 @@ class TrainConfig:
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # method options (--layers, --option k=v, ...)
     resume: bool = False
+    # start from a saved drafter of this method (e.g. the one in assets/): training continues across sessions
+    # and machines where OUT.partial/ (optimiser state included) did not travel
+    init_from: Path | None = None
     overwrite: bool = False
     self_generate: int = 0  # > 0: train on this many target continuations of prompts cut from the data
     self_generate_temperature: float | tuple[float, ...] = 0.0  # 0 = greedy (the default); a tuple cycles over prompts
@@ -84,6 +88,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.target, self.out = Path(self.target), Path(self.out)
         self.work_dir = None if self.work_dir is None else Path(self.work_dir)
+        self.init_from = None if self.init_from is None else Path(self.init_from)
         self.self_generate_cache = None if self.self_generate_cache is None else Path(self.self_generate_cache)
         self.self_generate_prompts = None if self.self_generate_prompts is None else Path(self.self_generate_prompts)
         if not isinstance(self.self_generate_temperature, (int, float)):
@@ -125,6 +130,7 @@ class TrainConfig:
     def run_settings(self) -> dict[str, Any]:
         settings = {k: getattr(self, k) for k in _RUN_KEYS}
         settings["self_generate_prompts"] = None if self.self_generate_prompts is None else str(self.self_generate_prompts)
+        settings["init_from"] = None if self.init_from is None else init_fingerprint(self.init_from)
         if isinstance(settings["self_generate_temperature"], tuple):
             settings["self_generate_temperature"] = list(settings["self_generate_temperature"])
         return settings
@@ -150,6 +156,25 @@ def bf16_supported() -> bool:
         return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def init_fingerprint(folder: Path) -> str:
+    """``--init-from``'s identity for resuming: the folder and a digest of its weights (the folder may be
+    the output, which the run replaces only when it ends)."""
+    folder = Path(folder)
+    h = hashlib.sha1()
+    for f in sorted(folder.glob("*.safetensors")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return f"{folder}@{h.hexdigest()[:16]}"
+
+
+def previous_log(folder: Path) -> dict[str, Any] | None:
+    """The training log a drafter folder carries, if any (kept in the next run's log as its history)."""
+    try:
+        return json.loads((Path(folder) / LOG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -276,7 +301,14 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
     """Train ``cfg.method``'s drafter for ``cfg.target`` and write it to ``cfg.out``."""
     t_start = time.time()
     recipe = resolve_recipe(cfg.method)
-    check_out_dir(cfg.out, cfg.overwrite)
+    # Continuing a drafter in place (--init-from OUT) replaces it by intent, as --overwrite would.
+    in_place = cfg.init_from is not None and cfg.out.resolve() == cfg.init_from.resolve()
+    check_out_dir(cfg.out, cfg.overwrite or in_place)
+    init_log = None
+    if cfg.init_from is not None:
+        if not (cfg.init_from / "config.json").is_file():
+            raise HyspecError(f"--init-from {cfg.init_from}: no drafter there (config.json is missing)")
+        init_log = previous_log(cfg.init_from)
     target_cfg = ModelConfig.from_pretrained(cfg.target)
     tokenizer = Tokenizer(cfg.target)
     ws = Workspace(cfg.out, cfg.work_dir)
@@ -305,6 +337,9 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
             torch.manual_seed(cfg.seed)
             drafter = recipe.build(target, options)
             optimizer, params = _optimizer(recipe, drafter, cfg)
+        if cfg.init_from is not None:  # before the checkpoint: a resumed run overwrites these weights anyway
+            recipe.load_weights(drafter, target, cfg.init_from)
+            print(f"train-draft: starting from the {cfg.method} drafter in {cfg.init_from}")
         state = ws.load_checkpoint() if cfg.resume else None
         if state is not None:
             changed = sorted(k for k in settings if state["settings"].get(k) != settings[k])
@@ -319,7 +354,9 @@ def train(cfg: TrainConfig, callback: StepCallback | None = None) -> TrainResult
                        callback)
         _write_output(cfg, recipe, target_cfg, drafter, ws, stats, windows, result,
                       {"windows_s": round(t_data, 2), "total_s": round(time.time() - t_start, 2)},
-                      resumed_from=None if state is None else int(state["step"]))
+                      resumed_from=None if state is None else int(state["step"]),
+                      init_from=None if cfg.init_from is None else {"folder": settings["init_from"],
+                                                                    "log": init_log})
         ws.publish(keep_work=cfg.keep_work)
         return result
     except KeyboardInterrupt:
@@ -449,7 +486,7 @@ def _postfix(loss: float, metrics: dict[str, float]) -> dict[str, str]:
 
 def _write_output(cfg: TrainConfig, recipe: DrafterRecipe, target_cfg: ModelConfig, drafter, ws: Workspace,
                   stats: DataStats, windows: Windows, result: TrainResult, times: dict[str, float],
-                  resumed_from: int | None) -> None:
+                  resumed_from: int | None, init_from: dict[str, Any] | None = None) -> None:
     from hyspec import __version__
 
     staging = ws.fresh_staging()
@@ -468,6 +505,7 @@ def _write_output(cfg: TrainConfig, recipe: DrafterRecipe, target_cfg: ModelConf
         "trainable_parameters": sum(p.numel() for p in recipe.trainable_parameters(drafter)),
         "precision": "bf16 autocast" if result.bf16 else "fp32",
         "resumed_from_step": resumed_from,
+        "init_from": init_from,  # the drafter this run started from, with its own log: the whole history
         "final": {"step": result.steps, "loss": result.loss, **result.metrics},
         "log": result.history,
         "time": {**times, "train_s": round(result.seconds, 2),

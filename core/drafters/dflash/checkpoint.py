@@ -21,7 +21,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hyspec.drafters.checkpoint_io import CONFIG_FILE, read_config_json, save_checkpoint
+from hyspec.drafters.checkpoint_io import (CONFIG_FILE, STORAGE, StoredTensors, read_config_json, save_checkpoint,
+                                           stored_tensors)
 from hyspec.drafters.dflash.model import DFlashConfig
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
@@ -63,8 +64,14 @@ def config_dict(method: str, config: DFlashConfig, target: ModelConfig, extra: d
 
 
 def save_drafter(drafter: nn.Module, method: str, config: DFlashConfig, target: ModelConfig, out_dir: str | Path,
-                 extra: dict[str, Any] | None = None) -> None:
-    save_checkpoint(out_dir, drafter.state_dict(), config_dict(method, config, target, extra or {}))
+                 extra: dict[str, Any] | None = None, storage: str | None = None) -> None:
+    """``storage`` None keeps the trained dtype; bfloat16 halves the file, int8 (per row) quarters its matrices
+    (the loader dequantizes and casts to the serving dtype): what keeps the default model's block drafters
+    inside the assets' budget.  Verification keeps the output exact whatever the stored precision."""
+    if storage is not None and storage not in STORAGE:
+        raise CheckpointError(f"{method} storage must be one of {', '.join(STORAGE)}, got {storage!r}")
+    save_checkpoint(out_dir, stored_tensors(drafter.state_dict(), storage),
+                    config_dict(method, config, target, extra or {}))
 
 
 def load_drafter(
@@ -80,7 +87,7 @@ def load_drafter(
     config, section = read_drafter_config(path, method)
     config.check_target(target, str(path))
     drafter = build(config, section)
-    ckpt = SafetensorsCheckpoint(path)
+    ckpt = StoredTensors(path)  # int8-stored matrices come back dequantized
     expected = drafter.state_dict()
     missing = [name for name in expected if name not in ckpt]
     if missing:

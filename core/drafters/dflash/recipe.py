@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyspec.drafters.checkpoint_io import STORAGE
 from hyspec.drafters.dflash.checkpoint import save_drafter
 from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter, default_target_layers
 from hyspec.drafters.mtp.recipe import soft_cross_entropy, teacher_temperature
@@ -91,7 +92,7 @@ class DFlashRecipe(DrafterRecipe):
 
     def build(self, target: CausalLM, options: dict[str, Any]) -> nn.Module:
         """Options: ``layers`` (2), ``block_size`` (8), ``intermediate_size``, ``gamma`` (4), ``anchors`` (64),
-        ``teacher_temperature`` (1.0)."""
+        ``teacher_temperature`` (1.0), ``storage`` (None: as trained | float32 | bfloat16 | int8)."""
         drafter = DFlashDrafter(block_config(target.config, options), target.embed_tokens.weight,
                                 target.lm_head_weight, ops=target.ops, max_positions=target.max_positions + 64)
         return self._prepared(drafter, target, options)
@@ -101,6 +102,9 @@ class DFlashRecipe(DrafterRecipe):
         drafter = drafter.to(device=target.embed_tokens.weight.device, dtype=torch.float32)
         drafter.train_options = {k: float(options.get(k, DEFAULTS[k])) for k in ("gamma", "anchors")}
         drafter.train_options["teacher_temperature"] = teacher_temperature(options)
+        drafter.storage = options.get("storage")
+        if drafter.storage is not None and drafter.storage not in STORAGE:
+            raise ConfigError("storage", f"must be one of {', '.join(STORAGE)}, got {drafter.storage!r}")
         return drafter
 
     def blocks(self, drafter: DFlashDrafter, target: CausalLM, batch: TargetBatch):
@@ -138,7 +142,8 @@ class DFlashRecipe(DrafterRecipe):
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         assert isinstance(drafter, DFlashDrafter)
-        save_drafter(drafter, self.method, drafter.config, ModelConfig.from_pretrained(target_dir), out_dir)
+        save_drafter(drafter, self.method, drafter.config, ModelConfig.from_pretrained(target_dir), out_dir,
+                     storage=getattr(drafter, "storage", None))
 
 
 def slot_accuracy(logits: torch.Tensor, teacher: BlockTargets) -> dict[str, float]:

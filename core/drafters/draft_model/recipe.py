@@ -27,7 +27,10 @@ from hyspec.train.export import (DTYPE_NAMES, causal_lm_tensors, copy_tokenizer,
 
 # option -> default (None: derived from the others, see draft_config)
 OPTIONS: dict[str, Any] = {"layers": 2, "hidden_size": 256, "intermediate_size": None, "heads": None,
-                           "kv_heads": None, "tie_word_embeddings": True, "init_std": 0.02}
+                           "kv_heads": None, "tie_word_embeddings": True, "init_std": 0.02,
+                           "embedding_init": "random", "storage": None}
+EMBEDDING_INITS = ("random", "target_pca")
+STORAGES = ("float32", "bfloat16")
 
 
 def _positive_int(options: dict[str, Any], key: str) -> int:
@@ -53,6 +56,11 @@ def draft_config(target_cfg: ModelConfig, options: dict[str, Any]) -> dict[str, 
     kv_heads = _positive_int(opts, "kv_heads")
     if heads % kv_heads:
         raise ConfigError("draft_model.kv_heads", f"heads {heads} is not a multiple of kv_heads {kv_heads}")
+    if opts["embedding_init"] not in EMBEDDING_INITS:
+        raise ConfigError("draft_model.embedding_init", f"must be one of {', '.join(EMBEDDING_INITS)}, "
+                                                        f"got {opts['embedding_init']!r}")
+    if opts["storage"] is not None and opts["storage"] not in STORAGES:
+        raise ConfigError("draft_model.storage", f"must be one of {', '.join(STORAGES)}, got {opts['storage']!r}")
     # SwiGLU's usual 8/3 expansion, rounded up to a multiple of 32 for friendly GEMM shapes.
     opts["intermediate_size"] = opts["intermediate_size"] or 32 * math.ceil(hidden * 8 / 3 / 32)
     intermediate = _positive_int(opts, "intermediate_size")
@@ -61,7 +69,7 @@ def draft_config(target_cfg: ModelConfig, options: dict[str, Any]) -> dict[str, 
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
         rms_norm_eps=target_cfg.rms_norm_eps, max_position_embeddings=target_cfg.max_position_embeddings,
         tie_word_embeddings=bool(opts["tie_word_embeddings"]), rope=rope_keys(target_cfg),
-        special_ids=special_token_ids(target_cfg), torch_dtype=target_cfg.torch_dtype or "float32")
+        special_ids=special_token_ids(target_cfg), torch_dtype=opts["storage"] or target_cfg.torch_dtype or "float32")
 
 
 def _init_weights(model: CausalLM, std: float) -> None:
@@ -76,6 +84,20 @@ def _init_weights(model: CausalLM, std: float) -> None:
                     module.bias.zero_()
 
 
+def _project_target_embeddings(model: CausalLM, target: CausalLM) -> None:
+    """Start the drafter's embedding (tied to its lm_head) at the target's, projected onto its top principal
+    directions: the drafter then begins where the target's own output space is widest instead of at noise."""
+    h = model.embed_tokens.weight.shape[1]
+    with torch.no_grad():
+        e = target.embed_tokens.weight.float()  # [V, H_target]
+        if h > e.shape[1]:
+            raise ConfigError("draft_model.embedding_init", f"target_pca needs hidden_size <= the target's "
+                                                            f"{e.shape[1]}, got {h}")
+        _, _, vt = torch.linalg.svd(e - e.mean(0), full_matrices=False)  # rows: principal directions
+        projected = e @ vt[:h].T  # [V, h], at the target's scale, so that the tied head's logits start there too
+        model.embed_tokens.weight.copy_(projected.to(model.embed_tokens.weight.dtype))
+
+
 class DraftModelRecipe(DrafterRecipe):
     method = "draft_model"
 
@@ -83,6 +105,8 @@ class DraftModelRecipe(DrafterRecipe):
         config = draft_config(target.config, options)
         model = CausalLM(ModelConfig.from_dict(config), max_positions=target.max_positions)
         _init_weights(model, float(options.get("init_std") or OPTIONS["init_std"]))
+        if (options.get("embedding_init") or "random") == "target_pca":
+            _project_target_embeddings(model, target)
         model.hf_config = config  # written verbatim by save()
         return model.train()
 

@@ -80,7 +80,7 @@ class DSparkRecipe(DFlashRecipe):
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         assert isinstance(drafter, DSparkDrafter)
         save_drafter(drafter, self.method, drafter.config, ModelConfig.from_pretrained(target_dir), out_dir,
-                     extra=drafter.extra_config())
+                     extra=drafter.extra_config(), storage=getattr(drafter, "storage", None))
 
 
 register_recipe(DSparkRecipe())

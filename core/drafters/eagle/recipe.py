@@ -102,6 +102,28 @@ def _init(head: nn.Module, std: float) -> None:
                     module.bias.zero_()
 
 
+def load_saved_head(method: str, drafter: EagleHeadBase, target: CausalLM, folder: Path) -> None:
+    """``--init-from``: the saved head's weights (and, for EAGLE-3, its draft vocabulary) into ``drafter``."""
+    from hyspec.drafters.eagle.checkpoint import load_head
+
+    saved = load_head(folder, target, method, dtype=torch.float32, device="cpu")  # checks the target's shapes
+    if saved.config.layer.hidden_size != drafter.config.layer.hidden_size or \
+            saved.config.layer.intermediate_size != drafter.config.layer.intermediate_size or \
+            saved.config.draft_vocab_size != drafter.config.draft_vocab_size:
+        raise ConfigError("--init-from", f"the {method} head in {folder} (hidden {saved.config.layer.hidden_size}, "
+                                         f"MLP {saved.config.layer.intermediate_size}, draft vocabulary "
+                                         f"{saved.config.draft_vocab_size}) is not the shape being trained "
+                                         f"(hidden {drafter.config.layer.hidden_size}, MLP "
+                                         f"{drafter.config.layer.intermediate_size}, draft vocabulary "
+                                         f"{drafter.config.draft_vocab_size})")
+    state = {k: v for k, v in saved.state_dict().items() if k in drafter.state_dict()}
+    with torch.no_grad():
+        drafter.load_state_dict(state, strict=False)
+    if isinstance(drafter, Eagle3Head):
+        # The saved head's vocabulary wins over the one chosen from this run's data: its lm_head rows mean those ids.
+        drafter.set_vocabulary(saved.draft_to_target(torch.arange(saved.config.draft_vocab_size)))
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [B, T], [B, T] bool -> scalar
     return (values * mask).sum() / mask.sum().clamp_min(1)
 
@@ -149,6 +171,9 @@ class EagleRecipe(DrafterRecipe):
             acc = _masked_mean((logp.argmax(-1) == target_p.argmax(-1)).float(), mask)
         loss = self.w_reg * reg + self.w_cls * cls
         return loss, {"reg": reg.item(), "cls": cls.item(), "acc": acc.item()}
+
+    def load_weights(self, drafter: nn.Module, target: CausalLM, folder: Path) -> None:
+        load_saved_head(self.method, drafter, target, folder)
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         save_head(drafter, out_dir, storage=getattr(drafter, "storage", None))
@@ -305,6 +330,9 @@ class Eagle3Recipe(DrafterRecipe):
                 metrics[f"acc{j}"] = (logp.argmax(-1) == target_top[r]).float().mean().item()
             metrics[f"loss{j}"] = step_loss.item()
         return total, metrics
+
+    def load_weights(self, drafter: nn.Module, target: CausalLM, folder: Path) -> None:
+        load_saved_head(self.method, drafter, target, folder)
 
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         save_head(drafter, out_dir, storage=getattr(drafter, "storage", None))

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.checkpoint_io import read_config_json, save_checkpoint, write_json_atomically
+from hyspec.drafters.checkpoint_io import (STORAGE, StoredTensors, read_config_json, save_checkpoint, stored_tensors,
+                                           write_json_atomically)
 from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
@@ -85,7 +86,7 @@ def check_against_target(block: ModelConfig, target: ModelConfig, where: Path) -
                                   f"the target's is {theirs}")
 
 
-def _block_from_hf(ckpt: SafetensorsCheckpoint, src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _block_from_hf(ckpt: SafetensorsCheckpoint | StoredTensors, src: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """HF decoder-layer tensors under ``src`` -> hyspec DecoderLayer names (q/k/v and gate/up fused)."""
     H, I = cfg.hidden_size, cfg.intermediate_size
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -150,7 +151,7 @@ def load_mtp(
     path = Path(path)
     config, first = mtp_layout(path)
     check_against_target(config.block, target, path)
-    ckpt = SafetensorsCheckpoint(path)
+    ckpt = StoredTensors(path)  # int8-stored matrices come back dequantized
     H, V = config.block.hidden_size, config.block.vocab_size
     state: dict[str, torch.Tensor] = {}
     for i in range(config.num_modules):
@@ -190,8 +191,16 @@ def mtp_tensors(drafter: MTPDrafter, first_layer: int, with_shared_copies: bool)
     return {k: v.cpu().contiguous() for k, v in out.items()}
 
 
-def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, Any] | None = None) -> None:
-    """hyspec's separate layout: ``config.json`` (written last) + ``model.safetensors``."""
+def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, Any] | None = None,
+             storage: str = "float32") -> None:
+    """hyspec's separate layout: ``config.json`` (written last) + ``model.safetensors``.
+
+    ``storage`` (:data:`~hyspec.drafters.checkpoint_io.STORAGE`): float32, bfloat16, or int8 per row (a
+    quarter of the bytes; the loader dequantizes).  What keeps the assets' drafters inside the tree's budget;
+    verification keeps the output exact whatever the stored precision.
+    """
+    if storage not in STORAGE:
+        raise CheckpointError(f"MTP storage must be one of {', '.join(STORAGE)}, got {storage!r}")
     block = drafter.config.block
     config = dict(block.raw) if block.raw else {}
     config.update(model_type=block.model_type, hidden_size=block.hidden_size, vocab_size=block.vocab_size,
@@ -202,7 +211,7 @@ def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, 
     config[HYSPEC_KEY] = {"method": "mtp", "first_layer": 0,
                           "target": {k: (target_config or block.raw or {}).get(k)
                                      for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
-    save_checkpoint(out_dir, mtp_tensors(drafter, 0, with_shared_copies=False), config)
+    save_checkpoint(out_dir, stored_tensors(mtp_tensors(drafter, 0, with_shared_copies=False), storage), config)
 
 
 def save_deepseek_layout(drafter: MTPDrafter, target_dir: str | Path, out_dir: str | Path) -> None:

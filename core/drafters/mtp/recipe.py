@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyspec.drafters.checkpoint_io import STORAGE
 from hyspec.drafters.mtp.checkpoint import save_deepseek_layout, save_mtp
 from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import ConfigError
@@ -55,7 +56,8 @@ class MTPRecipe(DrafterRecipe):
 
     def build(self, target: CausalLM, options: dict[str, Any]) -> nn.Module:
         """Options: ``num_modules`` (alias ``layers``; default 1, deeper drafts reuse the last module),
-        ``layout`` (hyspec | deepseek), ``teacher_temperature`` (1.0)."""
+        ``layout`` (hyspec | deepseek), ``teacher_temperature`` (1.0), ``storage`` (float32 | bfloat16 | int8:
+        how the hyspec layout stores the weights)."""
         num_modules = int(options.get("num_modules") or options.get("layers") or 1)
         layout = options.get("layout", "hyspec")
         if num_modules < 1:
@@ -69,6 +71,9 @@ class MTPRecipe(DrafterRecipe):
             for layer in drafter.layers:  # start the head norm where the target's final norm is
                 layer.head_norm.weight.copy_(target.norm.weight.float())
         drafter.save_layout = layout
+        drafter.storage = options.get("storage") or "float32"
+        if drafter.storage not in STORAGE:
+            raise ConfigError("storage", f"must be one of {', '.join(STORAGE)}, got {drafter.storage!r}")
         drafter.teacher_temperature = teacher_temperature(options)
         return drafter
 
@@ -98,6 +103,18 @@ class MTPRecipe(DrafterRecipe):
         metrics["loss"] = float(loss.detach())
         return loss, metrics
 
+    def load_weights(self, drafter: nn.Module, target: CausalLM, folder: Path) -> None:
+        from hyspec.drafters.mtp.checkpoint import load_mtp
+
+        assert isinstance(drafter, MTPDrafter)
+        saved = load_mtp(folder, target.config, target.embed_tokens.weight, target.lm_head_weight, torch.float32,
+                         device="cpu")  # checks the saved modules against the target
+        if saved.num_modules != drafter.num_modules:
+            raise ConfigError("--init-from", f"the MTP drafter in {folder} has {saved.num_modules} module(s); "
+                                             f"this run trains {drafter.num_modules}")
+        with torch.no_grad():
+            drafter.load_state_dict(saved.state_dict(), strict=False)
+
     def save(self, drafter: nn.Module, target_dir: Path, out_dir: Path) -> None:
         assert isinstance(drafter, MTPDrafter)
         if getattr(drafter, "save_layout", "hyspec") == "deepseek":
@@ -105,7 +122,8 @@ class MTPRecipe(DrafterRecipe):
         else:
             from hyspec.model.config import ModelConfig
 
-            save_mtp(drafter, out_dir, ModelConfig.raw_dict(target_dir))  # a directory or a GGUF file
+            save_mtp(drafter, out_dir, ModelConfig.raw_dict(target_dir),  # a directory or a GGUF file
+                     storage=getattr(drafter, "storage", "float32"))
 
 
 register_recipe(MTPRecipe())
