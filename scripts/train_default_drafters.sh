@@ -18,7 +18,7 @@ mkdir -p "$WORK"
 common=(--self-generate-prompts "$WORK/prompts.jsonl" --self-generate "$PROMPTS" --self-generate-temperature 0,0.7
         --self-generate-cache "$WORK/selfgen.pt" --seq-len 320 --prompt-len 192 --target-dtype float32
         --holdout 32 --cache-hidden --checkpoint-every 20 --log-every 5 --resume
-        --work-dir "$WORK/$METHOD.partial" --out "assets/smollm2-$METHOD" ${INIT:+--init-from "$INIT"})
+        --work-dir "$WORK/$METHOD.partial" --out "assets/smollm2-${METHOD//_/-}" ${INIT:+--init-from "$INIT"})
 case "$METHOD" in
   eagle3)
     exec hyspec train-draft --method eagle3 "${common[@]}" --steps "${STEPS:-140}" --batch-size 8 --lr "${LR:-1e-3}" \
