@@ -10,6 +10,7 @@ import openai
 import pytest
 import torch
 
+from hyspec.assets import DRAFTER_DIRS
 from tests.model.test_default_model import needs_default
 
 PROMPT = "def fibonacci(n):\n    "
@@ -59,7 +60,7 @@ def _drafter_config(method: str):
 
 
 @needs_default
-@pytest.mark.parametrize("method", ["plain", "ngram", "eagle3"])
+@pytest.mark.parametrize("method", ["plain", "ngram", *sorted(DRAFTER_DIRS)])
 def test_greedy_logprobs_are_transformers_log_softmax(oracle, method):
     server = _serve(_drafter_config(method))
     try:
