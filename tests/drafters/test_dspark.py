@@ -80,6 +80,25 @@ def test_static_processing_equals_the_targets_processing():
     assert torch.allclose(ours, theirs, atol=1e-6)
 
 
+def test_static_processing_without_top_k_or_top_p_skips_the_sort_and_agrees():
+    """Greedy, temperature and min-p rows only: the eager path skips the vocabulary sort (a DSpark draft
+    step's main cost) and must give what the target's processing and the sorted static path give."""
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(40, 50, generator=g) * 3).round() / 2
+    logits[5, 2] = float("nan")
+    kinds = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.6, 0, 1.0, 0.1), (1.4, -1, 1.0, 0.0)]
+    rows = [kinds[i % len(kinds)] for i in range(40)]
+    sampling = SamplingTensors.from_lists(*(list(col) for col in zip(*rows)))
+    args = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    ours = process_static(logits, *args)
+    assert torch.allclose(ours, process_logits(logits, *args), atol=1e-6)
+    # the sorted path, forced by a top-p that keeps everything on one extra row, gives the same rows
+    forced = SamplingTensors.from_lists(*(list(col) for col in zip(*rows, (1.0, 0, 0.999999, 0.0))))
+    sorted_rows = process_static(torch.cat([logits, logits[:1]]), forced.temperature, forced.top_k,
+                                 forced.top_p, forced.min_p)[:40]
+    assert torch.equal(ours, sorted_rows)
+
+
 def test_cut_keeps_the_prefix_worth_verifying():
     survival = torch.tensor([[0.9, 0.5, 0.2, 0.05], [0.05, 0.01, 0.0, 0.0], [0.99, 0.98, 0.97, 0.96]])
     block = DecodedBlock(tokens=torch.zeros(3, 4, dtype=torch.int64), q=torch.zeros(3, 4, 2),
