@@ -174,7 +174,7 @@ def test_unknown_keys_suggest_the_closest_valid_key():
     assert "did you mean 'controller'" in str(e)
 
 
-@pytest.mark.parametrize("name", ["quantization", "enforce_eager", "attention_backend",
+@pytest.mark.parametrize("name", ["enforce_eager", "attention_backend",
                                   "num_speculative_tokens_per_batch_size", "rejection_sample_method",
                                   "parallel_drafting", "revision"])
 def test_vllm_keys_hyspec_lacks_are_not_supported_rather_than_unknown(name):

@@ -328,7 +328,10 @@ def method_config(method: str, ws: Workspace) -> dict[str, Any]:
         return {"method": "ngram", "num_speculative_tokens": SPEC_TOKENS, "prompt_lookup_min": 1,
                 "prompt_lookup_max": 3}
     if method == SELF_DRAFT:
-        return {"method": "draft_model", "model": str(ws.target_dir), "num_speculative_tokens": SPEC_TOKENS}
+        # dense: a drafter on int8 kernels (the default) would differ from its own target at near-ties,
+        # and this run's point is that every draft is accepted
+        return {"method": "draft_model", "model": str(ws.target_dir), "num_speculative_tokens": SPEC_TOKENS,
+                "quantization": "none"}
     if method == "hybrid":
         other = str(ws.drafter("draft_model"))
         rules = ws.root / "hybrid_rules.json"

@@ -128,6 +128,10 @@ class ModelOutput:
 class CausalLM(nn.Module):
     """A decoder-only causal LM of the Llama family."""
 
+    #: its lm_head's weight is read by ``lm_head_weight`` (the ``logits`` op), so a drafter's weight-only
+    #: quantization (hyspec.model.quantize_drafter) leaves that linear as it is
+    keep_dense_linears = ("lm_head",)
+
     def __init__(self, cfg: ModelConfig, ops: OpTable | None = None, max_positions: int | None = None):
         super().__init__()
         self.config = cfg

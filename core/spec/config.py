@@ -47,7 +47,6 @@ PLACEMENTS = ("local", "remote")
 VLLM_UNSUPPORTED_KEYS = {
     "enforce_eager": "hyspec has no CUDA-graph capture to opt out of",
     "tensor_parallel_size": "vLLM itself rejects this name; drafters run on one device",
-    "quantization": "quantized drafters are not implemented; remove the key",
     "moe_backend": "MoE drafters are not implemented",
     "attention_backend": "the backend is chosen once by the capability probe (--backend)",
     "kv_cache_dtype": "draft and target share one KV block pool and its dtype",
@@ -294,6 +293,11 @@ class SpeculativeConfig:
         None, "vLLM's static EAGLE tree, e.g. \"[(0,), (1,), (0, 0)]\": each tuple is a path of child "
               "ranks from the root; null = chains / dynamic trees.")
     max_model_len: int | None = key(None, "Longest context the drafter sees (>= 1); null = the target's.")
+    quantization: str | None = key(None, "How the drafter's own linear layers compute: null = int8 (Q8_0 blocks) "
+                                         "wherever the backend has a kernel, dense elsewhere; \"none\" = dense; "
+                                         "\"int8\" / \"int4\" = demanded (an error naming a layer the backend "
+                                         "cannot run so).  The drafter's numerics move only its acceptance, never "
+                                         "the output.")
     tree: TreeConfig = key(TreeConfig(), "Draft-tree shape: budget, depth, topk.")
     controller: ControllerConfig = key(ControllerConfig(), "Goodput controller settings.")
     quality: QualityConfig = key(QualityConfig(), "Draft-quality monitor settings.")
@@ -322,6 +326,10 @@ class SpeculativeConfig:
                      f"{self.draft_tensor_parallel_size!r}")
         chk.check_int(self, "disable_by_batch_size", 2, optional=True)
         chk.check_int(self, "max_model_len", 1, optional=True)
+        if self.quantization is not None:
+            from hyspec.model.quantize_drafter import DRAFTER_QUANTIZATION_CHOICES
+
+            chk.check_choice(self, "quantization", DRAFTER_QUANTIZATION_CHOICES)
         self._resolve_token_tree()
         for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
                           ("remote", RemoteConfig), ("hybrid", HybridConfig),

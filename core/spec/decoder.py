@@ -83,8 +83,8 @@ class SpecDecoder(Speculation):
             cfg = SpeculativeConfig.from_dict(speculative_config)
         specs = _method_specs(cfg)
         proposers = {s.method: build_proposer(target, s) for s in specs}
-        for proposer in proposers.values():
-            _optimize_modules(target, proposer)
+        for method, proposer in proposers.items():
+            _optimize_modules(target, proposer, cfg.quantization, method)
         controller = GoodputController(cfg)
         if cfg.controller.enabled and cfg.controller.profile_at_startup:
             from hyspec.spec.profiling import profile_cost_model
@@ -134,7 +134,7 @@ class SpecDecoder(Speculation):
 
     def _reload_drafter(self, method: str) -> None:
         proposer = build_proposer(self.target, self.specs[method])
-        _optimize_modules(self.target, proposer)
+        _optimize_modules(self.target, proposer, self.config.quantization, method)
         self.proposers[method] = proposer
         self.needs_hidden = any(p.needs_hidden for p in self.proposers.values())
 
@@ -417,12 +417,19 @@ class SpecDecoder(Speculation):
 MATCHING_METHODS = ("suffix", "ngram")
 
 
-def _optimize_modules(target: TargetContext, proposer: Proposer) -> None:
-    """Let the backend prepare the drafter's torch modules (e.g. packed CPU weights)."""
+def _optimize_modules(target: TargetContext, proposer: Proposer, quantization: str | None = None,
+                      method: str = "") -> None:
+    """Let the backend prepare the drafter's torch modules: its linears on the backend's weight-only kernels
+    (``quantization``, hyspec.model.quantize_drafter), then whatever else it does (packed CPU weights)."""
     from torch import nn
 
-    for value in vars(proposer).values():
+    from hyspec.model.quantize_drafter import describe, quantize_drafter
+
+    for name, value in vars(proposer).items():
         if isinstance(value, nn.Module):
+            kinds = quantize_drafter(value, quantization, target.backend)
+            if kinds:
+                log.info("%s drafter %s: linear layers %s", method, name, describe(kinds))
             target.backend.optimize_model(value)
 
 

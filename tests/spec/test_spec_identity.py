@@ -55,12 +55,26 @@ def test_with_live_controller_still_identical(target_dir, plain_outputs):
 
 
 def test_self_draft_accepts_everything(target_dir, plain_outputs):
-    """The target as its own draft model: every draft is the argmax, so all are accepted."""
+    """The target as its own dense draft model: every draft is the argmax, so all are accepted."""
     llm = spec_llm(target_dir, {"method": "draft_model", "model": str(target_dir), "num_speculative_tokens": 4,
+                                "quantization": "none",
                                 "controller": {"enabled": False, "profile_at_startup": False}})
     assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
     t = llm.engine.spec.metrics.snapshot()["totals"]
     assert t["accepted_tokens"] == t["draft_tokens"]
+
+
+def test_self_draft_quantized_by_default_stays_identical(target_dir, plain_outputs):
+    """By default the drafter's linears run on the backend's int8 kernels: its drafts may differ from the
+    target's argmax at near-ties, which verification rejects, so the output is still plain decoding's."""
+    llm = spec_llm(target_dir, {"method": "draft_model", "model": str(target_dir), "num_speculative_tokens": 4,
+                                "controller": {"enabled": False, "profile_at_startup": False}})
+    drafter = llm.engine.spec.proposers["draft_model"].model
+    kinds = {type(m).__name__ for m in drafter.modules()}
+    assert kinds & {"BlockLinear", "Int8Linear"}, kinds  # the CPU backend quantized them
+    assert token_ids(llm.generate(PROMPTS, GREEDY)) == plain_outputs
+    t = llm.engine.spec.metrics.snapshot()["totals"]
+    assert t["accepted_tokens"] >= 0.9 * t["draft_tokens"]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -96,15 +96,19 @@ class DFlashDrafter(TargetHeadDrafter):
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:  # [..., len(target_layers) * H] -> [..., H]
         """The fused context feature of committed tokens (one row per token)."""
-        h = self.fc(aux.to(self.fc.weight.dtype))
+        h = self.fc(aux.to(self.hidden_norm.weight.dtype))  # fc may be a quantized drop-in without .weight
         return self.ops.rms_norm(h, self.hidden_norm.weight, self.hidden_norm.eps)
 
     def context_kv(self, index: int, feats: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s keys and values ``[T, Hkv, D]`` of context rows ``feats [T, H]`` at ``positions [T]``."""
         attn: Attention = self.layers[index].self_attn
-        w = attn.qkv_proj.weight[attn.q_size:]
-        b = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[attn.q_size:]
-        k, v = F.linear(feats, w, b).split([attn.kv_size, attn.kv_size], dim=-1)
+        dense = getattr(attn.qkv_proj, "weight", None)
+        if dense is not None:  # the K and V rows only: context rows need no queries
+            b = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[attn.q_size:]
+            kv = F.linear(feats, dense[attn.q_size:], b)
+        else:  # a quantized drop-in (speculative_config.quantization): its rows come whole
+            kv = attn.qkv_proj(feats)[..., attn.q_size:]
+        k, v = kv.split([attn.kv_size, attn.kv_size], dim=-1)
         k = k.view(-1, attn.num_kv_heads, attn.head_dim)
         v = v.view(-1, attn.num_kv_heads, attn.head_dim)
         if attn.k_norm is not None:

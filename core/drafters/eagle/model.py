@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hyspec.errors import CheckpointError
@@ -234,7 +233,7 @@ class Eagle3Head(EagleHeadBase):
 
     def logits(self, h):
         h = self.ops.rms_norm(h, self.norm.weight, self.norm.eps)
-        return F.linear(h, self.lm_head.weight).float()
+        return self.lm_head(h).float()  # the module, so a backend's drop-in (packed / quantized) serves it
 
     def draft_to_target(self, draft_ids):
         return draft_ids + self.d2t[draft_ids]

@@ -80,7 +80,7 @@ class MTPDrafter(TargetHeadDrafter):
 
     def _combine(self, m: int, input_ids: torch.Tensor, hidden: torch.Tensor, is_first: torch.Tensor) -> torch.Tensor:
         layer, ops = self.layers[m], self.ops
-        w = layer.eh_proj.weight
+        w = layer.enorm.weight  # the drafter's dtype (eh_proj may be a quantized drop-in without .weight)
         emb = self.embed_target(input_ids, w)
         emb = emb.masked_fill(is_first[..., None], 0.0)
         e = ops.rms_norm(emb, layer.enorm.weight, layer.enorm.eps)
