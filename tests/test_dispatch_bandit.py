@@ -143,7 +143,9 @@ def test_the_engine_passes_the_configured_margin_and_batch_size_to_the_bandit():
                                          ({"explore_fraction": 0.9}, "bandit_explore_fraction"),
                                          ({"warmup": 0}, "bandit_warmup"), ({"discount": 1.5}, "bandit_discount"),
                                          ({"plain_margin": -0.1}, "bandit_plain_margin"),
-                                         ({"plain_margin": 0.6}, "bandit_plain_margin")])
+                                         ({"plain_margin": 0.6}, "bandit_plain_margin"),
+                                         ({"max_backoff": 0}, "bandit_max_backoff"),
+                                         ({"max_backoff": 2.5}, "bandit_max_backoff")])
 def test_bad_settings_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         BanditPolicy(["ngram", "none"], **kwargs)
@@ -261,3 +263,37 @@ def test_exploration_is_bounded_by_time_as_well_as_steps():
     assert 0.03 < share <= 0.1 + 2 * 5.0 / sum(spent.values())
     # bounded by steps alone (the old rule) it would have been about 40 of 400 steps: 200 s of 560, 36 %
     assert policy.snapshot().explorations < 40 / 2
+
+
+def test_arms_that_keep_losing_are_explored_ever_less_often():
+    """Nine arms, one of which pays (the default model's drafters on a 2-core CPU): exploring each loser in
+    turn every tenth step gave away most of the best arm's lead; with back-off they are tried rarely."""
+    goodput = {"suffix": 350.0, "none": 140.0, **{f"drafter{i}": 120.0 + i for i in range(7)}}
+    policy = BanditPolicy(list(goodput), explore_fraction=0.1, warmup=2)
+    chosen = run(policy, "c", 3000, goodput)
+    later = chosen[1000:]
+    assert later.count("suffix") >= 0.97 * len(later)  # without back-off: about 0.9
+    for arm in goodput:
+        if arm != "suffix":
+            assert 1 <= later.count(arm) <= 10, (arm, later.count(arm))  # still tried, rarely
+
+
+def test_a_backed_off_arm_that_starts_to_pay_is_found_again():
+    policy = BanditPolicy(["suffix", "eagle3", "none"], explore_fraction=0.1, warmup=2, discount=0.9)
+    run(policy, "c", 600, {"suffix": 300.0, "eagle3": 100.0, "none": 140.0})
+    assert policy._classes["c"].arms["eagle3"].backoff > 1  # it lost its tries and waits longer
+    later = run(policy, "c", 1500, {"suffix": 300.0, "eagle3": 500.0, "none": 140.0})
+    # its next exploring step (within MAX_BACKOFF base intervals) resets its interval, and it takes over
+    assert later[-300:].count("eagle3") >= 0.85 * 300
+    assert policy._classes["c"].arms["eagle3"].backoff == 1
+
+
+def test_max_backoff_1_explores_every_other_arm_in_turn_and_the_key_reaches_the_bandit():
+    goodput = {"suffix": 350.0, "none": 140.0, "eagle3": 120.0}
+    policy = BanditPolicy(list(goodput), explore_fraction=0.1, warmup=2, max_backoff=1)
+    later = run(policy, "c", 1000, goodput)[200:]
+    assert later.count("none") >= 35 and later.count("eagle3") >= 35  # one step in twenty each, as before
+    cfg = SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit", "bandit_max_backoff": 8}})
+    assert cfg.hybrid.bandit_max_backoff == 8
+    with pytest.raises(ConfigError, match="bandit_max_backoff"):
+        SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit", "bandit_max_backoff": 0}})

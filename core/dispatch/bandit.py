@@ -25,7 +25,14 @@ exploration).  Choice:
    ``explore_fraction`` of the steps *and* of the time (at batch 32 a speculative step verifies 32 x
    (k + 1) rows and can cost several plain steps: bounded by steps alone, a tenth of the steps was
    a third of the time), and a method that got better (a warmer cache, a longer prompt) is found
-   again;
+   again.  Back-off: an arm whose exploring step (its own tokens per second) fell below
+   ``BACKOFF_GAP`` of the best arm's estimate waits twice as long before its next one, up to
+   ``max_backoff`` base intervals (``hybrid.bandit_max_backoff``); one whose step came within the gap is back at the base interval.
+   Why: with nine arms, seven of which never paid (the default model's drafters on a 2-core CPU),
+   one step in ten went to a loser committing about one token where suffix decoding committed 3.5,
+   about 7 % of the tokens by that arithmetic, and the hybrid trailed suffix alone by 8.5 % on
+   HumanEval (171.9 vs 187.8 tok/s).  Backed off, each loser is tried once in ``max_backoff``
+   intervals, and a method that starts to pay is still found: its next exploring step resets it;
 3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
    lets old measurements fade;
 4. at batch sizes above 1, a method is exploited only while its estimate beats plain decoding's by
@@ -57,6 +64,11 @@ from hyspec.errors import ConfigError
 
 #: steps' worth of the parent class's goodput in each arm's estimate (see the module docstring)
 PRIOR_STEPS = 4.0
+#: an explored arm whose estimate stays below this share of the best's backs off (see the module docstring)
+BACKOFF_GAP = 0.9
+#: the longest an arm waits between explorations, in base exploration intervals (1 / explore_fraction steps):
+#: hybrid.bandit_max_backoff's default
+MAX_BACKOFF = 64
 
 #: mean context length buckets (upper bounds, tokens), batch size buckets and match length buckets
 #: (nothing to copy; a few tokens, which drafts a few at best; a real copy; a long one)
@@ -95,6 +107,7 @@ class ArmStats:
     pulls: int = 0  # undiscounted: times observed
     chosen: int = 0  # times chosen (a chosen step that also prefilled is not observed)
     last_step: int = -1  # the class step at which it was last chosen
+    backoff: int = 1  # exploration interval of this arm, in base intervals (1 .. MAX_BACKOFF)
 
 
 @dataclass
@@ -115,7 +128,7 @@ class BanditSnapshot:
 
 class BanditPolicy:
     def __init__(self, arms: list[str] | tuple[str, ...], explore_fraction: float = 0.1, warmup: int = 2,
-                 discount: float = 0.99, *, plain_margin: float = 0.0):
+                 discount: float = 0.99, *, plain_margin: float = 0.0, max_backoff: int = MAX_BACKOFF):
         arms = tuple(dict.fromkeys(arms))
         if not arms:
             raise ConfigError("speculative_config.hybrid.policy", "the bandit needs at least one method to choose "
@@ -127,6 +140,9 @@ class BanditPolicy:
             raise ConfigError("speculative_config.hybrid.bandit_warmup", f"must be >= 1, got {warmup}")
         if not 0.0 < discount <= 1.0:
             raise ConfigError("speculative_config.hybrid.bandit_discount", f"must be in (0, 1], got {discount}")
+        if isinstance(max_backoff, bool) or not isinstance(max_backoff, int) or not 1 <= max_backoff <= 4096:
+            raise ConfigError("speculative_config.hybrid.bandit_max_backoff",
+                              f"must be an integer in [1, 4096], got {max_backoff!r}")
         if not 0.0 <= plain_margin <= 0.5:
             raise ConfigError("speculative_config.hybrid.bandit_plain_margin",
                               f"must be in [0, 0.5], got {plain_margin}")
@@ -137,6 +153,7 @@ class BanditPolicy:
         self.discount = discount
         self.plain = NONE if NONE in arms else None  # the arm that drafts nothing, preferred on a near-tie
         self.plain_margin = plain_margin
+        self.max_backoff = max_backoff
         self._classes: dict[str, ClassState] = {}
         self._parents: dict[str, ClassState] = {}  # the classes without their context bucket (parent_class)
         self._choices: dict[tuple[str, str], int] = {}
@@ -157,9 +174,14 @@ class BanditPolicy:
             elif (state.steps % self.explore_every == 0 and len(self.arms) > 1
                   and state.explore_seconds <= self.explore_fraction * state.seconds):
                 best = self._best(state, parent, batch_size)
-                arm = min((a for a in self.arms if a != best), key=lambda a: state.arms[a].last_step)
-                state.explorations += 1
-                self._exploring[klass] = arm
+                due = [a for a in self.arms if a != best
+                       and state.steps - state.arms[a].last_step >= self.explore_every * state.arms[a].backoff]
+                if due:
+                    arm = min(due, key=lambda a: state.arms[a].last_step)
+                    state.explorations += 1
+                    self._exploring[klass] = arm
+                else:  # every other arm lost its last try and is backing off
+                    arm = best
             else:
                 arm = self._best(state, parent, batch_size)
             state.arms[arm].chosen += 1
@@ -174,9 +196,11 @@ class BanditPolicy:
         with self._lock:
             own = self._state(klass)
             own.seconds += seconds
-            if self._exploring.pop(klass, None) == arm:
+            explored = self._exploring.pop(klass, None) == arm
+            if explored:
                 own.explore_seconds += seconds
-            for state in (own, self._parent(klass)):
+            parent = self._parent(klass)
+            for state in (own, parent):
                 if state is None:
                     continue
                 stats = state.arms[arm]
@@ -185,6 +209,11 @@ class BanditPolicy:
                 stats.seconds = self.discount * stats.seconds + seconds
                 stats.mean = stats.tokens / stats.seconds
                 stats.pulls += 1
+            if explored:  # judged on this step alone: an arm that improved must not wait for its old mean
+                rival = max(self._estimate(own, parent, a) for a in self.arms if a != arm)
+                stats = own.arms[arm]
+                behind = tokens / seconds < BACKOFF_GAP * rival
+                stats.backoff = min(2 * stats.backoff, self.max_backoff) if behind else 1
 
     def snapshot(self) -> BanditSnapshot:
         with self._lock:
@@ -207,14 +236,18 @@ class BanditPolicy:
             state = self._parents[name] = ClassState({a: ArmStats() for a in self.arms})
         return state
 
+    @staticmethod
+    def _estimate(state: ClassState, parent: ClassState | None, arm: str) -> float:
+        own = state.arms[arm]
+        prior = parent.arms[arm] if parent is not None else None
+        if prior is None or not prior.pulls:
+            return own.mean
+        step = prior.seconds / prior.weight  # the parent's mean step time for this arm
+        return (own.tokens + PRIOR_STEPS * prior.mean * step) / (own.seconds + PRIOR_STEPS * step)
+
     def _best(self, state: ClassState, parent: ClassState | None, batch_size: int | None = None) -> str:
         def estimate(arm: str) -> float:
-            own = state.arms[arm]
-            prior = parent.arms[arm] if parent is not None else None
-            if prior is None or not prior.pulls:
-                return own.mean
-            step = prior.seconds / prior.weight  # the parent's mean step time for this arm
-            return (own.tokens + PRIOR_STEPS * prior.mean * step) / (own.seconds + PRIOR_STEPS * step)
+            return self._estimate(state, parent, arm)
 
         best = max(self.arms, key=lambda a: (estimate(a), -self.arms.index(a)))
         margin = self.plain_margin if batch_size is None or batch_size > 1 else 0.0

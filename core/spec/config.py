@@ -232,6 +232,9 @@ class HybridConfig:
                                            "in [0, 0.5]. Means within a few per cent are noise, and plain "
                                            "decoding then costs nothing if the estimate was wrong; at batch 1 "
                                            "verification is nearly free and no margin applies.")
+    bandit_max_backoff: int = key(64, "bandit: an arm whose exploring step fell clearly behind the best waits "
+                                      "twice as long for its next, up to this many exploration intervals "
+                                      "(1..4096; 1 = every other arm in turn, no back-off).")
 
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)
@@ -240,6 +243,7 @@ class HybridConfig:
         chk.check_int(self, "bandit_warmup", 1, 1000)
         chk.check_float(self, "bandit_discount", 0.0, 1.0, lo_open=True)
         chk.check_float(self, "bandit_plain_margin", 0.0, 0.5)
+        chk.check_int(self, "bandit_max_backoff", 1, 4096)
         chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
         chk.check_float(self, "load_resume_threshold", 0.0, 1.0)
         if self.load_resume_threshold >= self.load_threshold:

@@ -101,7 +101,8 @@ class SpecDecoder(Speculation):
                 from hyspec.spec.registry import NONE as PLAIN
 
                 bandit = BanditPolicy([*proposers, PLAIN], h.bandit_explore_fraction, h.bandit_warmup,
-                                      h.bandit_discount, plain_margin=h.bandit_plain_margin)
+                                      h.bandit_discount, plain_margin=h.bandit_plain_margin,
+                                      max_backoff=h.bandit_max_backoff)
             dispatcher = HybridDispatcher(
                 h.rules_path, list(proposers), load_threshold=h.load_threshold,
                 load_resume_threshold=h.load_resume_threshold,
