@@ -272,7 +272,7 @@ def test_arms_that_keep_losing_are_explored_ever_less_often():
     policy = BanditPolicy(list(goodput), explore_fraction=0.1, warmup=2)
     chosen = run(policy, "c", 3000, goodput)
     later = chosen[1000:]
-    assert later.count("suffix") >= 0.97 * len(later)  # without back-off: about 0.9
+    assert later.count("suffix") >= 0.97 * len(later)  # 0.988 here; without back-off (max_backoff=1) 0.900
     for arm in goodput:
         if arm != "suffix":
             assert 1 <= later.count(arm) <= 10, (arm, later.count(arm))  # still tried, rarely

@@ -27,7 +27,8 @@ exploration).  Choice:
    a third of the time), and a method that got better (a warmer cache, a longer prompt) is found
    again.  Back-off: an arm whose exploring step (its own tokens per second) fell below
    ``BACKOFF_GAP`` of the best arm's estimate waits twice as long before its next one, up to
-   ``max_backoff`` base intervals (``hybrid.bandit_max_backoff``); one whose step came within the gap is back at the base interval.
+   ``max_backoff`` base intervals (``hybrid.bandit_max_backoff``); one whose step came within the
+   gap is back at the base interval.
    Why: with nine arms, seven of which never paid (the default model's drafters on a 2-core CPU),
    one step in ten went to a loser committing about one token where suffix decoding committed 3.5,
    about 7 % of the tokens by that arithmetic, and the hybrid trailed suffix alone by 8.5 % on

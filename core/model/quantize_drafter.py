@@ -47,8 +47,8 @@ def quantize_drafter(module: nn.Module, quantization: str | None, backend: "Back
     multiple of 32)"`` ...).  Call it before ``backend.optimize_model``, which packs what stays dense.
     """
     if quantization is not None and quantization not in DRAFTER_QUANTIZATION_CHOICES:
-        raise ConfigError("speculative_config.quantization", f"must be one of {', '.join(DRAFTER_QUANTIZATION_CHOICES)} or null; "
-                                          f"got {quantization!r}")
+        raise ConfigError("speculative_config.quantization",
+                          f"must be one of {', '.join(DRAFTER_QUANTIZATION_CHOICES)} or null; got {quantization!r}")
     kinds: Counter = Counter()
     demanded = quantization is not None
     bits = _BITS.get(quantization or "int8")
