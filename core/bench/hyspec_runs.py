@@ -50,6 +50,7 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
         choices += [{"method": m, "model": str(drafters[m]), "num_speculative_tokens": k}
                     for m in DRAFTER_METHODS if m in drafters]
         config["num_speculative_tokens"] = suffix_ceiling
+        config["tree"] = {"depth": k}  # EAGLE trees as alone (and as in a bare hybrid), not suffix_ceiling deep
         config["hybrid"] = {"policy": "bandit", "methods": choices}
     return deep_merge(config, settings.speculative_config_extra)
 

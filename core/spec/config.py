@@ -211,14 +211,16 @@ class HybridConfig:
     _SECTION: ClassVar[str] = f"{ROOT}.hybrid"
     rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules.")
     methods: tuple[MethodConfig, ...] = key((), "Methods to load (list of method configs or names); "
-                                                "empty = ngram plus every embedded default drafter present.")
+                                                "empty = ngram, suffix and every embedded default drafter "
+                                                "present.")
     load_threshold: float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].")
     load_resume_threshold: float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.")
     load_signal: str = key("max", f"{' | '.join(LOAD_SIGNALS)}: load is the engine's own figure (running / "
                                   "max_num_seqs); max the largest of them (any saturated resource makes "
                                   "drafting a loss).")
     speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
-    policy: str = key("rules", "rules: steps no rule matches decode plainly; bandit: they (and rules with "
+    policy: str | None = key(None, "null = bandit without rules_path, rules with one. rules: steps no rule "
+                               "matches decode plainly; bandit: they (and rules with "
                                "\"policy\": \"bandit\") go to a bandit over the loaded methods and none, learnt "
                                "per class of step from measured goodput (without rules_path: no rules at all).")
     bandit_explore_fraction: float = key(0.1, "bandit: the largest share of a class's steps, and of its measured "
@@ -238,6 +240,10 @@ class HybridConfig:
 
     def __post_init__(self) -> None:
         chk.check_str(self, "rules_path", optional=True)
+        if self.policy is None:
+            # the built-in rules were written for the toy target's drafters; on the real default model only
+            # suffix decoding paid, so a bare hybrid learns what pays (docs/results/2026-12-05/hybrid-backoff)
+            object.__setattr__(self, "policy", "bandit" if self.rules_path is None else "rules")
         chk.check_choice(self, "policy", ("rules", "bandit"))
         chk.check_float(self, "bandit_explore_fraction", 0.0, 0.5, lo_open=True)
         chk.check_int(self, "bandit_warmup", 1, 1000)
@@ -280,7 +286,9 @@ class SpeculativeConfig:
                                    "null = draft_model when `model` is set.")
     model: str | None = key(None, "Draft weights (path); null = the embedded default drafter for the method.")
     num_speculative_tokens: int | None = key(None, "Draft tokens per step, 1..64; null = 4, or the node "
-                                                   "count of `speculative_token_tree`.")
+                                                   "count of `speculative_token_tree`; for suffix and a bare "
+                                                   "hybrid (no hybrid.methods) the suffix tree depth, a ceiling "
+                                                   "(the hybrid's other methods then draft 4).")
     prompt_lookup_min: int | None = key(None, "ngram: shortest n-gram matched; null = prompt_lookup_max, or 5.")
     prompt_lookup_max: int | None = key(None, "ngram: longest n-gram matched; null = prompt_lookup_min, or 5.")
     suffix_decoding_max_tree_depth: int = key(24, "suffix: the longest match plus speculation, in tokens (2..256); "
@@ -322,6 +330,8 @@ class SpeculativeConfig:
         _check_model_allowed(self)
         chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
         _resolve_prompt_lookup(self)
+        bare_hybrid_default = (self.method == "hybrid" and not getattr(self.hybrid, "methods", ())
+                               and self.num_speculative_tokens is None)
         self._check_suffix()
         tp = self.draft_tensor_parallel_size
         if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp != 1):
@@ -340,7 +350,7 @@ class SpeculativeConfig:
                           ("memory_pressure", MemoryPressureConfig), ("slo", SLOConfig)):
             if not isinstance(getattr(self, name), cls):
                 chk.fail(self, name, f"expected a {cls.__name__} or an object, got {getattr(self, name)!r}")
-        self._resolve_tree_section()
+        self._resolve_tree_section(DEFAULT_NUM_SPECULATIVE_TOKENS if bare_hybrid_default else None)
         self._resolve_controller()
         chk.check_choice(self, "draft_placement", PLACEMENTS)
         chk.check_str(self, "ray_address", optional=True)
@@ -354,8 +364,11 @@ class SpeculativeConfig:
         chk.check_int(self, "suffix_decoding_max_cached_requests", 0, 10_000_000)
         chk.check_float(self, "suffix_decoding_max_spec_factor", 0.0, 1000.0, lo_open=True)
         chk.check_float(self, "suffix_decoding_min_token_prob", 0.0, 1.0)
-        if self.method == "suffix" and self.num_speculative_tokens is None:
-            # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself)
+        bare_hybrid = self.method == "hybrid" and not getattr(self.hybrid, "methods", ())
+        if (self.method == "suffix" or bare_hybrid) and self.num_speculative_tokens is None:
+            # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself).  A bare
+            # hybrid loads suffix too, so its ceiling is suffix's; its other methods draft up to the tree depth,
+            # DEFAULT_NUM_SPECULATIVE_TOKENS (_resolve_tree_section, hyspec.spec.decoder._default_hybrid_specs)
             object.__setattr__(self, "num_speculative_tokens",
                                min(self.suffix_decoding_max_tree_depth, MAX_SPECULATIVE_TOKENS))
 
@@ -380,7 +393,7 @@ class SpeculativeConfig:
             chk.fail(self, "num_speculative_tokens", f"{self.num_speculative_tokens} != the "
                                                      f"{len(tree)} nodes of speculative_token_tree")
 
-    def _resolve_tree_section(self) -> None:
+    def _resolve_tree_section(self, default_depth: int | None = None) -> None:
         t, static = self.tree, self.speculative_token_tree
         if static is not None:
             nodes, depth = len(static), max(len(n) for n in static)
@@ -393,7 +406,7 @@ class SpeculativeConfig:
             budget, depth, topk = t.budget or nodes, t.depth or depth, t.topk or width
         else:
             budget = t.budget or 32
-            depth = t.depth or min(self.num_speculative_tokens, budget)
+            depth = t.depth or min(default_depth or self.num_speculative_tokens, budget)
             topk = t.topk or min(8, budget)
         try:
             resolved = TreeConfig(budget=budget, depth=depth, topk=topk)

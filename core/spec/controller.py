@@ -138,6 +138,10 @@ class GoodputController:
         self._host: dict[tuple[int, bool], float] = {}  # (batch size, speculated) -> EWMA host seconds a step
         self._sizers: dict[str, DraftSizer] = {}  # scored methods: per-node calibration (draft_sizing.py)
 
+    def cap(self, method: str, num_tokens: int) -> None:
+        """``method`` drafts at most ``num_tokens`` (and never more than the top-level maximum)."""
+        self._caps[method] = min(num_tokens, self.max_tokens, self._caps.get(method, self.max_tokens))
+
     @classmethod
     def from_profile(cls, config: SpeculativeConfig, measure: Callable[[int, int], float],
                      max_batch_size: int) -> "GoodputController":

@@ -90,6 +90,8 @@ class SpecDecoder(Speculation):
             from hyspec.spec.profiling import profile_cost_model
 
             controller = GoodputController(cfg, profile_cost_model(target))
+        for s in specs:  # a bare hybrid's methods are not in cfg.hybrid.methods: their caps come from here
+            controller.cap(s.method, s.num_speculative_tokens)
         dispatcher = None
         if cfg.method == "hybrid":
             from hyspec.dispatch.dispatcher import HybridDispatcher
@@ -449,13 +451,16 @@ def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
 
 
 def _default_hybrid_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
-    """A bare {"method": "hybrid"}: ngram (no weights) plus the registry's default methods whose
-    embedded drafter exists."""
+    """A bare {"method": "hybrid"}: ngram and suffix (no weights) plus the registry's default methods whose
+    embedded drafter exists.  Suffix drafts up to the top-level ceiling (its drafts size themselves); the
+    others up to the tree depth, which is DEFAULT_NUM_SPECULATIVE_TOKENS unless num_speculative_tokens or
+    tree.depth was given (config.py resolves both)."""
     from hyspec.assets import DRAFTER_DIRS, assets_dir
     from hyspec.spec.registry import default_hybrid_methods
 
-    k = cfg.num_speculative_tokens
-    specs = [MethodSpec("ngram", None, k, 1, 3, cfg)]
+    k = min(cfg.num_speculative_tokens, cfg.tree.depth)
+    specs = [MethodSpec("ngram", None, k, 1, 3, cfg),
+             MethodSpec("suffix", None, cfg.num_speculative_tokens, 1, 3, cfg)]
     for method in default_hybrid_methods():
         if (assets_dir() / DRAFTER_DIRS[method] / "config.json").is_file():
             specs.append(MethodSpec(method, None, k, 1, 3, cfg))
