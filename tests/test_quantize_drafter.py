@@ -48,18 +48,26 @@ needs_kernels = pytest.mark.skipif(not _cpu_has_kernels(), reason="no CPU weight
 @needs_kernels
 def test_default_puts_the_linears_on_int8_kernels_close_to_dense():
     head = _Head().eval()
+    head.odd = nn.Identity()
     x = torch.randn(5, 96)
     with torch.no_grad():
         dense = head(x)
         kinds = quantize_drafter(head, None, get_backend("cpu"))
         quantized = head(x)
-    assert kinds["int8"] == 4, kinds  # fc, the two MLP layers, lm_head
-    assert kinds["dense (in_features 80 not a multiple of 32)"] == 1
-    assert type(head.read_directly) is nn.Linear and type(head.odd) is nn.Linear
+    assert kinds == {"int8": 4}, kinds  # fc, the two MLP layers, lm_head
+    assert type(head.read_directly) is nn.Linear  # its parent reads its .weight itself
     assert all(type(m) is not nn.Linear for m in (head.fc, head.mlp[0], head.mlp[2], head.lm_head))
     err = (quantized - dense).abs().max() / dense.abs().max()
     assert 0 < err < 0.02, err  # Q8_0: quantized, and close
-    assert "4 int8" in describe(kinds)
+    assert describe(kinds) == "4 int8"
+
+
+@needs_kernels
+def test_by_default_one_layer_that_cannot_be_int8_keeps_the_whole_drafter_dense():
+    head = _Head()
+    kinds = quantize_drafter(head, None, get_backend("cpu"))
+    assert kinds == {"dense (in_features 80 not a multiple of 32)": 1, "dense (kept with the 1 that must be)": 4}
+    assert all(type(m) is nn.Linear for m in (head.fc, head.mlp[0], head.mlp[2], head.lm_head, head.odd))
 
 
 @needs_kernels

@@ -12,7 +12,8 @@ reference: the shared embedding and lm_head stay the target's own, already quant
 is quantized here from its dense values, llama.cpp's Q8_0 (``int8``) or Q4_1 (``int4``) per group of
 32 (hyspec.model.quant.quantize), and handed to ``backend.quantized_linear``:
 
-* ``None`` (the default): int8 wherever the backend has a kernel for the layer, dense elsewhere;
+* ``None`` (the default): int8 where the backend has a kernel for every layer of the drafter, else the
+  whole drafter dense (the 80-wide draft model, whose 6 of 8 linears cannot be int8, was slower mixed);
 * ``"none"``: every layer dense (the drafter's reference numerics);
 * ``"int8"`` / ``"int4"``: demanded; a layer the backend cannot compute that way is an error naming it.
 
@@ -44,7 +45,8 @@ def quantize_drafter(module: nn.Module, quantization: str | None, backend: "Back
     """Swap ``module``'s ``nn.Linear`` layers for the backend's quantized ones, in place.
 
     Returns how many layers ended up as what (``"int8"``, ``"dense"``, ``"dense (in_features 80 not a
-    multiple of 32)"`` ...).  Call it before ``backend.optimize_model``, which packs what stays dense.
+    multiple of 32)"`` ...).  By default a drafter is quantized whole or not at all (one layer that cannot
+    be keeps them all dense).  Call it before ``backend.optimize_model``, which packs what stays dense.
     """
     if quantization is not None and quantization not in DRAFTER_QUANTIZATION_CHOICES:
         raise ConfigError("speculative_config.quantization",
@@ -52,6 +54,7 @@ def quantize_drafter(module: nn.Module, quantization: str | None, backend: "Back
     kinds: Counter = Counter()
     demanded = quantization is not None
     bits = _BITS.get(quantization or "int8")
+    swaps = []
     for path, parent, name, linear in _linears(module):
         if quantization == "none":
             kinds["dense"] += 1
@@ -68,8 +71,16 @@ def quantize_drafter(module: nn.Module, quantization: str | None, backend: "Back
                                                   f"({weight.shape[0]}x{weight.shape[1]}) cannot be: {why}")
             kinds[f"dense ({why})"] += 1
             continue
+        swaps.append((parent, name, replacement))
+    if swaps and kinds and not demanded:
+        # by default a drafter runs one way: mixed layers lost more than they saved on the 80-wide draft
+        # model (6 of its 8 linears cannot be int8; its fused decoder stack then runs layer by layer:
+        # draft step 9.27 -> 9.80 ms, docs/results/2026-12-05/drafter-costs)
+        return Counter({f"dense (kept with the {sum(kinds.values())} that must be)": len(swaps), **kinds})
+    for parent, name, replacement in swaps:
         setattr(parent, name, replacement)
-        kinds[f"int{bits}"] += 1
+    if swaps:
+        kinds[f"int{bits}"] += len(swaps)
     return kinds
 
 

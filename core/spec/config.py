@@ -306,7 +306,8 @@ class SpeculativeConfig:
               "ranks from the root; null = chains / dynamic trees.")
     max_model_len: int | None = key(None, "Longest context the drafter sees (>= 1); null = the target's.")
     quantization: str | None = key(None, "How the drafter's own linear layers compute: null = int8 (Q8_0 blocks) "
-                                         "wherever the backend has a kernel, dense elsewhere; \"none\" = dense; "
+                                         "where the backend has a kernel for all of a drafter's layers, else "
+                                         "dense; \"none\" = dense; "
                                          "\"int8\" / \"int4\" = demanded (an error naming a layer the backend "
                                          "cannot run so).  The drafter's numerics move only its acceptance, never "
                                          "the output.")

@@ -24,14 +24,16 @@ FAMILIES = {
 
 
 def make_hf_model(name: str, path: Path, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,
-                  seed: int = 0, dtype: torch.dtype = torch.float32):
-    """Create a random HF model of family ``name``, save it (safetensors) to ``path``, return it."""
+                  seed: int = 0, dtype: torch.dtype = torch.float32, intermediate_size: int | None = None):
+    """Create a random HF model of family ``name``, save it (safetensors) to ``path``, return it
+    (``intermediate_size`` None: 2 x hidden + 8, a width no 32-wide block divides)."""
     import transformers
 
     cls_name, kwargs = FAMILIES[name]
     kwargs = dict(kwargs)
     rope_scaling = kwargs.pop("rope_scaling", None)
-    base = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size + 8,
+    base = dict(vocab_size=vocab_size, hidden_size=hidden_size,
+                intermediate_size=2 * hidden_size + 8 if intermediate_size is None else intermediate_size,
                 num_hidden_layers=layers, max_position_embeddings=256, rms_norm_eps=1e-5,
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
     base.setdefault("tie_word_embeddings", False)

@@ -40,12 +40,12 @@ def write_tokenizer(path: Path, vocab_size: int = VOCAB) -> None:
 
 
 def make_checkpoint(path: Path, family: str = "llama_gqa", layers: int = 2, hidden_size: int = 64, seed: int = 0,
-                    dtype=None):
+                    dtype=None, intermediate_size: int | None = None):
     """Write a tiny model (vocab 320, ids 0/1/2 = pad/bos/eos) with its tokenizer; return the HF model."""
     import torch
 
     path.mkdir(parents=True, exist_ok=True)
     model = make_hf_model(family, path, vocab_size=VOCAB, hidden_size=hidden_size, layers=layers, seed=seed,
-                          dtype=dtype or torch.float32)
+                          dtype=dtype or torch.float32, intermediate_size=intermediate_size)
     write_tokenizer(path)
     return model
