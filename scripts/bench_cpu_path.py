@@ -1,7 +1,7 @@
 """CPU path benchmark: target forward cost per verified token count, before and after the CPU fast path,
 and the ONNX Runtime draft_model drafter against the torch one.
 
-    .venv/bin/python scripts/bench_cpu_path.py [--model DIR] [--drafter DIR] [--json OUT]
+    .venv/bin/python scripts/bench_cpu_path.py [--model DIR] [--drafter DIR] [--quantized default,a8] [--json OUT]
 
 "before" runs the model as loaded (reference ops, ``F.linear``); "after" loads it with the CPU backend's
 op table and applies its ``optimize_model`` (packed oneDNN/MKL weights) exactly as the engine does.  Each figure is the median
@@ -18,14 +18,20 @@ import time
 import torch
 
 
-def forward_costs(model_dir, dtype: str, optimize: bool, counts, repeats: int) -> dict[int, float]:
+def forward_costs(model_dir, dtype: str, optimize: bool, counts, repeats: int,
+                  quantization: str | None = "none") -> dict[int, float]:
+    """``quantization`` other than "none" loads as the engine does (a GGUF's blocks on the backend's kernels)."""
     from hyspec.backends.registry import get_backend
     from hyspec.engine.model_runner import LAST_LOGITS, Feed, ModelRunner
     from hyspec.kv.pool import KVPool
     from hyspec.kv.sequence_kv import SequenceKV
     from hyspec.model.loader import load_model
 
-    if optimize:  # the CPU backend's op table (packed logits) and its optimize_model (packed linears)
+    if quantization != "none":  # the engine's load: the checkpoint's own codes (or a8) on the backend's kernels
+        backend = get_backend("cpu")
+        model = backend.optimize_model(load_model(model_dir, dtype=dtype, ops=backend.ops, backend=backend,
+                                                  quantization=quantization))
+    elif optimize:  # the CPU backend's op table (packed logits) and its optimize_model (packed linears)
         backend = get_backend("cpu")
         model = backend.optimize_model(load_model(model_dir, dtype=dtype, ops=backend.ops))
     else:
@@ -82,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--counts", default="1,2,4,8,16,32")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--quantized", default=None, metavar="default|a8",
+                    help="also time the engine's own load of a GGUF: its blocks on hyspec's fp32 kernel "
+                         "(default) or times 8-bit activations (a8); the cost per verified row count")
     args = ap.parse_args(argv)
     from hyspec.assets import default_drafter, default_model
 
@@ -92,11 +101,15 @@ def main(argv=None) -> int:
     print(f"target forward, ms per call (bs 1, 128-token context, median of {args.repeats}); "
           f"{torch.get_num_threads()} threads")
     print(f"{'dtype':10s} {'path':7s} " + " ".join(f"{'n=' + str(n):>7s}" for n in counts))
-    for dtype in args.dtypes.split(","):
+    for dtype in [d for d in args.dtypes.split(",") if d]:  # --dtypes "": the quantized rows only
         for label, optimize in (("before", False), ("after", True)):
             costs = forward_costs(model, dtype, optimize, counts, args.repeats)
             result["forward_ms"][f"{dtype}/{label}"] = {n: round(c * 1e3, 3) for n, c in costs.items()}
             print(f"{dtype:10s} {label:7s} " + " ".join(f"{c * 1e3:7.2f}" for c in costs.values()))
+    for q in (args.quantized.split(",") if args.quantized else ()):
+        costs = forward_costs(model, "float32", True, counts, args.repeats, None if q == "default" else q)
+        result["forward_ms"][f"gguf-blocks/{q}"] = {n: round(c * 1e3, 3) for n, c in costs.items()}
+        print(f"{'blocks':10s} {q:7s} " + " ".join(f"{c * 1e3:7.2f}" for c in costs.values()))
     try:
         drafter = args.drafter or default_drafter("draft_model")
         d = drafter_costs(drafter, steps=32, repeats=5)
