@@ -209,7 +209,8 @@ class HybridConfig:
     """The hybrid dispatcher: method choice per step, load-based fallback, canary rollout."""
 
     _SECTION: ClassVar[str] = f"{ROOT}.hybrid"
-    rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules.")
+    rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules under "
+                                       "policy \"rules\" (with policy null, no rules file means the bandit).")
     methods: tuple[MethodConfig, ...] = key((), "Methods to load (list of method configs or names); "
                                                 "empty = ngram, suffix and every embedded default drafter "
                                                 "present.")
