@@ -50,7 +50,8 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
         choices += [{"method": m, "model": str(drafters[m]), "num_speculative_tokens": k}
                     for m in DRAFTER_METHODS if m in drafters]
         config["num_speculative_tokens"] = suffix_ceiling
-        config["tree"] = {"depth": k}  # EAGLE trees as alone (and as in a bare hybrid), not suffix_ceiling deep
+        # EAGLE trees as alone (and as in a bare hybrid), not suffix_ceiling deep; within the default budget (32)
+        config["tree"] = {"depth": min(k, 32)}
         config["hybrid"] = {"policy": "bandit", "methods": choices}
     return deep_merge(config, settings.speculative_config_extra)
 
