@@ -334,7 +334,7 @@ class SpeculativeConfig:
         _resolve_prompt_lookup(self)
         bare_hybrid_default = (self.method == "hybrid" and not getattr(self.hybrid, "methods", ())
                                and self.num_speculative_tokens is None)
-        self._check_suffix()
+        self._check_suffix(bare_hybrid_default)
         tp = self.draft_tensor_parallel_size
         if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp != 1):
             chk.fail(self, "draft_tensor_parallel_size",
@@ -361,13 +361,12 @@ class SpeculativeConfig:
         self._check_hybrid()
 
     # -- resolution of defaults that depend on other keys -----------------------------
-    def _check_suffix(self) -> None:
+    def _check_suffix(self, bare_hybrid_default: bool = False) -> None:
         chk.check_int(self, "suffix_decoding_max_tree_depth", 2, MAX_TREE_BUDGET)
         chk.check_int(self, "suffix_decoding_max_cached_requests", 0, 10_000_000)
         chk.check_float(self, "suffix_decoding_max_spec_factor", 0.0, 1000.0, lo_open=True)
         chk.check_float(self, "suffix_decoding_min_token_prob", 0.0, 1.0)
-        bare_hybrid = self.method == "hybrid" and not getattr(self.hybrid, "methods", ())
-        if (self.method == "suffix" or bare_hybrid) and self.num_speculative_tokens is None:
+        if (self.method == "suffix" and self.num_speculative_tokens is None) or bare_hybrid_default:
             # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself).  A bare
             # hybrid loads suffix too, so its ceiling is suffix's; its other methods draft up to the tree depth,
             # DEFAULT_NUM_SPECULATIVE_TOKENS (_resolve_tree_section, hyspec.spec.decoder._default_hybrid_specs)
