@@ -299,6 +299,10 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float = key(1.0, "suffix: speculation depth <= this x the match length (> 0).")
     suffix_decoding_min_token_prob: float = key(0.1, "suffix: tokens whose share of the matched occurrences is "
                                                      "below this are not drafted, in [0, 1].")
+    suffix_decoding_corpus: str | None = key(None, "suffix (hyspec's key): a corpus of the target's own responses "
+                                                   "searched like the cache (read-only); null = the one in "
+                                                   "assets/ when built for the target's vocabulary, else none; "
+                                                   "\"none\" = none; or a directory.")
     draft_tensor_parallel_size: int | None = key(None, "Only 1 (or null) is supported by hyspec.")
     disable_by_batch_size: int | None = key(None, "As vLLM: speculation off for new requests while the batch "
                                                   "holds more than this many (>= 2); null = off.")
@@ -366,6 +370,9 @@ class SpeculativeConfig:
         chk.check_int(self, "suffix_decoding_max_cached_requests", 0, 10_000_000)
         chk.check_float(self, "suffix_decoding_max_spec_factor", 0.0, 1000.0, lo_open=True)
         chk.check_float(self, "suffix_decoding_min_token_prob", 0.0, 1.0)
+        chk.check_str(self, "suffix_decoding_corpus", optional=True)
+        if self.suffix_decoding_corpus is not None and not self.suffix_decoding_corpus.strip():
+            chk.fail(self, "suffix_decoding_corpus", 'a directory, "none" or null; got an empty string')
         if (self.method == "suffix" and self.num_speculative_tokens is None) or bare_hybrid_default:
             # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself).  A bare
             # hybrid loads suffix too, so its ceiling is suffix's; its other methods draft up to the tree depth,

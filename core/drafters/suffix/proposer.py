@@ -1,11 +1,14 @@
 """``suffix``: suffix decoding (Snowflake's ArcticInference, vLLM's ``method: "suffix"``), no weights.
 
-Two places a continuation can come from:
+Three places a continuation can come from:
 
 * the request's own tokens (its prompt and what it generated so far);
 * a global cache of the responses of finished requests (``suffix_decoding_max_cached_requests``,
   oldest evicted first; 0 turns it off), which is where agents that re-run a step, or tools that
-  ask for the same edit again, find their next tokens.
+  ask for the same edit again, find their next tokens;
+* a corpus shipped with the target (``suffix_decoding_corpus``, hyspec's key, read-only: see
+  ``hyspec.drafters.suffix.corpus``): the target's own responses to other prompts, which a cold
+  cache does not yet hold.
 
 Per step and sequence: in each source, find the occurrences of the context's longest suffix (at
 most ``suffix_decoding_max_tree_depth - 1`` tokens), then grow a tree from what followed them:
@@ -13,7 +16,8 @@ each candidate token's probability is the share of occurrences that continued th
 below ``suffix_decoding_min_token_prob`` are left out, the depth is at most
 ``suffix_decoding_max_spec_factor`` x the match length (and the tree depth minus it), and nodes are
 taken most probable first up to the step's budget.  The source whose tree has the larger expected
-number of accepted tokens (the sum of its nodes' probabilities) drafts.
+number of accepted tokens (the sum of its nodes' probabilities) drafts; on a tie the request's own
+tokens, then the cache, then the corpus (the nearer source is the surer guide).
 
 The drafts are deterministic (``draft_probs=None``): the tree verifier treats each node's q as
 one-hot, so acceptance at temperature 0 is the target's argmax and above it the target's own
@@ -25,14 +29,16 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from hyspec.drafters.suffix.store import TokenStore
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.proposer import DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree, NodeScores
 
-#: where a draft came from (NodeScores.source): the request's own tokens, or the cache of earlier responses
-OWN, CACHE = 0, 1
+#: where a draft came from (NodeScores.source): the request's own tokens, the cache of earlier responses,
+#: or the corpus shipped with the target
+OWN, CACHE, CORPUS = 0, 1, 2
 #: occurrences per pattern kept by the stores (frequencies are estimated over the newest ones)
 MAX_PER_KEY = 64
 
@@ -113,16 +119,25 @@ class SuffixProposer(Proposer):
     builds_trees = True
     scores_drafts = True
 
-    def __init__(self, settings: SuffixSettings, max_tokens: int, vocab_size: int):
+    def __init__(self, settings: SuffixSettings, max_tokens: int, vocab_size: int,
+                 corpus: "Sequence[Sequence[int]] | None" = None):
         self.settings = settings
         self.max_tokens = max_tokens
         self.vocab_size = vocab_size
         self._own: dict[str, TokenStore] = {}  # request id -> its prompt and output so far
         self.cache = TokenStore(MAX_PER_KEY)  # finished responses (global)
         self._serials = itertools.count()
+        self.corpus: TokenStore | None = None  # read-only: never evicted, kept by forget_shared_history
+        if corpus:
+            self.corpus = TokenStore(MAX_PER_KEY)
+            for serial, tokens in enumerate(corpus):
+                if any(not 0 <= t < vocab_size for t in tokens):
+                    raise ValueError(f"suffix corpus sequence {serial}: a token id outside the target's "
+                                     f"vocabulary of {vocab_size}")
+                self.corpus.extend(serial, list(tokens))
         # branching_drafts: drafts with a node of two or more children (trees, not chains)
-        self.stats = {"drafts_own": 0, "drafts_cache": 0, "branching_drafts": 0, "cached_responses": 0,
-                      "evicted_responses": 0}
+        self.stats = {"drafts_own": 0, "drafts_cache": 0, "drafts_corpus": 0, "branching_drafts": 0,
+                      "cached_responses": 0, "evicted_responses": 0}
 
     def max_budget(self) -> int:
         return self.max_tokens
@@ -139,23 +154,27 @@ class SuffixProposer(Proposer):
                 cached.source = CACHE
                 if cached.score >= best.score:  # ties: an earlier response of a re-run request is the surer guide
                     best = cached
-                    self.stats["drafts_cache"] += bool(best.tokens)
-                else:
-                    self.stats["drafts_own"] += bool(best.tokens)
-            else:
-                self.stats["drafts_own"] += bool(best.tokens)
+            if self.corpus is not None:
+                shipped = self.draft(self.corpus, context, budget)
+                shipped.source = CORPUS
+                if shipped.score > best.score:  # ties: the request's own tokens and its server's history first
+                    best = shipped
+            if best.tokens:
+                self.stats[("drafts_own", "drafts_cache", "drafts_corpus")[best.source]] += 1
             self.stats["branching_drafts"] += len(set(best.parents)) < len(best.parents)
             out.append(self._tree(req.seq.last_token, best) if best.tokens else None)
         return out
 
     def match_length(self, seq, cap: int) -> int:
         """The longest suffix of ``seq``'s tokens (at most ``cap``, and short of the tree depth) found in
-        its own earlier tokens or in the cache of earlier responses."""
+        its own earlier tokens, in the cache of earlier responses or in the corpus."""
         context = seq.token_ids
         cap = min(cap, self.settings.max_tree_depth - 1)
         n = self._own_store(seq).longest_match(context, cap, exclude_end=(0, len(context) - 1)).length
         if self.settings.max_cached_requests and n < cap:
             n = max(n, self.cache.longest_match(context, cap).length)
+        if self.corpus is not None and n < cap:
+            n = max(n, self.corpus.longest_match(context, cap).length)
         return n
 
     def draft(self, store: TokenStore, context: list[int], budget: int,
@@ -215,12 +234,14 @@ class SuffixProposer(Proposer):
             self.stats["evicted_responses"] += 1
 
     def forget_shared_history(self) -> None:
-        """Empty the global cache of responses (benchmarks, between timed passes)."""
+        """Empty the global cache of responses (benchmarks, between timed passes); the corpus, which ships
+        with the target like a drafter's weights, stays."""
         self.cache = TokenStore(MAX_PER_KEY)
 
     def on_preempt(self, seq) -> None:
         """The target recomputes the request's KV; its tokens (all this drafter holds) are unchanged."""
 
     def memory_bytes(self) -> int:
-        """What the global cache and the live requests' stores hold (an estimate)."""
-        return self.cache.memory_bytes() + sum(s.memory_bytes() for s in self._own.values())
+        """What the global cache, the corpus and the live requests' stores hold (an estimate)."""
+        corpus = self.corpus.memory_bytes() if self.corpus is not None else 0
+        return self.cache.memory_bytes() + corpus + sum(s.memory_bytes() for s in self._own.values())
