@@ -299,10 +299,10 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float = key(1.0, "suffix: speculation depth <= this x the match length (> 0).")
     suffix_decoding_min_token_prob: float = key(0.1, "suffix: tokens whose share of the matched occurrences is "
                                                      "below this are not drafted, in [0, 1].")
-    suffix_decoding_corpus: str | None = key(None, "suffix (hyspec's key): a corpus of the target's own responses "
-                                                   "searched like the cache (read-only); null = the one in "
-                                                   "assets/ when built for the target's vocabulary, else none; "
-                                                   "\"none\" = none; or a directory.")
+    suffix_decoding_corpus: str | None = key(None, "suffix (hyspec's key): a corpus of the target's own answers "
+                                                   "searched like the cache, read-only; null / \"none\" = none; "
+                                                   "\"default\" = the one in assets/ for the default model; or a "
+                                                   "directory.")
     draft_tensor_parallel_size: int | None = key(None, "Only 1 (or null) is supported by hyspec.")
     disable_by_batch_size: int | None = key(None, "As vLLM: speculation off for new requests while the batch "
                                                   "holds more than this many (>= 2); null = off.")

@@ -87,6 +87,31 @@ def test_suffix_trees_emit_the_target_law(workspace):
     assert stats["branching_drafts"] >= DEFAULT_SAMPLES // 20, stats
 
 
+def test_suffix_corpus_trees_emit_the_target_law(workspace, tmp_path):
+    """Drafts from a shipped corpus (suffix_decoding_corpus) only: the cache is off, and the corpus holds the
+    target's own sampled answers to the prompt, which fork -- the law must still be the target's."""
+    from hyspec.drafters.suffix.corpus import save_corpus
+    from hyspec.model.tokenizer import Tokenizer
+
+    prompt = list(prompts(6)[3])
+    plain = engine(workspace)
+    law = exact_law(plain.engine, prompt)
+    answers = sample_through_generate(plain, prompt, 64, seed=7, max_tokens=8)  # other seeds than the test's
+    save_corpus(tmp_path, [prompt + a for a in answers], Tokenizer(workspace.target_dir), {"built_by": "this test"},
+                vocab_size=plain.engine.target.vocab_size)
+    llm = engine(workspace, {**CONTROLLER_OFF, "method": "suffix", "suffix_decoding_max_cached_requests": 0,
+                             "suffix_decoding_corpus": str(tmp_path)})
+    try:
+        samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=8)
+        stats = llm.engine.spec.proposers["suffix"].stats
+    finally:
+        llm.engine.spec.close()
+    result = compare(samples, law)
+    assert result.passed, f"suffix corpus trees: {result.describe()}"
+    assert stats["drafts_corpus"] >= DEFAULT_SAMPLES // 4 and stats["drafts_cache"] == 0, stats
+    assert stats["branching_drafts"] >= DEFAULT_SAMPLES // 20, stats
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_method_emits_the_target_law_through_generate(workspace, law_and_prompt, method):
     result = run_and_compare(workspace, law_and_prompt, method, DEFAULT_SAMPLES)

@@ -22,16 +22,16 @@ def build(target: "TargetContext", spec: "MethodSpec") -> "SuffixProposer":
 
 
 def _corpus(target: "TargetContext", setting: str | None):
-    """``suffix_decoding_corpus``: null = the shipped corpus when it was built for this target's
-    vocabulary; "none" = no corpus; else a directory, which must fit the target (errors name both)."""
-    from hyspec.drafters.suffix.corpus import default_corpus, load_corpus
+    """``suffix_decoding_corpus``: null or "none" = no corpus; "default" = the one shipped in assets/ for the
+    default model (refused for a target with another vocabulary); else a directory, which must fit the
+    target (errors name both vocabularies)."""
+    from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
     from hyspec.errors import CheckpointError, ConfigError
 
-    if setting is None:
-        return default_corpus(target.tokenizer, target.vocab_size)
-    if setting.strip().lower() == "none":
+    if setting is None or setting.strip().lower() == "none":
         return None
+    path = default_corpus_dir() if setting.strip().lower() == "default" else setting
     try:
-        return load_corpus(setting, target.tokenizer, target.vocab_size)
+        return load_corpus(path, target.tokenizer, target.vocab_size)
     except CheckpointError as exc:
         raise ConfigError("speculative_config.suffix_decoding_corpus", str(exc)) from None
