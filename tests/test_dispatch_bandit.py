@@ -297,3 +297,29 @@ def test_max_backoff_1_explores_every_other_arm_in_turn_and_the_key_reaches_the_
     assert cfg.hybrid.bandit_max_backoff == 8
     with pytest.raises(ConfigError, match="bandit_max_backoff"):
         SpeculativeConfig.from_dict({"method": "hybrid", "hybrid": {"policy": "bandit", "bandit_max_backoff": 0}})
+
+
+def test_an_arm_whose_steps_commit_one_token_or_eight_is_not_written_off_on_unlucky_steps():
+    """Suffix decoding on fresh code: most steps commit one token, one in seven commits eight, and its mean
+    (228 tok/s) beats plain decoding's (143).  Judged on single steps, each unlucky exploring step doubled its
+    wait and it got 46 % of the steps (182 tok/s over six seeds); now it backs off only while its estimate
+    plus two standard errors is behind too."""
+    import random
+
+    def simulate(seed):
+        rng = random.Random(seed)
+        arms = ["suffix", "none", *(f"drafter{i}" for i in range(6))]
+        policy = BanditPolicy(arms, explore_fraction=0.1, warmup=2)
+        tokens = seconds = 0.0
+        for _ in range(3000):
+            arm = policy.choose("c", 1)
+            if arm == "suffix":
+                t, s = (8 if rng.random() < 0.15 else 1), 0.009
+            else:
+                t, s = 1, (0.007 if arm == "none" else 0.0075) * rng.uniform(0.95, 1.05)
+            policy.observe("c", arm, t, s)
+            tokens, seconds = tokens + t, seconds + s
+        return tokens / seconds
+
+    goodput = [simulate(seed) for seed in range(6)]
+    assert sum(goodput) / len(goodput) > 200.0, goodput  # 215 here; a steady 143 tok/s plain is the floor

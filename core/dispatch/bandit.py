@@ -26,9 +26,14 @@ exploration).  Choice:
    (k + 1) rows and can cost several plain steps: bounded by steps alone, a tenth of the steps was
    a third of the time), and a method that got better (a warmer cache, a longer prompt) is found
    again.  Back-off: an arm whose exploring step (its own tokens per second) fell below
-   ``BACKOFF_GAP`` of the best arm's estimate waits twice as long before its next one, up to
-   ``max_backoff`` base intervals (``hybrid.bandit_max_backoff``); one whose step came within the
-   gap is back at the base interval.
+   ``BACKOFF_GAP`` of the best arm's estimate, and whose estimate plus ``OPTIMISM`` standard errors
+   (from the spread of its steps' token counts; at least 1/pulls of the estimate while few are in)
+   is behind too, waits twice as long before its next one, up to ``max_backoff`` base intervals
+   (``hybrid.bandit_max_backoff``); one whose step came within the gap is back at the base
+   interval.  The error bound matters for an arm whose steps commit one token or eight (suffix
+   decoding on fresh code): most of its single steps trail a steady arm while its mean leads, and
+   judged on steps alone it was backed off for good (simulated, ``tests/test_dispatch_bandit.py``:
+   a 228 tok/s arm against 143 tok/s plain decoding got 46 % of the steps).
    Why: with nine arms, seven of which never paid (the default model's drafters on a 2-core CPU),
    one step in ten went to a loser committing about one token where suffix decoding committed 3.5,
    about 7 % of the tokens by that arithmetic, and the hybrid trailed suffix alone by 8.5 % on
@@ -57,6 +62,7 @@ Only decode steps teach it (a step that also prefills says nothing about the met
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -67,6 +73,8 @@ from hyspec.errors import ConfigError
 PRIOR_STEPS = 4.0
 #: an explored arm whose estimate stays below this share of the best's backs off (see the module docstring)
 BACKOFF_GAP = 0.9
+#: standard errors of an arm's goodput added when judging how good it may still be (exploration order, back-off)
+OPTIMISM = 2.0
 #: the longest an arm waits between explorations, in base exploration intervals (1 / explore_fraction steps):
 #: hybrid.bandit_max_backoff's default
 MAX_BACKOFF = 64
@@ -103,6 +111,7 @@ def parent_class(klass: str) -> str | None:
 class ArmStats:
     weight: float = 0.0  # discounted count
     tokens: float = 0.0  # discounted committed tokens
+    sq_tokens: float = 0.0  # discounted sum of each step's tokens squared (the spread of an arm's steps)
     seconds: float = 0.0  # discounted wall time of those steps
     mean: float = 0.0  # tokens / seconds: the arm's goodput, tokens/s
     pulls: int = 0  # undiscounted: times observed
@@ -207,14 +216,22 @@ class BanditPolicy:
                 stats = state.arms[arm]
                 stats.weight = self.discount * stats.weight + 1.0
                 stats.tokens = self.discount * stats.tokens + tokens
+                stats.sq_tokens = self.discount * stats.sq_tokens + tokens * tokens
                 stats.seconds = self.discount * stats.seconds + seconds
                 stats.mean = stats.tokens / stats.seconds
                 stats.pulls += 1
-            if explored:  # judged on this step alone: an arm that improved must not wait for its old mean
+            if explored:
+                # Reset on this step alone (an arm that improved must not wait for its old mean); back off only
+                # when its estimate, this step included, is behind too: an arm whose steps commit one token or
+                # eight (suffix decoding on fresh code) has most single steps behind a steady arm while its
+                # mean is ahead, and judged on steps alone it was backed off for good (simulated: a 228 tok/s
+                # arm against 143 tok/s plain got 46 % of the steps and 182 tok/s)
                 rival = max(self._estimate(own, parent, a) for a in self.arms if a != arm)
                 stats = own.arms[arm]
-                behind = tokens / seconds < BACKOFF_GAP * rival
-                stats.backoff = min(2 * stats.backoff, self.max_backoff) if behind else 1
+                if tokens / seconds >= BACKOFF_GAP * rival:
+                    stats.backoff = 1
+                elif self._optimistic(own, parent, arm) < BACKOFF_GAP * rival:
+                    stats.backoff = min(2 * stats.backoff, self.max_backoff)
 
     def snapshot(self) -> BanditSnapshot:
         with self._lock:
@@ -245,6 +262,22 @@ class BanditPolicy:
             return own.mean
         step = prior.seconds / prior.weight  # the parent's mean step time for this arm
         return (own.tokens + PRIOR_STEPS * prior.mean * step) / (own.seconds + PRIOR_STEPS * step)
+
+    @classmethod
+    def _optimistic(cls, state: ClassState, parent: ClassState | None, arm: str) -> float:
+        """The arm's estimate plus ``OPTIMISM`` standard errors of it: how good it may still be.  An arm whose
+        steps commit one token or eight has a wide error until many steps are in, and must not be written off
+        on a few unlucky ones; a steady loser's bound sits on its mean."""
+        stats = state.arms[arm]
+        estimate = cls._estimate(state, parent, arm)
+        if stats.pulls < 2:  # no spread measured yet
+            return float("inf")
+        mean_tokens = stats.tokens / stats.weight
+        variance = max(stats.sq_tokens / stats.weight - mean_tokens * mean_tokens, 0.0)
+        step_seconds = stats.seconds / stats.weight
+        # a few identical steps measure no spread; until more are in, allow 1/pulls of the estimate
+        error = max(math.sqrt(variance / stats.weight) / step_seconds, estimate / stats.pulls)
+        return estimate + OPTIMISM * error
 
     def _best(self, state: ClassState, parent: ClassState | None, batch_size: int | None = None) -> str:
         def estimate(arm: str) -> float:
