@@ -67,13 +67,8 @@ def run_and_compare(ws, law_and_prompt, method, n):
     return result
 
 
-def test_suffix_trees_emit_the_target_law(workspace):
-    """Suffix drafts are trees where earlier responses to the same prompt went different ways.  With a
-    prompt that its own tokens do not continue (no lookup tokens appended), the drafts come from the
-    cache of earlier responses, forks included, and the law must still be the target's."""
-    prompt = list(prompts(6)[3])
-    law = exact_law(engine(workspace).engine, prompt)
-    llm = engine(workspace, {**CONTROLLER_OFF, "method": "suffix"})
+def suffix_trees_follow(law, llm, prompt) -> dict:
+    """Sample ``prompt`` through ``llm`` (a suffix engine) and require the target's law; the drafter's stats."""
     try:
         # 8 tokens, not 3: after the first token a draft may then hold more than one node (a fork)
         samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=8)
@@ -83,6 +78,16 @@ def test_suffix_trees_emit_the_target_law(workspace):
     result = compare(samples, law)
     assert result.passed, f"suffix trees: {result.describe()}"
     print(f"suffix trees: {result.describe()}; {stats}")  # shown with -s
+    return stats
+
+
+def test_suffix_trees_emit_the_target_law(workspace):
+    """Suffix drafts are trees where earlier responses to the same prompt went different ways.  With a
+    prompt that its own tokens do not continue (no lookup tokens appended), the drafts come from the
+    cache of earlier responses, forks included, and the law must still be the target's."""
+    prompt = list(prompts(6)[3])
+    law = exact_law(engine(workspace).engine, prompt)
+    stats = suffix_trees_follow(law, engine(workspace, {**CONTROLLER_OFF, "method": "suffix"}), prompt)
     assert stats["drafts_cache"] >= DEFAULT_SAMPLES // 4, stats
     assert stats["branching_drafts"] >= DEFAULT_SAMPLES // 20, stats
 
@@ -101,13 +106,7 @@ def test_suffix_corpus_trees_emit_the_target_law(workspace, tmp_path):
                 vocab_size=plain.engine.target.vocab_size)
     llm = engine(workspace, {**CONTROLLER_OFF, "method": "suffix", "suffix_decoding_max_cached_requests": 0,
                              "suffix_decoding_corpus": str(tmp_path)})
-    try:
-        samples = sample_through_generate(llm, prompt, DEFAULT_SAMPLES, max_tokens=8)
-        stats = llm.engine.spec.proposers["suffix"].stats
-    finally:
-        llm.engine.spec.close()
-    result = compare(samples, law)
-    assert result.passed, f"suffix corpus trees: {result.describe()}"
+    stats = suffix_trees_follow(law, llm, prompt)
     assert stats["drafts_corpus"] >= DEFAULT_SAMPLES // 4 and stats["drafts_cache"] == 0, stats
     assert stats["branching_drafts"] >= DEFAULT_SAMPLES // 20, stats
 

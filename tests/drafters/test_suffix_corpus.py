@@ -12,6 +12,7 @@ from hyspec.drafters.suffix.proposer import CORPUS, OWN, SuffixProposer, SuffixS
 from hyspec.errors import CheckpointError, ConfigError
 from hyspec.spec.config import SpeculativeConfig
 
+from tests.drafters.test_suffix import tiny  # noqa: F401 (the tiny target fixture)
 from tests.model.test_default_model import needs_default
 
 
@@ -126,15 +127,6 @@ def test_the_config_key():
 # -- the engine ----------------------------------------------------------------------------------------
 
 PROMPTS = ["def add(a, b):", "class Foo:\n    def", "import os\n", "x = 1\n"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.model.tiny_checkpoint import make_checkpoint
-
-    path = tmp_path_factory.mktemp("suffix_corpus_target")
-    make_checkpoint(path, "llama_gqa")
-    return path
 
 
 def test_greedy_identical_to_plain_with_a_corpus_of_the_targets_answers(tiny, tmp_path):
