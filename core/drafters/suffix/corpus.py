@@ -103,11 +103,12 @@ def load_corpus(path: str | Path, tokenizer: Any = None, vocab_size: int | None 
     if manifest.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"suffix corpus {manifest_file}: format {manifest.get('format')!r}, "
                               f"this hyspec reads {FORMAT_VERSION}")
-    if tokenizer is not None and vocab_sha256(tokenizer) != corpus_sha:
+    target_sha = vocab_sha256(tokenizer) if tokenizer is not None else None
+    if target_sha is not None and target_sha != corpus_sha:
         raise CheckpointError(f"suffix corpus {path} was tokenized for another vocabulary: its {corpus_vocab} "
                               f"tokens (sha256 {corpus_sha[:12]}) against the target's "
                               f"{vocab_size if vocab_size is not None else len(tokenizer.get_vocab())} "
-                              f"(sha256 {vocab_sha256(tokenizer)[:12]})")
+                              f"(sha256 {target_sha[:12]})")
     if vocab_size is not None and corpus_vocab != vocab_size:
         raise CheckpointError(f"suffix corpus {path} was built for a vocabulary of {corpus_vocab} tokens; "
                               f"the target has {vocab_size}")

@@ -131,7 +131,7 @@ class SuffixProposer(Proposer):
         if corpus:
             self.corpus = TokenStore(MAX_PER_KEY)
             for serial, tokens in enumerate(corpus):
-                if any(not 0 <= t < vocab_size for t in tokens):
+                if tokens and not (min(tokens) >= 0 and max(tokens) < vocab_size):  # C builtins: 243k tokens
                     raise ValueError(f"suffix corpus sequence {serial}: a token id outside the target's "
                                      f"vocabulary of {vocab_size}")
                 self.corpus.extend(serial, list(tokens))
