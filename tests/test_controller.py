@@ -293,3 +293,28 @@ def test_bad_observations_are_rejected():
     c2 = make(hinge_step, ewma_alpha=1.0, num_speculative_tokens=2)
     c2.observe_acceptance("ngram", [8, 4], 10, drafted_per_position=[10, 4])
     assert c2.acceptance("ngram") == (0.8, 1.0)
+
+
+def test_a_ragged_verification_step_teaches_the_cost_of_its_total_rows():
+    """Drafts cut to the sequences they pay for make ragged steps (one sequence 31 rows, seven 1); the
+    packed forward costs their total (38 rows), and the cost model must learn that, not 8 x 31."""
+    from hyspec.engine.model_runner import Feed
+    from hyspec.spec.decoder import mean_tokens_per_seq
+
+    def step(lengths: list[int]) -> list[Feed]:
+        return [Feed(None, [1] * n, 0) for n in lengths]  # the kv is not read
+
+    def hardware(rows: int) -> float:  # what the forward costs: fixed part + per row, whatever the shape
+        return 0.004 + 0.0008 * rows
+
+    assert mean_tokens_per_seq(step([31] + [1] * 7)) == pytest.approx(38 / 8)
+    assert mean_tokens_per_seq(step([3, 3])) == 3
+    model = CostModel([StepSample(8, 1, hardware(8)), StepSample(8, 2, hardware(16))])
+    for _ in range(300):  # an engine at batch 8: mostly plain steps, some ragged verification steps
+        for lengths in ([1] * 8, [31] + [1] * 7, [9, 9] + [1] * 6):
+            feeds = step(lengths)
+            model.observe(len(feeds), mean_tokens_per_seq(feeds), hardware(sum(lengths)))
+    # every row the sizer might add is priced at what it costs (recorded by the longest feed, as before, a
+    # uniform 8 x 31 step was predicted at 39 ms here against its 202 ms, and 38 rows at 15 ms against 34)
+    assert model.predict(8, 31) == pytest.approx(hardware(248), rel=0.05)
+    assert model.predict(8, 38 / 8) == pytest.approx(hardware(38), rel=0.05)

@@ -192,8 +192,8 @@ class GoodputController:
         st.tree_accepted[bucket] = (1.0 - self.alpha) * st.tree_accepted.get(bucket, 0.0) + self.alpha * mean
         st.tree_weight[bucket] = (1.0 - self.alpha) * st.tree_weight.get(bucket, 0.0) + self.alpha
 
-    def observe_step_time(self, batch_size: int, tokens_per_seq: int, seconds: float) -> None:
-        """A measured target step (prefill excluded) verifying ``tokens_per_seq`` per sequence."""
+    def observe_step_time(self, batch_size: int, tokens_per_seq: float, seconds: float) -> None:
+        """A measured target step (prefill excluded) verifying ``tokens_per_seq`` per sequence on average."""
         self.cost_model.observe(batch_size, tokens_per_seq, seconds)
 
     def observe_host_time(self, batch_size: int, speculated: bool, seconds: float) -> None:

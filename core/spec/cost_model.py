@@ -38,7 +38,7 @@ from hyspec.errors import HyspecError
 @dataclass(frozen=True)
 class StepSample:
     batch_size: int
-    tokens_per_seq: int
+    tokens_per_seq: float  # the mean over the batch: batch_size x tokens_per_seq is the step's total tokens
     seconds: float
 
     def __post_init__(self) -> None:
@@ -57,7 +57,7 @@ class _Fit:
     c_knee: float
     knee: float  # m*; inf when the straight line won
 
-    def __call__(self, batch: int, tokens: int) -> float:
+    def __call__(self, batch: int, tokens: float) -> float:
         m = batch * tokens
         return self.c0 + self.c_seq * batch + self.c_tok * m + self.c_knee * max(0.0, m - self.knee)
 
@@ -142,14 +142,16 @@ class CostModel:
         self._fit = _fit_hinge(samples) if len(totals) >= 2 else None
 
     # -- use ---------------------------------------------------------------------------
-    def predict(self, batch: int, tokens: int) -> float:
-        """Seconds of one step verifying ``tokens`` per sequence for ``batch`` sequences."""
+    def predict(self, batch: int, tokens: float) -> float:
+        """Seconds of one step verifying ``tokens`` per sequence (a mean: ``batch * tokens`` in all) for
+        ``batch`` sequences."""
         if self._fit is None:
             return self._flat_seconds
         return max(_MIN_SECONDS, self._fit(batch, tokens) * self._ratio)
 
-    def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        """Feed one measured step (cheap: an EWMA update; a refit every ``refit_every`` calls)."""
+    def observe(self, batch: int, tokens: float, seconds: float) -> None:
+        """Feed one measured step (cheap: an EWMA update; a refit every ``refit_every`` calls); ``tokens``:
+        the mean per sequence, so that ``batch * tokens`` is what the step verified in all."""
         sample = StepSample(batch, tokens, float(seconds))
         self._online.append(sample)
         self._since_refit += 1

@@ -383,8 +383,7 @@ class SpecDecoder(Speculation):
         for p in self.proposers.values():
             p.observe_forward(run.seconds)
         if run.rows and all(row.kind.decodes for row in run.rows):
-            tokens_per_seq = max(len(f.tokens) for f in run.feeds)
-            self.controller.observe_step_time(len(run.feeds), tokens_per_seq, run.seconds)
+            self.controller.observe_step_time(len(run.feeds), mean_tokens_per_seq(run.feeds), run.seconds)
             # the rest of the step so far (plan, tree building, verification, KV commit): see controller.py
             host = time.perf_counter() - self._step_started - run.seconds - self._draft_seconds
             self.controller.observe_host_time(len(run.feeds), any(r.kind is RowKind.TREE for r in run.rows), host)
@@ -488,3 +487,13 @@ def _check_tree(tree: DraftTree, req: DraftRequest, vocab: int) -> str | None:
     elif not req.greedy:
         pass  # deterministic drafts are fine at any temperature (one-hot q)
     return None
+
+
+def mean_tokens_per_seq(feeds) -> float:
+    """What a step verified per sequence, for the cost model: the mean, so that batch x tokens is the step's
+    total rows -- what the packed forward costs.  The longest feed overstated it: with drafts cut to the
+    sequences they pay for (suffix decoding at batch 8: one sequence 31 rows, seven 1), the step read as
+    8 x 31 = 248 rows while it ran 38 (45 ms here; 248 rows take 273 ms), the online refit learnt that
+    rows are nearly free, and the sizer kept drafts that lost to plain decoding (docs/results/2026-12-05/
+    cost-model-rows/)."""
+    return sum(len(f.tokens) for f in feeds) / len(feeds)

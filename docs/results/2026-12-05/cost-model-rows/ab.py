@@ -1,0 +1,87 @@
+"""A/B: the cost model taught each verification step's mean tokens per sequence (now) against its longest
+feed (before), suffix decoding at batch 8, engines interleaved pass by pass in one process.
+
+Both suffix engines run the same code; the "before" one has ``hyspec.spec.decoder.mean_tokens_per_seq``
+swapped for the old rule (the longest feed) while its passes run.  Every output is compared with plain
+decoding's.
+
+    .venv/bin/python docs/results/2026-12-05/cost-model-rows/ab.py --workloads humaneval,chat,mixed --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import hyspec.spec.decoder as decoder_module
+
+
+def main() -> None:
+    from hyspec import LLM, SamplingParams
+    from hyspec.assets import default_model
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.tokenizer import Tokenizer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="humaneval,chat,mixed")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    mean_rule = decoder_module.mean_tokens_per_seq
+
+    def longest_rule(feeds) -> float:  # what the decoder recorded before
+        return max(len(f.tokens) for f in feeds)
+
+    tok = Tokenizer(default_model())
+    spec = {"method": "suffix", "num_speculative_tokens": 64, "suffix_decoding_max_tree_depth": 64}
+    engines = {"plain": LLM(quantization="a8"), "suffix_before": LLM(quantization="a8", speculative_config=spec),
+               "suffix_now": LLM(quantization="a8", speculative_config=spec)}
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    out = {"batch_size": args.batch_size, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+           "rounds": args.rounds, "workloads": {}}
+    bs = args.batch_size
+    for wl in args.workloads.split(","):
+        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
+        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+        waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+        for llm in engines.values():  # warm-up wave
+            decoder_module.mean_tokens_per_seq = mean_rule
+            llm.generate(waves[0], params, use_tqdm=False)
+        rates = {k: [] for k in engines}
+        mismatches = 0
+        for _ in range(args.rounds):
+            reference = None
+            for name, llm in engines.items():
+                decoder_module.mean_tokens_per_seq = longest_rule if name == "suffix_before" else mean_rule
+                if llm.engine.spec is not None:
+                    llm.engine.spec.forget_shared_history()
+                t0 = time.perf_counter()
+                outs = [list(o.outputs[0].token_ids) for w in waves for o in llm.generate(w, params, use_tqdm=False)]
+                rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                if reference is None:
+                    reference = outs
+                else:
+                    mismatches += sum(a != b for a, b in zip(reference, outs))
+        decoder_module.mean_tokens_per_seq = mean_rule
+        med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+               "before_x_plain": round(med["suffix_before"] / med["plain"], 3),
+               "now_x_plain": round(med["suffix_now"] / med["plain"], 3),
+               "now_x_before": round(med["suffix_now"] / med["suffix_before"], 3),
+               "outputs_differing_from_plain": mismatches}
+        out["workloads"][wl] = row
+        print(wl, json.dumps(row), flush=True)
+    for llm in engines.values():
+        llm.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
