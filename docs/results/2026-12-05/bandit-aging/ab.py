@@ -1,0 +1,83 @@
+"""A/B: the bandit's evidence aged by its class's steps (now) or by the arm's own observations (before),
+batch 1, engines interleaved pass by pass in one process: plain, suffix, hybrid before, hybrid now.
+
+The hybrid is `hyspec bench`'s (the bandit over ngram, suffix and every drafter in assets/), with
+`--quantization a8` and suffix depth 64 as issue 16's runs.  Each pass: the suffix caches emptied, the
+bandits keep what they learnt (as in a server).  Every output is compared with plain decoding's.
+
+    .venv/bin/python docs/results/2026-12-05/bandit-aging/ab.py --workloads agentic,mixed,chat --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> None:
+    from hyspec import LLM, SamplingParams
+    from hyspec.assets import default_model
+    from hyspec.bench.hyspec_runs import speculative_config
+    from hyspec.bench.runner import resolve_drafters
+    from hyspec.bench.settings import BenchSettings
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.tokenizer import Tokenizer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="agentic,mixed,chat")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    extra = {"suffix_decoding_max_tree_depth": 64}
+    settings = BenchSettings(num_prompts=args.num_prompts, max_tokens=args.max_tokens, speculative_config_extra=extra)
+    drafters = resolve_drafters(settings, True)[0]
+    tok = Tokenizer(default_model())
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    out = {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds, "workloads": {}}
+    for wl in args.workloads.split(","):
+        engines = {"plain": LLM(quantization="a8"),
+                   "suffix": LLM(quantization="a8", speculative_config=speculative_config("suffix", settings, drafters)),
+                   "hybrid_before": LLM(quantization="a8", speculative_config=speculative_config("hybrid", settings, drafters)),
+                   "hybrid_now": LLM(quantization="a8", speculative_config=speculative_config("hybrid", settings, drafters))}
+        engines["hybrid_before"].engine.spec.dispatcher.bandit.age_by_class_steps = False
+        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
+        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+        for llm in engines.values():  # warm-up request
+            llm.generate(prompts[:1], params, use_tqdm=False)
+        rates = {k: [] for k in engines}
+        mismatches = 0
+        for _ in range(args.rounds):
+            reference = None
+            for name, llm in engines.items():
+                if llm.engine.spec is not None:
+                    llm.engine.spec.forget_shared_history()
+                t0 = time.perf_counter()
+                outs = [list(o.outputs[0].token_ids) for p in prompts for o in llm.generate([p], params, use_tqdm=False)]
+                rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                if reference is None:
+                    reference = outs
+                else:
+                    mismatches += sum(a != b for a, b in zip(reference, outs))
+        med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+               "before_x_suffix": round(med["hybrid_before"] / med["suffix"], 3),
+               "now_x_suffix": round(med["hybrid_now"] / med["suffix"], 3),
+               "before_x_plain": round(med["hybrid_before"] / med["plain"], 3),
+               "now_x_plain": round(med["hybrid_now"] / med["plain"], 3),
+               "now_x_before": round(med["hybrid_now"] / med["hybrid_before"], 3),
+               "outputs_differing_from_plain": mismatches}
+        out["workloads"][wl] = row
+        print(wl, json.dumps(row), flush=True)
+        for llm in engines.values():
+            llm.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
