@@ -1,0 +1,81 @@
+"""A/B: a scored method (suffix) whose drafts were sized to nothing 4 steps running drafts one step in 4 until
+one is kept (now), against drafting every step (before: ``controller.draft_one_in = 1``), engines
+interleaved pass by pass in one process: plain, suffix before, suffix now (and the bench's hybrid before /
+now with --hybrid).  Batch sizes as given (waves), 16 requests x 96 tokens, a8, suffix depth 64.
+
+    .venv/bin/python docs/results/2026-12-05/suffix-skip-empty/ab.py --workloads humaneval,chat,agentic,mixed \\
+        --batch-sizes 1,8 --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> None:
+    from hyspec import LLM, SamplingParams
+    from hyspec.assets import default_model
+    from hyspec.bench.hyspec_runs import speculative_config
+    from hyspec.bench.runner import resolve_drafters
+    from hyspec.bench.settings import BenchSettings
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.tokenizer import Tokenizer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="humaneval,chat,agentic,mixed")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    extra = {"suffix_decoding_max_tree_depth": 64}
+    settings = BenchSettings(num_prompts=args.num_prompts, max_tokens=args.max_tokens, speculative_config_extra=extra)
+    tok = Tokenizer(default_model())
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    suffix = speculative_config("suffix", settings, {})
+    engines = {"plain": LLM(quantization="a8"), "suffix_before": LLM(quantization="a8", speculative_config=suffix),
+               "suffix_now": LLM(quantization="a8", speculative_config=suffix)}
+    engines["suffix_before"].engine.spec.controller.draft_one_in = 1
+    out = {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": []}
+    for wl in args.workloads.split(","):
+        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
+        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+        for bs in [int(b) for b in args.batch_sizes.split(",")]:
+            waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+            for llm in engines.values():
+                llm.generate(waves[0], params, use_tqdm=False)
+            rates = {k: [] for k in engines}
+            mismatches = 0
+            for _ in range(args.rounds):
+                reference = None
+                for name, llm in engines.items():
+                    if llm.engine.spec is not None:
+                        llm.engine.spec.forget_shared_history()
+                    t0 = time.perf_counter()
+                    outs = [list(o.outputs[0].token_ids) for w in waves for o in llm.generate(w, params, use_tqdm=False)]
+                    rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                    if reference is None:
+                        reference = outs
+                    else:
+                        mismatches += sum(a != b for a, b in zip(reference, outs))
+            med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+            row = {"workload": wl, "batch_size": bs, "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
+                   "median": med, "before_x_plain": round(med["suffix_before"] / med["plain"], 3),
+                   "now_x_plain": round(med["suffix_now"] / med["plain"], 3),
+                   "now_x_before": round(med["suffix_now"] / med["suffix_before"], 3),
+                   "outputs_differing_from_plain": mismatches}
+            out["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    for llm in engines.values():
+        llm.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
