@@ -37,6 +37,7 @@ from hyspec.spec.verify import ACCEPTED, verify
 
 if TYPE_CHECKING:
     from hyspec.dispatch.dispatcher import HybridDispatcher
+    from hyspec.engine.model_runner import Feed
     from hyspec.engine.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -489,7 +490,7 @@ def _check_tree(tree: DraftTree, req: DraftRequest, vocab: int) -> str | None:
     return None
 
 
-def mean_tokens_per_seq(feeds) -> float:
+def mean_tokens_per_seq(feeds: "list[Feed]") -> float:
     """What a step verified per sequence, for the cost model: the mean, so that batch x tokens is the step's
     total rows -- what the packed forward costs.  The longest feed overstated it: with drafts cut to the
     sequences they pay for (suffix decoding at batch 8: one sequence 31 rows, seven 1), the step read as

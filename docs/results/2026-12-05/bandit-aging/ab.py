@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+
+from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
 
 
 def main() -> None:
@@ -48,27 +48,12 @@ def main() -> None:
         prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
         for llm in engines.values():  # warm-up request
             llm.generate(prompts[:1], params, use_tqdm=False)
-        rates = {k: [] for k in engines}
-        mismatches = 0
-        for _ in range(args.rounds):
-            reference = None
-            for name, llm in engines.items():
-                if llm.engine.spec is not None:
-                    llm.engine.spec.forget_shared_history()
-                t0 = time.perf_counter()
-                outs = [list(o.outputs[0].token_ids) for p in prompts for o in llm.generate([p], params, use_tqdm=False)]
-                rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
-                if reference is None:
-                    reference = outs
-                else:
-                    mismatches += sum(a != b for a, b in zip(reference, outs))
-        med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        rates, mismatches = interleaved_rates(engines, [[p] for p in prompts], params, args.rounds)
+        med = medians(rates)
         row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
-               "before_x_suffix": round(med["hybrid_before"] / med["suffix"], 3),
-               "now_x_suffix": round(med["hybrid_now"] / med["suffix"], 3),
-               "before_x_plain": round(med["hybrid_before"] / med["plain"], 3),
-               "now_x_plain": round(med["hybrid_now"] / med["plain"], 3),
-               "now_x_before": round(med["hybrid_now"] / med["hybrid_before"], 3),
+               "before_x_suffix": ratio(med, "hybrid_before", "suffix"), "now_x_suffix": ratio(med, "hybrid_now", "suffix"),
+               "before_x_plain": ratio(med, "hybrid_before", "plain"), "now_x_plain": ratio(med, "hybrid_now", "plain"),
+               "now_x_before": ratio(med, "hybrid_now", "hybrid_before"),
                "outputs_differing_from_plain": mismatches}
         out["workloads"][wl] = row
         print(wl, json.dumps(row), flush=True)

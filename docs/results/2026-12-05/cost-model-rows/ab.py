@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import hyspec.spec.decoder as decoder_module
+from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
 
 
 def main() -> None:
@@ -52,27 +51,15 @@ def main() -> None:
         for llm in engines.values():  # warm-up wave
             decoder_module.mean_tokens_per_seq = mean_rule
             llm.generate(waves[0], params, use_tqdm=False)
-        rates = {k: [] for k in engines}
-        mismatches = 0
-        for _ in range(args.rounds):
-            reference = None
-            for name, llm in engines.items():
-                decoder_module.mean_tokens_per_seq = longest_rule if name == "suffix_before" else mean_rule
-                if llm.engine.spec is not None:
-                    llm.engine.spec.forget_shared_history()
-                t0 = time.perf_counter()
-                outs = [list(o.outputs[0].token_ids) for w in waves for o in llm.generate(w, params, use_tqdm=False)]
-                rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
-                if reference is None:
-                    reference = outs
-                else:
-                    mismatches += sum(a != b for a, b in zip(reference, outs))
+        def rule(name: str, _llm) -> None:
+            decoder_module.mean_tokens_per_seq = longest_rule if name == "suffix_before" else mean_rule
+
+        rates, mismatches = interleaved_rates(engines, waves, params, args.rounds, before_pass=rule)
         decoder_module.mean_tokens_per_seq = mean_rule
-        med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        med = medians(rates)
         row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
-               "before_x_plain": round(med["suffix_before"] / med["plain"], 3),
-               "now_x_plain": round(med["suffix_now"] / med["plain"], 3),
-               "now_x_before": round(med["suffix_now"] / med["suffix_before"], 3),
+               "before_x_plain": ratio(med, "suffix_before", "plain"), "now_x_plain": ratio(med, "suffix_now", "plain"),
+               "now_x_before": ratio(med, "suffix_now", "suffix_before"),
                "outputs_differing_from_plain": mismatches}
         out["workloads"][wl] = row
         print(wl, json.dumps(row), flush=True)

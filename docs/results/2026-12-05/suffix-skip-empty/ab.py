@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+
+from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
 
 
 def main() -> None:
@@ -48,25 +48,11 @@ def main() -> None:
             waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
             for llm in engines.values():
                 llm.generate(waves[0], params, use_tqdm=False)
-            rates = {k: [] for k in engines}
-            mismatches = 0
-            for _ in range(args.rounds):
-                reference = None
-                for name, llm in engines.items():
-                    if llm.engine.spec is not None:
-                        llm.engine.spec.forget_shared_history()
-                    t0 = time.perf_counter()
-                    outs = [list(o.outputs[0].token_ids) for w in waves for o in llm.generate(w, params, use_tqdm=False)]
-                    rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
-                    if reference is None:
-                        reference = outs
-                    else:
-                        mismatches += sum(a != b for a, b in zip(reference, outs))
-            med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+            rates, mismatches = interleaved_rates(engines, waves, params, args.rounds)
+            med = medians(rates)
             row = {"workload": wl, "batch_size": bs, "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
-                   "median": med, "before_x_plain": round(med["suffix_before"] / med["plain"], 3),
-                   "now_x_plain": round(med["suffix_now"] / med["plain"], 3),
-                   "now_x_before": round(med["suffix_now"] / med["suffix_before"], 3),
+                   "median": med, "before_x_plain": ratio(med, "suffix_before", "plain"),
+                   "now_x_plain": ratio(med, "suffix_now", "plain"), "now_x_before": ratio(med, "suffix_now", "suffix_before"),
                    "outputs_differing_from_plain": mismatches}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
