@@ -1,0 +1,117 @@
+"""The ceiling of speculation on this machine: an oracle drafter that always drafts the exact tokens plain
+decoding will commit, verified by the real engine, engines interleaved pass by pass in one process.
+
+Why: issues 14 and 16 set speed goals (2.5x plain at batch 1; suffix >= 1.5x ngram at batch 8) and every
+drafter missed them.  Acceptance is only half of the reason: a verified row is not free on a 2-core CPU.
+An oracle removes the drafter from the question -- every drafted token is accepted and drafting costs
+nothing -- so what it reaches with k drafted tokens per step is the most ANY drafter can reach with k,
+on these prompts, this engine and this CPU.  Its outputs are checked token for token against plain
+decoding (they must be identical: the oracle only drafts, the target still verifies).
+
+The oracle is registered through the public method registry (hyspec.spec.registry.register), with the
+goodput controller off so that every step verifies exactly k drafted tokens (fewer at the end of a
+request).  Prefix caching is on and emptied before every pass, as in ``hyspec bench``.
+
+    .venv/bin/python docs/results/2026-12-05/speculation-ceiling/ceiling.py --workload humaneval \
+        --batch-size 1 --ks 1,3,7,15,31 --out humaneval-bs1.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.ops.sampling import SamplingTensors
+from hyspec.spec import registry
+from hyspec.spec.proposer import DraftRequest, Proposer
+from hyspec.spec.tree import DraftTree
+
+#: prompt token ids -> the output plain decoding commits for it (filled before any oracle engine runs)
+REFERENCE: dict[tuple[int, ...], list[int]] = {}
+
+
+class OracleProposer(Proposer):
+    """Drafts the next tokens of plain decoding's own output for the request (known in advance)."""
+
+    method = "oracle"
+
+    def __init__(self, k: int, vocab_size: int):
+        self.k, self.vocab_size = k, vocab_size
+
+    def max_budget(self) -> int:
+        return self.k
+
+    def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
+        out: list[DraftTree | None] = []
+        for req in requests:
+            future = REFERENCE[tuple(req.seq.prompt_token_ids)]
+            done = len(req.seq.output_token_ids)
+            follow = future[done: done + min(req.budget, self.k)]
+            out.append(DraftTree.chain(req.seq.last_token, follow, vocab_size=self.vocab_size) if follow else None)
+        return out
+
+
+def build_oracle(target, spec) -> OracleProposer:
+    return OracleProposer(spec.num_speculative_tokens, target.vocab_size)
+
+
+def main() -> None:
+    from hyspec import LLM, SamplingParams
+    from hyspec.assets import default_model
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.tokenizer import Tokenizer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="humaneval")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--ks", default="1,3,7,15,31")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quantization", default="a8", help="a8 (8-bit activations) or none (fp32 activations)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    registry.register(registry.MethodInfo("oracle", "drafts plain decoding's known output (a measurement)",
+                                          build_oracle, weights=False, chain_only=True))
+    tok = Tokenizer(default_model())
+    reqs = workload_requests(args.workload, tok.apply_chat_template, args.num_prompts)
+    prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+    bs = args.batch_size
+    waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+
+    quant = None if args.quantization == "none" else args.quantization
+    engines = {"plain": LLM(quantization=quant)}
+    for wave in waves:  # the reference: plain decoding's outputs, by prompt
+        for p, o in zip(wave, engines["plain"].generate(wave, params, use_tqdm=False)):
+            REFERENCE[tuple(p)] = list(o.outputs[0].token_ids)
+    ks = [int(k) for k in args.ks.split(",")]
+    for k in ks:
+        engines[f"oracle_k{k}"] = LLM(quantization=quant, speculative_config={
+            "method": "oracle", "num_speculative_tokens": k,
+            "controller": {"enabled": False, "profile_at_startup": False}})
+    for llm in engines.values():  # warm-up wave
+        llm.generate(waves[0], params, use_tqdm=False)
+
+    rates, mismatches = interleaved_rates(engines, waves, params, args.rounds,
+                                          before_pass=lambda _name, llm: llm.reset_prefix_cache())
+    med = medians(rates)
+    acceptance = {name: {key: llm.engine.spec.metrics.snapshot()["totals"][key]
+                         for key in ("drafts", "draft_tokens", "accepted_tokens")}
+                  for name, llm in engines.items() if name != "plain"}
+    out = {"workload": args.workload, "quantization": args.quantization, "batch_size": bs, "num_prompts": args.num_prompts,
+           "max_tokens": args.max_tokens, "rounds": args.rounds,
+           "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+           "x_plain": {name: ratio(med, name, "plain") for name in med},
+           "acceptance_totals_all_passes": acceptance, "outputs_differing_from_plain": mismatches}
+    print(json.dumps(out), flush=True)
+    for llm in engines.values():
+        llm.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

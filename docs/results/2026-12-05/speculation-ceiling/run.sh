@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The oracle ceiling (ceiling.py) on the issue-16 settings: 16 requests x 96 tokens, a8, T=0, median of 3
+# interleaved passes; HumanEval and agentic at batch 1 and 8.  Run from the repository root.
+set -euo pipefail
+OUT=docs/results/2026-12-05/speculation-ceiling
+for w in humaneval agentic; do
+  for bs in 1 8; do
+    .venv/bin/python "$OUT/ceiling.py" --workload "$w" --batch-size "$bs" --num-prompts 16 --max-tokens 96 \
+      --ks 1,3,7,15,31 --rounds 3 --out "$OUT/$w-bs$bs.json" 2>/dev/null
+  done
+done
+# the mixed stream (issue 16's hybrid goal), same settings
+for bs in 1 8; do
+  .venv/bin/python "$OUT/ceiling.py" --workload mixed --batch-size "$bs" --num-prompts 16 --max-tokens 96 \
+    --ks 1,3,7,15,31 --rounds 3 --out "$OUT/mixed-bs$bs.json" 2>/dev/null
+done
+# issue 14's bench settings (docs/results/2026-12-05/final-bench): fp32 activations, 8 prompts x 128 tokens, batch 1
+for w in humaneval chat; do
+  .venv/bin/python "$OUT/ceiling.py" --workload "$w" --quantization none --batch-size 1 --num-prompts 8 \
+    --max-tokens 128 --ks 1,3,7,15,31 --rounds 3 --out "$OUT/$w-fp32-bs1.json" 2>/dev/null
+done
