@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hyspec.bench.ceiling import is_ceiling
 from hyspec.bench.result import OK, SKIPPED
 
 RED, BOLD, RESET = "\033[31;1m", "\033[1m", "\033[0m"
@@ -99,6 +100,9 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
         lines.append(f"{c}{text}{reset}" if c else text)
     for i, note in enumerate(notes, 1):
         lines.append(f"[{i}] {note}")
+    if any(is_ceiling(r["method"]) for r in doc["results"]):
+        lines.append("ceiling_kK: an oracle drafting K tokens of plain decoding's own answer every step (always "
+                     "accepted, free to draft): the most any method reaches with K drafts on this machine")
     lines += _acceptance_lines(doc)
     lines += _goal_lines(doc)
     lines += _identity_lines(doc, red, reset)

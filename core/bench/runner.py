@@ -117,7 +117,8 @@ class BenchRunner:
         methods = s.methods or METHODS
         workloads = [Workload.build(prompts.token_ids, bs, t, s.max_tokens, s.seed)
                      for bs in s.batch_sizes for t in s.temperatures]
-        self.bar = tqdm(total=(len(methods) + len(s.peers)) * len(workloads), desc="hyspec bench", unit="config",
+        self.bar = tqdm(total=(len(methods) + len(s.ceiling) + len(s.peers)) * len(workloads), desc="hyspec bench",
+                        unit="config",
                         disable=not self.show_progress, file=sys.stderr)
         try:
             self.bar.set_postfix_str("copy bandwidth")
@@ -154,6 +155,9 @@ class BenchRunner:
             for method, results in (pending or {}).items():  # the interleaved run's methods, judged now
                 rows += [self._judged(method, w, m, reference, logits, dtype) for w, m in results]
             if pending:
+                self._save(doc, rows)
+            for k in s.ceiling:
+                rows += self._ceiling(model, k, workloads, reference, logits, dtype)
                 self._save(doc, rows)
             rows += self._peers(model, workloads, drafters.get("draft_model"), reference, logits, dtype,
                                 backend.device)
@@ -321,6 +325,41 @@ class BenchRunner:
                 rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
             else:
                 rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, OK, measurement=m,
+                                identity=self._identity(w, m.outputs, reference, logits, dtype)))
+            self.bar.update(1)
+        close_llm(llm)
+        del llm
+        gc.collect()
+        return rows
+
+    def _ceiling(self, model: Path, k: int, workloads: list[Workload], reference: dict, logits: ReferenceLogits,
+                 dtype) -> list[Row]:
+        """The oracle's rows at draft length ``k`` (hyspec.bench.ceiling): greedy workloads only, timed as a method
+        is (after plain decoding, not interleaved with it), judged against plain decoding like every method."""
+        from hyspec.bench.ceiling import Answers, oracle_registered, row_name, speculative_config
+        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload
+
+        name, answers = row_name(k), Answers()
+        greedy = [w for w in workloads if not w.temperature]
+        rows = self._skip(HYSPEC, name, [w for w in workloads if w.temperature],
+                          "the oracle drafts plain decoding's greedy answers: temperature 0 only")
+        self._tick(f"hyspec {name}: loading")
+        try:
+            with oracle_registered(answers):
+                llm = build_llm(model, self.settings, speculative_config(k))
+        except Exception as exc:  # a bug: reported, and the run does not pass
+            self.bar.update(len(greedy))
+            return rows + [Row(HYSPEC, name, w.batch_size, w.temperature, FAILED,
+                               f"engine start failed: {type(exc).__name__}: {exc}") for w in greedy]
+        for w in greedy:
+            self._tick(f"hyspec {name} bs {w.batch_size}")
+            answers.set(w.prompts, reference[w.key()])
+            try:
+                m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
+            except Exception as exc:
+                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
+            else:
+                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, OK, measurement=m,
                                 identity=self._identity(w, m.outputs, reference, logits, dtype)))
             self.bar.update(1)
         close_llm(llm)

@@ -84,6 +84,8 @@ class BenchSettings:
     #: hyspec's engines all loaded at once and their timed passes taken in turn (plain, method, ..., plain, ...), so
     #: a shared machine's drift lands on every method alike; peers run after, as always
     interleave: bool = False
+    #: draft lengths K of the oracle ceiling rows (hyspec.bench.ceiling): the most any drafter reaches with K here
+    ceiling: tuple[int, ...] = ()
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0
     quick: bool = False
@@ -130,6 +132,13 @@ class BenchSettings:
             raise ConfigError("--price-per-hour", f"must be positive, got {self.price_per_hour}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ConfigError("--kv-cache-bytes", f"must be positive, got {self.kv_cache_bytes}")
+        if self.ceiling:
+            from hyspec.bench.ceiling import check_ks
+
+            object.__setattr__(self, "ceiling", check_ks(self.ceiling))
+            if not any(t == 0 for t in self.temperatures):
+                raise ConfigError("--ceiling", "the oracle drafts plain decoding's greedy answers: it needs "
+                                               "temperature 0 in --temperatures")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +153,7 @@ class BenchSettings:
             "speculative_config_extra": dict(self.speculative_config_extra),
             "price_per_hour": self.price_per_hour, "kv_cache_bytes": self.kv_cache_bytes,
             "prefix_caching": self.prefix_caching, "batching": self.batching, "interleave": self.interleave,
+            "ceiling": list(self.ceiling),
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
                    "transformers with no eos_token_id, llama.cpp generating past it)",

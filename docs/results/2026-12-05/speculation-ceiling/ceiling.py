@@ -10,7 +10,9 @@ decoding (they must be identical: the oracle only drafts, the target still verif
 
 The oracle is registered through the public method registry (hyspec.spec.registry.register), with the
 goodput controller off so that every step verifies exactly k drafted tokens (fewer at the end of a
-request).  Prefix caching is on and emptied before every pass, as in ``hyspec bench``.
+request).  Prefix caching is on and emptied before every pass, as in ``hyspec bench``.  The JSON files
+here were measured with this script's first version (aa340c2), whose oracle was its own copy of what is
+now ``hyspec.bench.ceiling`` (the same drafts); ``hyspec bench --ceiling K`` adds such rows to any run.
 
     .venv/bin/python docs/results/2026-12-05/speculation-ceiling/ceiling.py --workload humaneval \
         --batch-size 1 --ks 1,3,7,15,31 --out humaneval-bs1.json
@@ -20,39 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from hyspec.bench.ceiling import Answers, oracle_registered, speculative_config
 from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
-from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec import registry
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
-
-#: prompt token ids -> the output plain decoding commits for it (filled before any oracle engine runs)
-REFERENCE: dict[tuple[int, ...], list[int]] = {}
-
-
-class OracleProposer(Proposer):
-    """Drafts the next tokens of plain decoding's own output for the request (known in advance)."""
-
-    method = "oracle"
-
-    def __init__(self, k: int, vocab_size: int):
-        self.k, self.vocab_size = k, vocab_size
-
-    def max_budget(self) -> int:
-        return self.k
-
-    def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:
-        out: list[DraftTree | None] = []
-        for req in requests:
-            future = REFERENCE[tuple(req.seq.prompt_token_ids)]
-            done = len(req.seq.output_token_ids)
-            follow = future[done: done + min(req.budget, self.k)]
-            out.append(DraftTree.chain(req.seq.last_token, follow, vocab_size=self.vocab_size) if follow else None)
-        return out
-
-
-def build_oracle(target, spec) -> OracleProposer:
-    return OracleProposer(spec.num_speculative_tokens, target.vocab_size)
 
 
 def main() -> None:
@@ -72,8 +43,6 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    registry.register(registry.MethodInfo("oracle", "drafts plain decoding's known output (a measurement)",
-                                          build_oracle, weights=False, chain_only=True))
     tok = Tokenizer(default_model())
     reqs = workload_requests(args.workload, tok.apply_chat_template, args.num_prompts)
     prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
@@ -83,14 +52,12 @@ def main() -> None:
 
     quant = None if args.quantization == "none" else args.quantization
     engines = {"plain": LLM(quantization=quant)}
-    for wave in waves:  # the reference: plain decoding's outputs, by prompt
-        for p, o in zip(wave, engines["plain"].generate(wave, params, use_tqdm=False)):
-            REFERENCE[tuple(p)] = list(o.outputs[0].token_ids)
-    ks = [int(k) for k in args.ks.split(",")]
-    for k in ks:
-        engines[f"oracle_k{k}"] = LLM(quantization=quant, speculative_config={
-            "method": "oracle", "num_speculative_tokens": k,
-            "controller": {"enabled": False, "profile_at_startup": False}})
+    answers = Answers()  # the reference: plain decoding's outputs, by prompt
+    answers.set(prompts, [o.outputs[0].token_ids for wave in waves
+                          for o in engines["plain"].generate(wave, params, use_tqdm=False)])
+    with oracle_registered(answers):
+        for k in (int(k) for k in args.ks.split(",")):
+            engines[f"oracle_k{k}"] = LLM(quantization=quant, speculative_config=speculative_config(k))
     for llm in engines.values():  # warm-up wave
         llm.generate(waves[0], params, use_tqdm=False)
 
@@ -100,8 +67,8 @@ def main() -> None:
     acceptance = {name: {key: llm.engine.spec.metrics.snapshot()["totals"][key]
                          for key in ("drafts", "draft_tokens", "accepted_tokens")}
                   for name, llm in engines.items() if name != "plain"}
-    out = {"workload": args.workload, "quantization": args.quantization, "batch_size": bs, "num_prompts": args.num_prompts,
-           "max_tokens": args.max_tokens, "rounds": args.rounds,
+    out = {"workload": args.workload, "quantization": args.quantization, "batch_size": bs,
+           "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds,
            "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
            "x_plain": {name: ratio(med, name, "plain") for name in med},
            "acceptance_totals_all_passes": acceptance, "outputs_differing_from_plain": mismatches}
