@@ -10,9 +10,10 @@ decoding (they must be identical: the oracle only drafts, the target still verif
 
 The oracle is registered through the public method registry (hyspec.spec.registry.register), with the
 goodput controller off so that every step verifies exactly k drafted tokens (fewer at the end of a
-request).  Prefix caching is on and emptied before every pass, as in ``hyspec bench``.  The JSON files
-here were measured with this script's first version (aa340c2), whose oracle was its own copy of what is
-now ``hyspec.bench.ceiling`` (the same drafts); ``hyspec bench --ceiling K`` adds such rows to any run.
+request).  Prefix caching is on and emptied before every pass, as in ``hyspec bench`` (the first version
+of this script, aa340c2, left it off -- the engine's default -- so its agentic re-runs prefilled in full;
+its figures were replaced).  The oracle is ``hyspec.bench.ceiling``'s, which ``hyspec bench --ceiling K``
+adds to any run.
 
     .venv/bin/python docs/results/2026-12-05/speculation-ceiling/ceiling.py --workload humaneval \
         --batch-size 1 --ks 1,3,7,15,31 --out humaneval-bs1.json
@@ -51,13 +52,14 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
     quant = None if args.quantization == "none" else args.quantization
-    engines = {"plain": LLM(quantization=quant)}
+    engines = {"plain": LLM(quantization=quant, enable_prefix_caching=True)}
     answers = Answers()  # the reference: plain decoding's outputs, by prompt
     answers.set(prompts, [o.outputs[0].token_ids for wave in waves
                           for o in engines["plain"].generate(wave, params, use_tqdm=False)])
     with oracle_registered(answers):
         for k in (int(k) for k in args.ks.split(",")):
-            engines[f"oracle_k{k}"] = LLM(quantization=quant, speculative_config=speculative_config(k))
+            engines[f"oracle_k{k}"] = LLM(quantization=quant, enable_prefix_caching=True,
+                                          speculative_config=speculative_config(k))
     for llm in engines.values():  # warm-up wave
         llm.generate(waves[0], params, use_tqdm=False)
 

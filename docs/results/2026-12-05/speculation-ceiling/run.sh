@@ -19,3 +19,8 @@ for w in humaneval chat; do
   .venv/bin/python "$OUT/ceiling.py" --workload "$w" --quantization none --batch-size 1 --num-prompts 8 \
     --max-tokens 128 --ks 1,3,7,15,31 --rounds 3 --out "$OUT/$w-fp32-bs1.json" 2>/dev/null
 done
+# the same through `hyspec bench --ceiling` (agentic, batch 1 and 8, with ngram, suffix and transformers' prompt lookup)
+hyspec bench --workload agentic --quantization a8 --methods none,ngram,suffix --peers hf_prompt_lookup \
+  --batch-sizes 1,8 --max-tokens 96 --num-prompts 16 --repeats 3 --interleave --no-progress --ceiling 7,31 \
+  --speculative-config-extra '{"suffix_decoding_max_tree_depth": 64}' --json "$OUT/bench-agentic.json" \
+  2>/dev/null | tee "$OUT/bench-agentic.txt"
