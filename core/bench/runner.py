@@ -312,19 +312,28 @@ class BenchRunner:
 
     def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
                 missing: Mapping[str, str], reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:
-        from hyspec.bench.hyspec_runs import close_llm, run_workload
-
         llm, rows = self._start(model, method, workloads, loaded, missing)
         if llm is None:
             return rows
+        return rows + self._timed_rows(llm, method, workloads, reference, logits, dtype)
+
+    def _timed_rows(self, llm: Any, name: str, workloads: list[Workload], reference: dict, logits: ReferenceLogits,
+                    dtype, before: Callable[[Workload], None] | None = None) -> list[Row]:
+        """``llm`` timed over each workload (``before(w)`` first, untimed), judged against plain decoding; the
+        engine is closed after."""
+        from hyspec.bench.hyspec_runs import close_llm, run_workload
+
+        rows = []
         for w in workloads:
-            self._tick(f"hyspec {method} bs {w.batch_size} T {w.temperature:g}")
+            self._tick(f"hyspec {name} bs {w.batch_size} T {w.temperature:g}")
+            if before is not None:
+                before(w)
             try:
                 m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
             except Exception as exc:
-                rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
+                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
             else:
-                rows.append(Row(HYSPEC, method, w.batch_size, w.temperature, OK, measurement=m,
+                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, OK, measurement=m,
                                 identity=self._identity(w, m.outputs, reference, logits, dtype)))
             self.bar.update(1)
         close_llm(llm)
@@ -337,7 +346,7 @@ class BenchRunner:
         """The oracle's rows at draft length ``k`` (hyspec.bench.ceiling): greedy workloads only, timed as a method
         is (after plain decoding, not interleaved with it), judged against plain decoding like every method."""
         from hyspec.bench.ceiling import Answers, oracle_registered, row_name, speculative_config
-        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload
+        from hyspec.bench.hyspec_runs import build_llm
 
         name, answers = row_name(k), Answers()
         greedy = [w for w in workloads if not w.temperature]
@@ -351,21 +360,8 @@ class BenchRunner:
             self.bar.update(len(greedy))
             return rows + [Row(HYSPEC, name, w.batch_size, w.temperature, FAILED,
                                f"engine start failed: {type(exc).__name__}: {exc}") for w in greedy]
-        for w in greedy:
-            self._tick(f"hyspec {name} bs {w.batch_size}")
-            answers.set(w.prompts, reference[w.key()])
-            try:
-                m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
-            except Exception as exc:
-                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
-            else:
-                rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, OK, measurement=m,
-                                identity=self._identity(w, m.outputs, reference, logits, dtype)))
-            self.bar.update(1)
-        close_llm(llm)
-        del llm
-        gc.collect()
-        return rows
+        return rows + self._timed_rows(llm, name, greedy, reference, logits, dtype,
+                                       before=lambda w: answers.set(w.prompts, reference[w.key()]))
 
     def _judged(self, method: str, w: Workload, result: Any, reference: dict, logits, dtype) -> Row:
         """An interleaved method's row: its measurement judged against plain decoding, or why it has none."""
