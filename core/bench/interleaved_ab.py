@@ -8,6 +8,7 @@ stands without its token identity.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -42,6 +43,37 @@ def interleaved_rates(engines: Mapping[str, Any], waves: Sequence[Sequence[Any]]
     return rates, mismatches
 
 
+def workload_prompts(workload: str, num_prompts: int) -> list[list[int]]:
+    """The default model's token ids of ``workload``'s first ``num_prompts`` requests (hyspec.bench.workloads), the
+    chat-template ones without a second set of special tokens."""
+    from hyspec.assets import default_model
+    from hyspec.bench.workloads import workload_requests
+    from hyspec.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(default_model())
+    return [tok.encode(text, add_special_tokens=not templated)
+            for text, templated in workload_requests(workload, tok.apply_chat_template, num_prompts)]
+
+
+def waves_of(prompts: Sequence[Any], batch_size: int) -> list[list[Any]]:
+    """``prompts`` in waves of ``batch_size`` (the last may be short): one ``generate`` call each."""
+    return [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+
+
+def rounded(rates: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    """Every pass's rate to one decimal, for a results file."""
+    return {name: [round(r, 1) for r in v] for name, v in rates.items()}
+
+
+def close_and_save(engines: Mapping[str, Any], out: Mapping[str, Any], path: str | None) -> None:
+    """Close every engine, then write ``out`` as JSON to ``path`` (nothing when None)."""
+    for llm in engines.values():
+        llm.close()
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def medians(rates: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Each engine's median rate, rounded for a results file."""
     return {name: round(statistics.median(v), 1) for name, v in rates.items()}
@@ -52,4 +84,4 @@ def ratio(med: Mapping[str, float], a: str, b: str) -> float:
     return round(med[a] / med[b], 3)
 
 
-__all__ = ["interleaved_rates", "medians", "ratio"]
+__all__ = ["close_and_save", "interleaved_rates", "medians", "ratio", "rounded", "waves_of", "workload_prompts"]

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.bench.interleaved_ab import close_and_save, interleaved_rates, medians, ratio, rounded, waves_of
 
 
 class FakeLLM:
@@ -38,3 +38,16 @@ def test_rounds_interleave_engines_and_count_outputs_that_differ():
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="rounds >= 1"):
         interleaved_rates({"plain": FakeLLM([], "plain")}, [[[1]]], None, rounds=0)
+
+
+def test_waves_rounding_and_saving(tmp_path):
+    import json
+
+    assert waves_of([[1], [2], [3]], 2) == [[[1], [2]], [[3]]]
+    assert rounded({"a": [1.26, 2.04]}) == {"a": [1.3, 2.0]}
+    closed = []
+    engines = {"a": SimpleNamespace(close=lambda: closed.append("a"))}
+    close_and_save(engines, {"x": 1}, str(tmp_path / "o.json"))
+    assert closed == ["a"] and json.loads((tmp_path / "o.json").read_text()) == {"x": 1}
+    close_and_save(engines, {"x": 1}, None)  # no path: only closes
+    assert closed == ["a", "a"]

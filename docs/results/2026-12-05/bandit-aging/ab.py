@@ -12,17 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.bench.interleaved_ab import (close_and_save, interleaved_rates, medians, ratio, rounded, waves_of,
+                                         workload_prompts)
 
 
 def main() -> None:
     from hyspec import LLM, SamplingParams
-    from hyspec.assets import default_model
     from hyspec.bench.hyspec_runs import speculative_config
     from hyspec.bench.runner import resolve_drafters
     from hyspec.bench.settings import BenchSettings
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.tokenizer import Tokenizer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="agentic,mixed,chat")
@@ -35,7 +33,6 @@ def main() -> None:
     extra = {"suffix_decoding_max_tree_depth": 64}
     settings = BenchSettings(num_prompts=args.num_prompts, max_tokens=args.max_tokens, speculative_config_extra=extra)
     drafters = resolve_drafters(settings, True)[0]
-    tok = Tokenizer(default_model())
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     out = {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds, "workloads": {}}
     for wl in args.workloads.split(","):
@@ -44,24 +41,20 @@ def main() -> None:
                    "hybrid_before": LLM(quantization="a8", speculative_config=speculative_config("hybrid", settings, drafters)),
                    "hybrid_now": LLM(quantization="a8", speculative_config=speculative_config("hybrid", settings, drafters))}
         engines["hybrid_before"].engine.spec.dispatcher.bandit.age_by_class_steps = False
-        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
-        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+        prompts = workload_prompts(wl, args.num_prompts)
         for llm in engines.values():  # warm-up request
             llm.generate(prompts[:1], params, use_tqdm=False)
-        rates, mismatches = interleaved_rates(engines, [[p] for p in prompts], params, args.rounds)
+        rates, mismatches = interleaved_rates(engines, waves_of(prompts, 1), params, args.rounds)
         med = medians(rates)
-        row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+        row = {"tok_s": rounded(rates), "median": med,
                "before_x_suffix": ratio(med, "hybrid_before", "suffix"), "now_x_suffix": ratio(med, "hybrid_now", "suffix"),
                "before_x_plain": ratio(med, "hybrid_before", "plain"), "now_x_plain": ratio(med, "hybrid_now", "plain"),
                "now_x_before": ratio(med, "hybrid_now", "hybrid_before"),
                "outputs_differing_from_plain": mismatches}
         out["workloads"][wl] = row
         print(wl, json.dumps(row), flush=True)
-        for llm in engines.values():
-            llm.close()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        close_and_save(engines, out, None)
+    close_and_save({}, out, args.out)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ import argparse
 import json
 
 import hyspec.spec.decoder as decoder_module
-from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.bench.interleaved_ab import (close_and_save, interleaved_rates, medians, ratio, rounded, waves_of,
+                                         workload_prompts)
 
 
 def main() -> None:
     from hyspec import LLM, SamplingParams
-    from hyspec.assets import default_model
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.tokenizer import Tokenizer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="humaneval,chat,mixed")
@@ -36,7 +34,6 @@ def main() -> None:
     def longest_rule(feeds) -> float:  # what the decoder recorded before
         return max(len(f.tokens) for f in feeds)
 
-    tok = Tokenizer(default_model())
     spec = {"method": "suffix", "num_speculative_tokens": 64, "suffix_decoding_max_tree_depth": 64}
     engines = {"plain": LLM(quantization="a8"), "suffix_before": LLM(quantization="a8", speculative_config=spec),
                "suffix_now": LLM(quantization="a8", speculative_config=spec)}
@@ -45,9 +42,7 @@ def main() -> None:
            "rounds": args.rounds, "workloads": {}}
     bs = args.batch_size
     for wl in args.workloads.split(","):
-        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
-        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
-        waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+        waves = waves_of(workload_prompts(wl, args.num_prompts), bs)
         for llm in engines.values():  # warm-up wave
             decoder_module.mean_tokens_per_seq = mean_rule
             llm.generate(waves[0], params, use_tqdm=False)
@@ -57,17 +52,13 @@ def main() -> None:
         rates, mismatches = interleaved_rates(engines, waves, params, args.rounds, before_pass=rule)
         decoder_module.mean_tokens_per_seq = mean_rule
         med = medians(rates)
-        row = {"tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+        row = {"tok_s": rounded(rates), "median": med,
                "before_x_plain": ratio(med, "suffix_before", "plain"), "now_x_plain": ratio(med, "suffix_now", "plain"),
                "now_x_before": ratio(med, "suffix_now", "suffix_before"),
                "outputs_differing_from_plain": mismatches}
         out["workloads"][wl] = row
         print(wl, json.dumps(row), flush=True)
-    for llm in engines.values():
-        llm.close()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    close_and_save(engines, out, args.out)
 
 
 if __name__ == "__main__":

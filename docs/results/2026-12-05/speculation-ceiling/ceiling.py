@@ -24,14 +24,12 @@ import argparse
 import json
 
 from hyspec.bench.ceiling import Answers, oracle_registered, speculative_config
-from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.bench.interleaved_ab import (close_and_save, interleaved_rates, medians, ratio, rounded, waves_of,
+                                         workload_prompts)
 
 
 def main() -> None:
     from hyspec import LLM, SamplingParams
-    from hyspec.assets import default_model
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.tokenizer import Tokenizer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="humaneval")
@@ -44,11 +42,9 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    tok = Tokenizer(default_model())
-    reqs = workload_requests(args.workload, tok.apply_chat_template, args.num_prompts)
-    prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+    prompts = workload_prompts(args.workload, args.num_prompts)
     bs = args.batch_size
-    waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+    waves = waves_of(prompts, bs)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
     quant = None if args.quantization == "none" else args.quantization
@@ -71,15 +67,11 @@ def main() -> None:
                   for name, llm in engines.items() if name != "plain"}
     out = {"workload": args.workload, "quantization": args.quantization, "batch_size": bs,
            "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds,
-           "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()}, "median": med,
+           "tok_s": rounded(rates), "median": med,
            "x_plain": {name: ratio(med, name, "plain") for name in med},
            "acceptance_totals_all_passes": acceptance, "outputs_differing_from_plain": mismatches}
     print(json.dumps(out), flush=True)
-    for llm in engines.values():
-        llm.close()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    close_and_save(engines, out, args.out)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from hyspec.bench.interleaved_ab import interleaved_rates, medians, ratio
+from hyspec.bench.interleaved_ab import (close_and_save, interleaved_rates, medians, ratio, rounded, waves_of,
+                                         workload_prompts)
 
 
 def main() -> None:
     from hyspec import LLM, SamplingParams
-    from hyspec.assets import default_model
     from hyspec.bench.hyspec_runs import speculative_config
     from hyspec.bench.runner import resolve_drafters
     from hyspec.bench.settings import BenchSettings
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.tokenizer import Tokenizer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="humaneval,chat,agentic,mixed")
@@ -34,7 +32,6 @@ def main() -> None:
 
     extra = {"suffix_decoding_max_tree_depth": 64}
     settings = BenchSettings(num_prompts=args.num_prompts, max_tokens=args.max_tokens, speculative_config_extra=extra)
-    tok = Tokenizer(default_model())
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     suffix = speculative_config("suffix", settings, {})
     engines = {"plain": LLM(quantization="a8"), "suffix_before": LLM(quantization="a8", speculative_config=suffix),
@@ -42,25 +39,20 @@ def main() -> None:
     engines["suffix_before"].engine.spec.controller.draft_one_in = 1
     out = {"num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": []}
     for wl in args.workloads.split(","):
-        reqs = workload_requests(wl, tok.apply_chat_template, args.num_prompts)
-        prompts = [tok.encode(t, add_special_tokens=not templated) for t, templated in reqs]
+        prompts = workload_prompts(wl, args.num_prompts)
         for bs in [int(b) for b in args.batch_sizes.split(",")]:
-            waves = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+            waves = waves_of(prompts, bs)
             for llm in engines.values():
                 llm.generate(waves[0], params, use_tqdm=False)
             rates, mismatches = interleaved_rates(engines, waves, params, args.rounds)
             med = medians(rates)
-            row = {"workload": wl, "batch_size": bs, "tok_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
+            row = {"workload": wl, "batch_size": bs, "tok_s": rounded(rates),
                    "median": med, "before_x_plain": ratio(med, "suffix_before", "plain"),
                    "now_x_plain": ratio(med, "suffix_now", "plain"), "now_x_before": ratio(med, "suffix_now", "suffix_before"),
                    "outputs_differing_from_plain": mismatches}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
-    for llm in engines.values():
-        llm.close()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    close_and_save(engines, out, args.out)
 
 
 if __name__ == "__main__":
