@@ -49,10 +49,6 @@ class OpCase:
     outcome: Callable[[Any, tuple[Any, ...]], list[torch.Tensor]]  # (return value, arguments) -> compared tensors
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 # -- attention ---------------------------------------------------------------------------------------------
 
 def paged_case_to(case: PagedCase, device: torch.device) -> tuple[Any, ...]:

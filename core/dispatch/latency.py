@@ -31,10 +31,6 @@ class LatencyRing:
     def __len__(self) -> int:
         return min(self._count, self.capacity)
 
-    @property
-    def total_recorded(self) -> int:
-        return self._count
-
     def percentile(self, q: float) -> int | None:
         """Nearest-rank ``q``-th percentile (0 < q <= 100) of the held samples; None when empty."""
         return self.percentiles(q)[0]

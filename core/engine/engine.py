@@ -263,7 +263,7 @@ class LLMEngine:
         leader = self._requests.get(str(share_prompt_with)) if share_prompt_with is not None else None
         if leader is not None and leader.leader is None and leader.num_output_tokens == 0 \
                 and leader.prompt_token_ids == ids:
-            seq.leader = leader  # waits (outside the scheduler) for the leader's prefill: LLMEngine._fork
+            seq.leader = leader  # waits (outside the scheduler) for the leader's prefill: parallel_sampling.fork_waiting_samples
             leader.followers.append(seq)
         else:
             self.scheduler.add(seq)

@@ -50,7 +50,7 @@ class Sequence:
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
         # parallel sampling: samples of the same prompt wait here until this sequence's prefill is
-        # done, then continue from a fork of its KV (``LLMEngine._fork``)
+        # done, then continue from a fork of its KV (``parallel_sampling.fork_waiting_samples``)
         self.followers: list["Sequence"] = []
         self.leader: "Sequence | None" = None  # set while this sample waits on another's prefill
 

@@ -39,10 +39,6 @@ class PrefixCacheStats:
     hits: int = 0  # of those, found cached (their prefill was skipped)
     evicted_pages: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
 
 class PrefixCache:
     def __init__(self, pool: KVPool, layout: KVLayout):
@@ -140,6 +136,3 @@ class PrefixCache:
             self._children[parent] -= 1
         self.pool.free(self.layout.owner, [page])
 
-    def memory_pages(self) -> int:
-        """Pages the cache lists (some may be held by live sequences too)."""
-        return len(self._key_of)

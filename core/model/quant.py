@@ -61,11 +61,6 @@ class GroupQuantized:
     def offset(self) -> int:
         return 8 if self.bits == 4 else 0
 
-    def storage_bytes(self) -> int:
-        """Bytes a kernel reads per use: the packed codes plus one scale and one zero per group."""
-        n, k = self.shape
-        return n * k * self.bits // 8 + 2 * self.scale.numel() * 2
-
 
 def dequantize(w: GroupQuantized) -> torch.Tensor:
     """The reference values ``[N, K]`` in fp32, computed as the module docstring's formula says."""

@@ -265,9 +265,6 @@ class GoodputController:
         """A verified scored draft: which of its nodes were accepted (the path, root excluded)."""
         self._sizer(method).observe(tree, list(accepted_path))
 
-    def scored_acceptance(self, method: str) -> DraftSizer:
-        return self._sizer(method)
-
     def _sizer(self, method: str) -> DraftSizer:
         sizer = self._sizers.get(method)
         if sizer is None:

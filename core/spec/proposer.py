@@ -26,7 +26,6 @@ from typing import ClassVar
 import torch
 
 from hyspec.engine.sequence import Sequence
-from hyspec.ops import OpTable
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.tree import DraftTree
 
@@ -123,9 +122,3 @@ class Proposer(ABC):
     def close(self) -> None:
         """Release shared resources (threads, remote workers)."""
 
-
-def sample_or_argmax(ops: OpTable, probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
-    """Draw from a processed row ``probs [V]`` with ``ops.sample`` (argmax for greedy requests)."""
-    if greedy:
-        return int(probs.argmax())
-    return int(ops.sample(probs[None], [generator])[0])
