@@ -143,7 +143,8 @@ def install_exception_handlers(app) -> None:
 
     @app.exception_handler(ServiceUnavailableError)
     async def _unavailable(request, exc: ServiceUnavailableError):
-        return error_response(503, str(exc))
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return error_response(503, str(exc), headers=retry)
 
     @app.exception_handler(EngineStepError)
     async def _step_failed(request, exc: EngineStepError):

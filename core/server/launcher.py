@@ -1,9 +1,21 @@
 """Running the app under uvicorn: in the foreground with signals (``hyspec serve``), or in a thread (tests, load).
 
-Graceful shutdown, in order: the first SIGINT/SIGTERM makes the app refuse new
-requests (503, and ``/health`` says "draining"), uvicorn stops accepting
-connections and waits up to ``shutdown_timeout`` seconds for open responses
-to finish, then the lifespan shutdown drains the engine and joins its thread.
+Graceful shutdown, in order (both launchers):
+
+1. the first SIGINT/SIGTERM (``BackgroundServer.stop``) makes the app refuse new
+   requests: 503 with Retry-After, and ``/health`` says "draining".  The
+   listener stays open meanwhile, so that a client hears that answer instead
+   of "connection refused";
+2. in-flight requests get up to ``shutdown_timeout`` seconds to finish (a
+   second SIGINT cuts that short); what is left is aborted in the engine, and
+   its clients get a 503 error body, or an SSE error event and ``[DONE]``;
+3. only then does uvicorn's own shutdown run: it closes the listener, waits
+   (up to ``RESPONSE_GRACE_S``) for those last answers to be written, and the
+   lifespan shutdown stops the engine and joins its thread.
+
+uvicorn alone would do 3 first: close the listener at once and cancel the
+requests still running at its timeout, which answers 500 (text/plain), cuts
+streams without an error or ``[DONE]`` and logs a traceback for each.
 """
 from __future__ import annotations
 
@@ -19,17 +31,22 @@ import uvicorn
 if TYPE_CHECKING:
     from hyspec.server.async_engine import AsyncEngine
 
+#: Seconds uvicorn waits, after the drain, for the answers of aborted requests to be written (they are ready at
+#: once; only a client that stopped reading its stream takes longer) before it cancels what is left.
+RESPONSE_GRACE_S = 5.0
+
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn.Server that first tells the engine to stop taking requests, then shuts down as usual."""
+    """uvicorn.Server that drains the engine, still answering on its listener, before uvicorn's shutdown runs."""
 
-    def __init__(self, config: uvicorn.Config, async_engine: "AsyncEngine"):
+    def __init__(self, config: uvicorn.Config, async_engine: "AsyncEngine", drain_timeout: float):
         super().__init__(config)
         self.async_engine = async_engine
+        self.drain_timeout = drain_timeout
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.async_engine.begin_shutdown()
-        await super().shutdown(sockets)
+    async def main_loop(self) -> None:
+        await super().main_loop()  # returns once a signal or stop() has set should_exit
+        await self.async_engine.finish_in_flight(self.drain_timeout, give_up=lambda: self.force_exit)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -40,9 +57,13 @@ class _DrainingServer(uvicorn.Server):
             getattr(self, "_captured_signals", []).clear()
 
 
-def _config(app: Any, host: str, port: int, shutdown_timeout: float, log_level: str, access_log: bool) -> uvicorn.Config:
-    return uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=access_log,
-                          timeout_graceful_shutdown=shutdown_timeout, timeout_keep_alive=5)
+def _server(app: Any, host: str, port: int, shutdown_timeout: float, log_level: str,
+            access_log: bool) -> _DrainingServer:
+    if shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout}")
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=RESPONSE_GRACE_S, timeout_keep_alive=5)
+    return _DrainingServer(config, app.state.async_engine, shutdown_timeout)
 
 
 def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, shutdown_timeout: float = 30.0,
@@ -55,7 +76,7 @@ def run_server(app: Any, host: str = "127.0.0.1", port: int = 8000, shutdown_tim
     that uvicorn would catch on its own main thread are caught here and handed to it.
     """
     async_engine = app.state.async_engine
-    server = _DrainingServer(_config(app, host, port, shutdown_timeout, log_level, access_log), async_engine)
+    server = _server(app, host, port, shutdown_timeout, log_level, access_log)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -85,8 +106,7 @@ class BackgroundServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))  # bound here, so the port is known before uvicorn starts
         self.port = self._socket.getsockname()[1]
-        self.server = _DrainingServer(_config(app, host, self.port, shutdown_timeout, log_level, False),
-                                      app.state.async_engine)
+        self.server = _server(app, host, self.port, shutdown_timeout, log_level, False)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]},
                                         name=f"uvicorn-{self.port}", daemon=True)
 

@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Iterable, TypeVar
 
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.parallel_sampling import fan_out, select
@@ -330,16 +330,19 @@ class OpenAIServing:
             raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
 
     async def _collect(self, streams: list[RequestStream], raw_request: Any) -> list[RequestOutput]:
-        """The final output of every stream, aborting them all if the client disconnects first."""
-        async def last(stream: RequestStream) -> RequestOutput:
-            final = None
-            async for out in stream:
-                final = out
-            assert final is not None and final.finished
-            return final
+        """The final output of every stream, aborting them all if the client disconnects first.
+
+        The first error of any stream raises (the server shutting down: ShutdownAbortError, a 503)."""
+        async def finals() -> list[RequestOutput]:
+            last: list[RequestOutput | None] = [None] * len(streams)
+            async with contextlib.aclosing(_merge(streams)) as outputs:
+                async for index, out in outputs:
+                    last[index] = out
+            assert all(out is not None and out.finished for out in last)
+            return last
 
         try:
-            return await _until_disconnected(raw_request, asyncio.gather(*(last(s) for s in streams)))
+            return await _until_disconnected(raw_request, finals())
         finally:
             for s in streams:
                 s.abort()
@@ -406,8 +409,7 @@ async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reque
                 yield index, out
                 pending[asyncio.ensure_future(streams[index].__anext__())] = index
     finally:
-        for task in pending:
-            task.cancel()
+        _discard(pending)  # after an error (or the consumer leaving) other streams' reads may have failed too
 
 
 async def _until_disconnected(raw_request: Any, work: Awaitable[T]) -> T:
@@ -416,15 +418,24 @@ async def _until_disconnected(raw_request: Any, work: Awaitable[T]) -> T:
     watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
     finally:
-        watcher.cancel()
+        _discard([watcher] if task.done() else [watcher, task])
     if task.done():
         return task.result()
-    task.cancel()
     raise ClientDisconnected()
+
+
+def _discard(futures: Iterable[asyncio.Future]) -> None:
+    """Cancel futures nobody will await, and mark each one's outcome as seen once it is done: asyncio logs
+    "exception was never retrieved", with a traceback, for a failed future that nobody looked at."""
+    for future in futures:
+        future.cancel()
+        future.add_done_callback(_mark_retrieved)
+
+
+def _mark_retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _wait_for_disconnect(raw_request: Any) -> None:

@@ -1,5 +1,6 @@
 """The real server under trouble: clients that leave (their KV is freed), a failing engine step (500, the
-server goes on), a full queue (429), and graceful shutdown (in-flight streams finish, new work gets 503)."""
+server goes on), a full queue (429), and graceful shutdown (in-flight streams finish, new work gets 503 with
+Retry-After; past the shutdown timeout what is left ends in 503 errors, never 500)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,8 @@ import time
 from contextlib import contextmanager
 
 import httpx
-import pytest
 
-from tests.server.conftest import MODEL_NAME, engine_of, kv_pool_empty, wait_until
+from tests.server.conftest import ENGINE_ARGS, MODEL_NAME, engine_of, kv_pool_empty, wait_until
 
 LONG = {"model": MODEL_NAME, "prompt": "def add(a, b):", "max_tokens": 80, "temperature": 0, "ignore_eos": True}
 
@@ -143,10 +143,11 @@ def test_graceful_shutdown_drains_in_flight_streams(make_server):
         stopper.start()
         wait_until(lambda: not srv.app.state.async_engine.accepting, what="the server to start draining")
         assert srv.app.state.async_engine.num_in_flight == 3
-        with pytest.raises(httpx.ConnectError):  # the listener is closed: new connections are refused
-            for _ in range(100):
-                httpx.get(srv.url + "/health", timeout=5)
-                time.sleep(0.02)
+        # The listener stays open while the streams drain: new work hears why it is refused.
+        assert httpx.get(srv.url + "/health", timeout=5).json()["status"] == "draining"
+        late = httpx.post(srv.url + "/v1/completions", json={**LONG, "max_tokens": 2}, timeout=30)
+        assert late.status_code == 503 and late.headers["retry-after"] == "1"
+        assert "shutting down" in late.json()["error"]["message"]
         for t in threads:
             t.join(60)
         stopper.join(60)
@@ -156,3 +157,36 @@ def test_graceful_shutdown_drains_in_flight_streams(make_server):
         chunks = [json.loads(e) for e in events[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert kv_pool_empty(srv)
+
+
+def test_stop_past_the_shutdown_timeout_ends_what_is_left_with_503s(tiny_model_dir, capfd):
+    from hyspec.server.app import create_app
+    from hyspec.server.launcher import BackgroundServer
+
+    app = create_app({"model": str(tiny_model_dir), **ENGINE_ARGS}, served_model_name=MODEL_NAME)
+    srv = BackgroundServer(app, shutdown_timeout=0.2).start()
+    answers: dict[str, httpx.Response] = {}
+    events: list[str] = []
+
+    def plain() -> None:
+        answers["plain"] = httpx.post(srv.url + "/v1/completions", json=LONG, timeout=60)
+
+    def stream() -> None:
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
+            events.extend(line[6:] for line in r.iter_lines() if line.startswith("data: "))
+
+    with slow_steps(srv, 0.05):  # 80 steps: seconds, far past the timeout
+        clients = [threading.Thread(target=plain), threading.Thread(target=stream)]
+        for t in clients:
+            t.start()
+        wait_until(lambda: srv.app.state.async_engine.stats.num_running == 2, what="both requests to run")
+        srv.stop()
+        for t in clients:
+            t.join(60)
+    plain_answer = answers["plain"]
+    assert plain_answer.status_code == 503 and plain_answer.headers["retry-after"] == "1"
+    assert plain_answer.json()["error"]["message"] == "the server shut down before the request finished"
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 503
+    assert kv_pool_empty(srv) and not srv.app.state.async_engine.thread_alive
+    log = capfd.readouterr().err
+    assert "Traceback" not in log and "exception was never retrieved" not in log, log[-3000:]
