@@ -209,6 +209,9 @@ class DraftHost:
         if call.pipelining and not self.proposer.needs_hidden:  # hidden-state drafters cannot see the future
             ahead = [(self._shadows[d.rid], list(d.tokens), budgets[d.rid]) for d in drafts
                      if d.status == "ok" and d.parents is None and d.rid in self._shadows]
+        if not call.send_q:  # the target verifies point proposals: q would only cost bytes
+            for d in drafts:
+                d.q = None
         if self.fault.garbage:
             drafts = [_corrupt(d, self.fault.garbage, budgets.get(d.rid, 1), self.vocab_size) for d in drafts]
         reply = DraftReply(call.call_id, self.incarnation, drafts, time.perf_counter() - t0, hits, misses)

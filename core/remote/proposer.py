@@ -10,6 +10,9 @@ call began).  What comes back is validated at the protocol level
 validates the trees again; anything unusable -- late, garbled, stale, from
 a worker for another target -- leaves that sequence without a draft, so the
 step is a plain step for it: it costs speed, never a token or a request.
+One worker's garbage costs only its own sequences' drafts.  Unless
+``remote.trust_worker_q`` is set, a worker's q is not used: its drafts are
+verified as point proposals, so a worker cannot bias sampled output.
 
 Counted: ``draft_timeout`` in the engine's speculative metrics for drafts
 lost to the deadline, and everything else in :class:`RemoteMetrics`.
@@ -81,6 +84,7 @@ class RemoteProposer(Proposer):
         self.max_tokens = spec.num_speculative_tokens
         self.fallback = fallback
         self.pipelining = rc.pipelining
+        self.trust_q = rc.trust_worker_q  # else drafts are point proposals and workers are asked not to send q
         self.deadline_s = rc.draft_deadline_ms / 1000
         self.max_missed = rc.max_missed_pings
         self.options = options
@@ -305,7 +309,8 @@ class RemoteProposer(Proposer):
             scheduler = slot.scheduler = ThreadScheduler(self.policy, slot.cores)
         slot.threads = scheduler.choose(self.busy.value, len(idx))
         releases, slot.releases = slot.releases, []
-        return DraftCall(next(self._call_ids), updates, releases, self.pipelining, slot.threads)
+        return DraftCall(next(self._call_ids), updates, releases, self.pipelining, slot.threads,
+                         send_q=self.trust_q)
 
     def _update(self, slot: WorkerSlot, seq: Any, budget: int) -> SeqUpdate:
         rid, hist = seq.request_id, seq.token_ids
@@ -360,7 +365,7 @@ class RemoteProposer(Proposer):
             elif raw.status == "ok":
                 try:
                     out[i] = draft_to_tree(raw, seq.last_token, len(seq.token_ids), req.budget, req.greedy,
-                                           self.vocab_size)
+                                           self.vocab_size, self.trust_q)
                 except ProtocolError as exc:
                     self._invalid(exc.kind, 1, slot, exc)
                     continue

@@ -91,6 +91,7 @@ class DraftCall:
     releases: list[str] = field(default_factory=list)
     pipelining: bool = False
     threads: int | None = None
+    send_q: bool = True  # False: the target verifies drafts as point proposals and never reads q
 
 
 @dataclass
@@ -149,14 +150,17 @@ def pack_q(q: torch.Tensor) -> tuple[dict[str, Any], list[np.ndarray]]:  # q [n,
 def unpack_q(head: dict[str, Any], arrays: list[np.ndarray], rows: int, vocab: int) -> torch.Tensor:
     """Inverse of :func:`pack_q` onto ``[rows, vocab]``; raises ProtocolError for inconsistent data."""
     if head.get("q") == "dense":
-        (dense,) = arrays
-        if dense.dtype != np.float32 or dense.shape != (rows, vocab):
-            raise ProtocolError("probs", f"dense q of shape {dense.shape}, expected {(rows, vocab)}")
-        return torch.from_numpy(dense.copy())
+        if len(arrays) != 1 or arrays[0].dtype != np.float32 or arrays[0].shape != (rows, vocab):
+            raise ProtocolError("probs", f"dense q is not one float32 array of shape {(rows, vocab)}")
+        return torch.from_numpy(arrays[0].copy())
+    if head.get("q") != "sparse" or len(arrays) != 3:
+        raise ProtocolError("probs", f"q packed as {str(head.get('q'))[:40]!r} in {len(arrays)} arrays")
     counts, idx, val = arrays
-    if head.get("q_vocab") != vocab:
-        raise ProtocolError("probs", f"q over {head.get('q_vocab')} tokens, the target has {vocab}")
-    if counts.shape != (rows,) or idx.shape != val.shape or int(counts.sum()) != idx.shape[0] or (counts < 0).any():
+    if type(head.get("q_vocab")) is not int or head["q_vocab"] != vocab:
+        raise ProtocolError("probs", f"q over {str(head.get('q_vocab'))[:40]} tokens, the target has {vocab}")
+    if (counts.dtype != np.int32 or idx.dtype != np.int32 or val.dtype != np.float32 or counts.shape != (rows,)
+            or idx.ndim != 1 or idx.shape != val.shape or (counts < 0).any()
+            or int(counts.sum(dtype=np.int64)) != idx.shape[0]):
         raise ProtocolError("probs", "sparse q counts do not match its entries")
     if idx.size and (idx.min() < 0 or idx.max() >= vocab):
         raise ProtocolError("vocab", "sparse q names a token outside the vocabulary")
@@ -165,7 +169,7 @@ def unpack_q(head: dict[str, Any], arrays: list[np.ndarray], rows: int, vocab: i
     if np.unique(flat).size != flat.size:
         raise ProtocolError("probs", "sparse q repeats an entry")
     q = torch.zeros(rows * vocab, dtype=torch.float32)
-    q[torch.from_numpy(flat)] = torch.from_numpy(val.astype(np.float32))
+    q[torch.from_numpy(flat)] = torch.from_numpy(val.copy())
     return q.view(rows, vocab)
 
 
@@ -195,7 +199,7 @@ def encode_call(call: DraftCall) -> bytes:
             entry["hidden"] = blocks
         updates.append(entry)
     head = {"call_id": call.call_id, "updates": updates, "releases": list(call.releases),
-            "pipelining": bool(call.pipelining), "threads": call.threads}
+            "pipelining": bool(call.pipelining), "threads": call.threads, "send_q": bool(call.send_q)}
     return pack(head, arrays)
 
 
@@ -217,9 +221,9 @@ def decode_call(data: bytes) -> DraftCall:
         if pos != len(tokens):
             raise WireError("update token counts do not add up")
         return DraftCall(int(head["call_id"]), updates, [str(r) for r in head["releases"]],
-                         bool(head["pipelining"]), head.get("threads"))
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
-        raise WireError(f"malformed draft call: {exc}") from None
+                         bool(head["pipelining"]), head.get("threads"), bool(head.get("send_q", True)))
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError, RecursionError) as exc:
+        raise WireError(f"malformed draft call: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 # -- replies --------------------------------------------------------------------------------------
@@ -258,30 +262,68 @@ class RawDraft:
 
 
 def decode_reply(data: bytes) -> tuple[DraftReply, dict[str, RawDraft]]:
-    """The reply's envelope and its drafts by request id; raises WireError / ProtocolError."""
+    """The reply's envelope and its drafts by request id; raises WireError / ProtocolError, nothing else."""
     head, arrays = unpack(data)
-    try:
-        raws: dict[str, RawDraft] = {}
-        for e in head["drafts"]:
-            rid = str(e["rid"])
-            if rid in raws:
-                raise ProtocolError("structure", f"two drafts for request {rid}")
-            if e["status"] not in STATUSES:
-                raise ProtocolError("structure", f"unknown draft status {e['status']!r}")
-            q_head = {"q": e["q"], "q_vocab": e.get("q_vocab")} if "q" in e else None
-            raws[rid] = RawDraft(rid, e["status"], int(e["hist_len"]), arrays[e["tokens"]], e.get("parents"),
-                                 q_head, [arrays[i] for i in e.get("q_arrays", [])], bool(e.get("pipelined")))
-        reply = DraftReply(int(head["call_id"]), str(head["incarnation"]), [], float(head["worker_seconds"]),
-                           int(head["spec_hits"]), int(head["spec_misses"]))
-        return reply, raws
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
-        if isinstance(exc, ProtocolError):
-            raise
-        raise WireError(f"malformed draft reply: {exc}") from None
+    drafts = _field(head, "drafts", list)
+    raws: dict[str, RawDraft] = {}
+    for e in drafts:
+        if not isinstance(e, dict):
+            raise WireError("a draft entry is not an object")
+        rid = _field(e, "rid", str)
+        if rid in raws:
+            raise ProtocolError("structure", f"two drafts for request {rid[:80]}")
+        status = _field(e, "status", str)
+        if status not in STATUSES:
+            raise ProtocolError("structure", f"unknown draft status {status[:40]!r}")
+        q_head = None
+        if "q" in e:
+            q_head = {"q": _field(e, "q", str), "q_vocab": e.get("q_vocab")}
+        q_arrays = [_array(arrays, i) for i in _field(e, "q_arrays", list, [])]
+        raws[rid] = RawDraft(rid, status, _field(e, "hist_len", int), _array(arrays, _field(e, "tokens", int)),
+                             _field(e, "parents", list, None), q_head, q_arrays, _field(e, "pipelined", bool, False))
+    reply = DraftReply(_field(head, "call_id", int), _field(head, "incarnation", str), [],
+                       _field(head, "worker_seconds", float), _field(head, "spec_hits", int),
+                       _field(head, "spec_misses", int))
+    return reply, raws
 
 
-def draft_to_tree(raw: RawDraft, root: int, hist_len: int, budget: int, greedy: bool, vocab: int) -> DraftTree:
-    """A checked DraftTree from a worker's draft, or ProtocolError naming what is wrong."""
+_REQUIRED = object()
+
+
+def _field(entry: dict[str, Any], key: str, kind: type, default: Any = _REQUIRED) -> Any:
+    """``entry[key]`` if it is a ``kind`` (ints and floats non-negative, bools not ints), else WireError."""
+    if key not in entry:
+        if default is _REQUIRED:
+            raise WireError(f"malformed draft reply: no {key!r}")
+        return default
+    value = entry[key]
+    if value is None and default is None:
+        return None
+    if kind is float:
+        ok = type(value) in (int, float) and value >= 0  # the header's floats are finite (wire.unpack)
+    else:
+        ok = type(value) is kind and (kind is not int or value >= 0)
+    if not ok:
+        raise WireError(f"malformed draft reply: {key!r} is {str(value)[:40]!r}, expected a {kind.__name__}")
+    return value
+
+
+def _array(arrays: list[np.ndarray], index: Any) -> np.ndarray:
+    if type(index) is not int or not 0 <= index < len(arrays):
+        raise WireError(f"malformed draft reply: array index {str(index)[:40]!r} of {len(arrays)}")
+    return arrays[index]
+
+
+def draft_to_tree(raw: RawDraft, root: int, hist_len: int, budget: int, greedy: bool, vocab: int,
+                  trust_q: bool = False) -> DraftTree:
+    """A checked DraftTree from a worker's draft, or ProtocolError naming what is wrong.
+
+    The tree carries the worker's q only with ``trust_q``.  Otherwise it has none and the verifier treats
+    each draft token as a point proposal (accept x with probability p(x), else draw from p with x removed),
+    which is lossless however the token was chosen: a worker that misreports q -- buggy, hostile, or
+    tampered with on the link -- cannot bias the output, it can only lower the acceptance.  A q that is
+    sent anyway is still checked, so a garbled one is counted like any other garbage.
+    """
     if raw.hist_len != hist_len:
         raise ProtocolError("stale", f"draft continues {raw.hist_len} tokens, the sequence has {hist_len}")
     tokens = raw.tokens
@@ -293,7 +335,7 @@ def draft_to_tree(raw: RawDraft, root: int, hist_len: int, budget: int, greedy: 
     if raw.parents is None:
         parents = list(range(-1, n))
     else:
-        if (len(raw.parents) != n or not all(isinstance(p, int) for p in raw.parents)
+        if (len(raw.parents) != n or not all(type(p) is int for p in raw.parents)
                 or any(not 0 <= p <= i for i, p in enumerate(raw.parents))):
             raise ProtocolError("structure", "tree parents are not topologically ordered node indices")
         parents = [-1, *raw.parents]
@@ -306,7 +348,7 @@ def draft_to_tree(raw: RawDraft, root: int, hist_len: int, budget: int, greedy: 
             raise ProtocolError("probs", "a draft probability row does not sum to 1")
         if bool((q.gather(1, torch.from_numpy(tokens.astype(np.int64))[:, None]) <= 0).any()):
             raise ProtocolError("probs", "a draft token has zero draft probability")
-        q = torch.cat([q.new_zeros(1, vocab), q])
+        q = torch.cat([q.new_zeros(1, vocab), q]) if trust_q else None
     ids = torch.tensor([root, *tokens.tolist()], dtype=torch.int64)
     try:
         return DraftTree(ids, torch.tensor(parents, dtype=torch.int64), q, vocab)

@@ -165,6 +165,9 @@ class RemoteConfig:
     min_cores: int = key(4, "Floor on each worker's thread count (a 2-core cap starved drafters in the field).")
     pipelining: bool = key(True, "Draft step t+1 while the target verifies step t.")
     fallback_method: str = key("ngram", "Local method used after failover, or \"none\" for plain decoding.")
+    trust_worker_q: bool = key(False, "Verify sampled drafts with the q each worker reports (its workers and the "
+                                      "link to them are trusted). false: point proposals, lossless whatever a "
+                                      "worker sends, at some acceptance (docs/architecture.md, remote drafting).")
 
     def __post_init__(self) -> None:
         chk.check_int(self, "ping_interval_ms", 1, 60_000)
@@ -173,6 +176,7 @@ class RemoteConfig:
         chk.check_float(self, "busy_threshold", 0.0, 1.0, lo_open=True)
         chk.check_int(self, "min_cores", 1, 4096)
         chk.check_bool(self, "pipelining")
+        chk.check_bool(self, "trust_worker_q")
         chk.check_choice(self, "fallback_method", [*registry.proposer_methods(), registry.NONE])
 
 

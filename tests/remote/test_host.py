@@ -165,9 +165,20 @@ def test_sampled_drafts_carry_valid_q_and_are_reproducible_with_a_seed(draft_mod
         host = draft_model_host()
         assert host.fingerprint and host.info()["method"] == "draft_model"
         _, raws = call(host, [register(sampling=spec, seed=1234)])
-        tree = draft_to_tree(raws["r"], LOOP[-1], len(LOOP), 3, greedy=False, vocab=V)
+        tree = draft_to_tree(raws["r"], LOOP[-1], len(LOOP), 3, greedy=False, vocab=V, trust_q=True)
         assert tree.draft_probs.shape == (4, V)
         assert int((tree.draft_probs[1:] > 0).sum(1).max()) <= 20  # top-k processed, like the target's p
         drafts.append(tree.tokens.tolist())
         host.close()
     assert drafts[0] == drafts[1]
+
+
+def test_no_q_on_the_wire_unless_the_target_asks(draft_model_host):
+    """A target that verifies point proposals (remote.trust_worker_q false) sends send_q=False: q stays home."""
+    host = draft_model_host()
+    try:
+        ask = DraftCall(1, [register(sampling=SamplingSpec(0.9), seed=1)], send_q=False)
+        _, raws = decode_reply(host.handle(encode_call(ask)))
+        assert raws["r"].status == "ok" and raws["r"].q_head is None and not raws["r"].q_arrays
+    finally:
+        host.close()

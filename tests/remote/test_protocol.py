@@ -108,9 +108,11 @@ def test_valid_chain_and_tree_pass():
     q = _q(3)
     toks = q.argmax(1).tolist()
     tree = draft_to_tree(_raw(SeqDraft("r", "ok", 10, toks, None, q)), root=4, hist_len=10, budget=3,
-                         greedy=False, vocab=V)
+                         greedy=False, vocab=V, trust_q=True)
     assert tree.tokens.tolist() == [4, *toks] and tree.parents.tolist() == [-1, 0, 1, 2]
     assert torch.equal(tree.draft_probs[1:], q)
+    point = draft_to_tree(_raw(SeqDraft("r", "ok", 10, toks, None, q)), 4, 10, 3, False, V)  # the default
+    assert point.tokens.tolist() == [4, *toks] and point.draft_probs is None
     tree = draft_to_tree(_raw(SeqDraft("r", "ok", 10, [5, 6, 7], [0, 0, 1])), 4, 10, 3, True, V)
     assert tree.parents.tolist() == [-1, 0, 0, 1] and tree.draft_probs is None
 
