@@ -1,16 +1,23 @@
 """Tokenizer from ``tokenizer.json`` + ``tokenizer_config.json`` (the ``tokenizers`` library).
 
 Also renders the chat template the config carries, in a sandboxed Jinja
-environment (templates are data from a checkpoint, not trusted code).
+environment with output-size and time bounds (templates are data from a
+checkpoint, not trusted code; core/model/chat_template.py).
 """
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from hyspec.errors import CheckpointError, HyspecError
+from hyspec.model.chat_template import ChatTemplateBoundError, RenderBounds, compile_template, mark_control_text, render
+
+# Longer texts are encoded through encode_batch, which releases the interpreter lock while Rust works
+# (encode holds it: a server's event loop stood still for seconds on a long prompt).
+GIL_FREE_ENCODE_CHARS = 1 << 14
 
 
 class Tokenizer:
@@ -81,7 +88,13 @@ class Tokenizer:
         return self._tok.get_vocab(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) > GIL_FREE_ENCODE_CHARS:
+            # A batch of one gains nothing from rayon; saying so also keeps tokenizers from warning
+            # (and disabling itself) in every process forked after it was used.
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
         # tokenizer.json post-processors usually add BOS themselves; honour add_bos_token when they do not.
         if (add_special_tokens and self.config.get("add_bos_token") and self.bos_token_id is not None
                 and (not ids or ids[0] != self.bos_token_id)):
@@ -96,28 +109,64 @@ class Tokenizer:
 
     @cached_property
     def _template(self):
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        return compile_template(self.chat_template)
 
-        def raise_exception(message: str):
-            raise TemplateError(message)
+    @cached_property
+    def special_token_texts(self) -> list[str]:
+        """The text of every special (control) token: ``<|im_start|>``, ``</s>``, ..."""
+        return [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template)
+    @cached_property
+    def _text_only(self):
+        """A copy of the tokenizer that encodes special-token text as ordinary text."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tok = HFTokenizer.from_str(self._tok.to_str())
+        tok.encode_special_tokens = True
+        return tok
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            max_output_chars: int | None = None, timeout_s: float | None = None,
                             **kwargs: Any) -> str:
+        """The chat prompt's text.  Rendering is bounded (ChatTemplateBoundError past a bound): at most
+        ``max_output_chars`` characters and ``timeout_s`` seconds (defaults: chat_template.RenderBounds')."""
         if not self.chat_template:
             raise HyspecError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise HyspecError(f"messages[{i}] must be a dict with 'role' and 'content'")
+        defaults = RenderBounds()
+        bounds = RenderBounds(max_output_chars or defaults.max_chars, timeout_s or defaults.timeout_s)
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+            return render(self._template, bounds, messages=messages, add_generation_prompt=add_generation_prompt,
+                          bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+        except ChatTemplateBoundError:
+            raise
         except Exception as exc:
             raise HyspecError(f"chat template failed: {exc}") from None
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    split_special_tokens_in_content: bool = True, **bounds: Any) -> tuple[str, list[int]]:
+        """(text, ids) of the chat prompt; no special tokens are added (the template writes any BOS it wants).
+
+        With ``split_special_tokens_in_content``, control-token text (``<|im_start|>``) in the content of a
+        message that is not the operator's (system, developer) is encoded as text, so that a user cannot
+        open a turn of another role; the template's own control tokens stay control tokens."""
+        marked = mark_control_text(messages, self.special_token_texts if split_special_tokens_in_content else [])
+        if not marked.originals:
+            text = self.apply_chat_template(messages, add_generation_prompt, **bounds)
+            return text, self.encode(text, add_special_tokens=False)
+        parts = marked.split(self.apply_chat_template(marked.messages, add_generation_prompt, **bounds))
+        text, ids = [], []
+        for part in parts:
+            if isinstance(part, int):
+                original = marked.originals[part]
+                text.append(original)
+                ids += self._text_only.encode(original, add_special_tokens=False).ids
+            elif part:
+                text.append(part)
+                ids += self.encode(part, add_special_tokens=False)
+        return "".join(text), ids
 
 
 def _token_text(value: Any) -> str | None:
