@@ -14,13 +14,17 @@ from hyspec.errors import ConfigError
 from tests.remote.conftest import inprocess_handles, remote_placement, spec_config
 
 
-def test_dry_run_prints_the_ray_start_command(capsys):
-    assert main(["draft-worker", "--address", "10.1.2.3:6379", "--num-cpus", "16",
+def test_dry_run_prints_the_ray_start_command(capsys, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "the-clusters-token")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert main(["draft-worker", "--address", "10.1.2.3:6379", "--num-cpus", "16", "--node-ip-address", "10.1.2.9",
                  "--resources", '{"avx512": 1}', "--dry-run"]) == 0
-    cmd = shlex.split(capsys.readouterr().out)
-    assert cmd[1:3] == ["start", "--address=10.1.2.3:6379"]
-    assert json.loads(cmd[3].removeprefix("--resources=")) == {"hyspec_draft": 1, "avx512": 1}
-    assert cmd[4:] == ["--num-cpus=16", "--block"]
+    out = capsys.readouterr().out
+    cmd = shlex.split(out)
+    assert cmd[0] == "RAY_AUTH_MODE=token" and "the-clusters-token" not in out  # token auth, token not shown
+    assert cmd[2:5] == ["start", "--address=10.1.2.3:6379", "--node-ip-address=10.1.2.9"]
+    assert json.loads(cmd[5].removeprefix("--resources=")) == {"hyspec_draft": 1, "avx512": 1}
+    assert cmd[6:] == ["--num-cpus=16", "--block"]
 
 
 @pytest.mark.parametrize("kw,key", [

@@ -1,0 +1,272 @@
+"""Ray secured by default: `hyspec draft-worker` joins with token auth, the local Ray gets a token.
+
+The unit tests check the command and environment `draft-worker` builds and
+the refusals, without starting Ray.  The integration tests (slow: Ray takes
+tens of seconds to start here) start a token-authenticated head with
+``ray start --head --block`` in a temporary directory, join it with
+``hyspec draft-worker`` and connect with and without the token; each Ray
+process is stopped by signalling the ``ray start --block`` that owns it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hyspec.cli import draft_worker
+from hyspec.cli.main import main
+from hyspec.errors import ConfigError
+from hyspec.remote import ray_security
+
+RAY_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_USE_TLS",
+            "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
+
+
+@pytest.fixture
+def bare_env(tmp_path, monkeypatch):
+    """No Ray auth or TLS variable, and a HOME without ~/.ray/auth_token."""
+    for name in RAY_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+@pytest.fixture
+def token_file(bare_env):
+    path = bare_env / "ray_token"
+    path.write_text("0123456789abcdef" * 4)
+    path.chmod(0o600)
+    return path
+
+
+def _flags(**kw):
+    return {"address": "10.1.2.3:6379", "num_cpus": None, "resources": None, "block": True, **kw}
+
+
+# --- the command line and environment draft-worker builds ------------------------------------------------------
+
+def test_dry_run_shows_token_auth_and_the_node_ip(token_file, capsys):
+    assert main(["draft-worker", "--address", "10.1.2.3:6379", "--auth-token-file", str(token_file),
+                 "--node-ip-address", "10.1.2.9", "--dry-run"]) == 0
+    words = shlex.split(capsys.readouterr().out)
+    assert words[:2] == ["RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token_file}"]
+    assert "--node-ip-address=10.1.2.9" in words and words[3] == "start"
+    assert str(token_file.read_text()) not in " ".join(words)  # the token itself is never printed
+
+
+def test_without_a_token_draft_worker_refuses(bare_env, capsys):
+    assert main(["draft-worker", "--address", "10.1.2.3:6379", "--node-ip-address", "10.1.2.9", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--auth-token-file" in err and "no Ray auth token" in err and "--insecure-no-auth" in err
+
+
+def test_insecure_flag_joins_without_a_token(bare_env):
+    env = draft_worker.ray_start_env(dict(os.environ), token_file=None, insecure=True)
+    assert env["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_token_file_flag_wins_over_an_inherited_token_value(token_file, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "some-other-clusters-token")
+    env = draft_worker.ray_start_env(dict(os.environ), token_file=str(token_file), insecure=False)
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token_file)
+    assert "RAY_AUTH_TOKEN" not in env  # Ray would prefer the value over the file
+
+
+@pytest.mark.parametrize("token_env,where", [
+    ({"RAY_AUTH_TOKEN": "abc"}, "RAY_AUTH_TOKEN"),
+    ({"RAY_AUTH_TOKEN_PATH": "FILE"}, "RAY_AUTH_TOKEN_PATH"),
+    ({}, "auth_token"),  # ~/.ray/auth_token, Ray's default path
+])
+def test_a_token_from_rays_own_places_is_accepted(token_file, bare_env, token_env, where):
+    env = {"HOME": str(bare_env / "home"), **{k: str(token_file) if v == "FILE" else v for k, v in token_env.items()}}
+    if not token_env:
+        (bare_env / "home" / ".ray").mkdir(parents=True)
+        (bare_env / "home" / ".ray" / "auth_token").write_text("tok")
+    assert where in ray_security.token_source(env)
+    assert draft_worker.ray_start_env(env, token_file=None, insecure=False)["RAY_AUTH_MODE"] == "token"
+
+
+@pytest.mark.parametrize("env_extra,key,words", [
+    ({"RAY_AUTH_MODE": "disabled"}, "RAY_AUTH_MODE", "--insecure-no-auth"),
+    ({"RAY_AUTH_MODE": "tokn"}, "RAY_AUTH_MODE", "expected 'token' or 'disabled'"),
+    ({"RAY_AUTH_TOKEN_PATH": "/nonexistent/token"}, "RAY_AUTH_TOKEN_PATH", "cannot read"),
+    ({"RAY_AUTH_TOKEN_PATH": "EMPTY"}, "RAY_AUTH_TOKEN_PATH", "empty"),
+    ({"RAY_USE_TLS": "1"}, "RAY_USE_TLS", "RAY_TLS_SERVER_CERT"),
+    ({"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": "/nonexistent.pem", "RAY_TLS_SERVER_KEY": "/x",
+      "RAY_TLS_CA_CERT": "/y"}, "RAY_TLS_SERVER_CERT", "not a readable file"),
+])
+def test_bad_security_settings_are_refused_naming_the_variable(bare_env, env_extra, key, words):
+    empty = bare_env / "empty"
+    empty.write_text("")
+    env = {"HOME": str(bare_env / "home"), "RAY_AUTH_TOKEN": "abc",
+           **{k: str(empty) if v == "EMPTY" else v for k, v in env_extra.items()}}
+    if "RAY_AUTH_TOKEN_PATH" in env_extra:
+        del env["RAY_AUTH_TOKEN"]
+    with pytest.raises(ConfigError) as e:
+        draft_worker.ray_start_env(env, token_file=None, insecure=False)
+    assert key in str(e.value) and words in str(e.value)
+
+
+def test_node_ip_defaults_to_the_interface_that_reaches_the_head():
+    cmd = draft_worker.ray_start_command(**_flags(address="127.0.0.1:6379"))
+    assert "--node-ip-address=127.0.0.1" in cmd
+
+
+@pytest.mark.parametrize("ip,words", [("not-an-ip", "not an IP address"), ("8.8.8.8", "--allow-public-ip"),
+                                      ("0.0.0.0", "one interface's address")])
+def test_bad_node_ip_is_refused(ip, words):
+    with pytest.raises(ConfigError) as e:
+        draft_worker.ray_start_command(**_flags(node_ip_address=ip))
+    assert e.value.key == "--node-ip-address" and words in str(e.value)
+
+
+def test_a_public_node_ip_needs_the_explicit_flag():
+    cmd = draft_worker.ray_start_command(**_flags(node_ip_address="8.8.8.8", allow_public_ip=True))
+    assert "--node-ip-address=8.8.8.8" in cmd
+
+
+def test_run_hands_ray_start_the_secured_environment(token_file, monkeypatch):
+    seen = {}
+
+    class FakeRayStart:
+        def __init__(self, cmd, env):
+            seen.update(cmd=cmd, env=env)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(draft_worker.subprocess, "Popen", FakeRayStart)
+    assert main(["draft-worker", "--address", "10.1.2.3:6379", "--auth-token-file", str(token_file),
+                 "--node-ip-address", "10.1.2.9"]) == 0
+    assert seen["env"]["RAY_AUTH_MODE"] == "token" and seen["env"]["RAY_AUTH_TOKEN_PATH"] == str(token_file)
+    assert "--node-ip-address=10.1.2.9" in seen["cmd"]
+
+
+def test_a_stopped_draft_worker_stops_its_ray_node_and_exits_0(token_file, tmp_path):
+    """SIGTERM reaches `ray start` (which stops its Ray processes) instead of orphaning it."""
+    fake_ray = tmp_path / "ray"
+    fake_ray.write_text("#!/bin/sh\ntrap 'echo stopped > \"$0.log\"; exit 1' TERM\necho up > \"$0.up\"\n"
+                        "while true; do sleep 0.1; done\n")
+    fake_ray.chmod(0o755)
+    code = ("import sys, pathlib; from hyspec.cli import draft_worker; "
+            f"draft_worker.shutil.which = lambda name: {str(fake_ray)!r}; "
+            "draft_worker.Path = lambda p: pathlib.Path('/nonexistent/python'); "
+            "from hyspec.cli.main import main; "
+            f"sys.exit(main(['draft-worker', '--address', '10.1.2.3:6379', '--auth-token-file', {str(token_file)!r}, "
+            "'--node-ip-address', '10.1.2.9']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 30
+    while not (tmp_path / "ray.up").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, proc.stderr.read()
+    assert (tmp_path / "ray.log").read_text().strip() == "stopped"
+
+
+# --- the local Ray and connections to a cluster ------------------------------------------------------------------
+
+def test_local_ray_gets_token_auth_and_a_fresh_token_kept_off_disk(bare_env):
+    updates = ray_security.local_cluster_env({"HOME": str(bare_env / "home")})
+    assert updates["RAY_AUTH_MODE"] == "token" and len(updates["RAY_AUTH_TOKEN"]) >= 32
+    assert not (bare_env / "home" / ".ray").exists()
+    again = ray_security.local_cluster_env({"HOME": str(bare_env / "home")})
+    assert again["RAY_AUTH_TOKEN"] != updates["RAY_AUTH_TOKEN"]
+
+
+def test_local_ray_uses_the_operators_token_and_honours_an_explicit_opt_out(token_file, bare_env):
+    home = str(bare_env / "home")
+    assert ray_security.local_cluster_env({"HOME": home, "RAY_AUTH_TOKEN_PATH": str(token_file)}) == {
+        "RAY_AUTH_MODE": "token"}
+    assert ray_security.local_cluster_env({"HOME": home, "RAY_AUTH_MODE": "disabled"}) == {}
+
+
+def test_connecting_to_a_cluster_without_a_token_is_refused(bare_env):
+    pytest.importorskip("ray")
+    from hyspec.remote import cluster
+    from hyspec.remote.transport import RemoteUnavailable
+
+    with pytest.raises(RemoteUnavailable) as e:
+        cluster.connect("127.0.0.1:1")  # refused before any connection is tried
+    assert "no Ray auth token" in str(e.value) and "RAY_AUTH_TOKEN_PATH" in str(e.value)
+
+
+def test_cluster_module_no_longer_claims_a_loopback_bind():
+    from hyspec.remote import cluster
+
+    assert "bound to 127.0.0.1" not in (cluster.__doc__ or "")
+    assert "_node_ip_address" not in Path(cluster.__file__).read_text()  # Ray rewrites 127.0.0.1 anyway
+
+
+# --- integration: a real token-authenticated head, a draft-worker join, clients with and without the token --------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"ray start exited with {proc.returncode}"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"nothing listens on {port} after {timeout_s} s")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    """SIGTERM a `ray start --block` (it stops the Ray processes it started) and return its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def _client(address: str, env: dict) -> subprocess.CompletedProcess:
+    code = (f"import ray; ray.init(address={address!r}); "
+            "print('draft slots', ray.cluster_resources().get('hyspec_draft')); ray.shutdown()")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_draft_worker_joins_a_token_head_and_a_client_without_the_token_is_refused(token_file, bare_env):
+    pytest.importorskip("ray")
+    ray = str(Path(sys.executable).with_name("ray"))
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    head = subprocess.Popen([ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                             "--include-dashboard=false", "--num-cpus=1", f"--temp-dir={bare_env / 'ray'}",
+                             "--disable-usage-stats", "--block"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        _wait_for_port(port, head)
+        worker = subprocess.Popen([sys.executable, "-m", "hyspec.cli.main", "draft-worker", "--address",
+                                   f"127.0.0.1:{port}", "--auth-token-file", str(token_file), "--num-cpus=1"],
+                                  env={k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
+                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with_token = _client(f"127.0.0.1:{port}", env)
+        end = time.monotonic() + 60
+        while "draft slots 1.0" not in with_token.stdout and time.monotonic() < end:
+            assert worker.poll() is None, f"draft-worker exited with {worker.returncode}"
+            time.sleep(2)
+            with_token = _client(f"127.0.0.1:{port}", env)
+        assert "draft slots 1.0" in with_token.stdout, with_token.stderr[-2000:]
+        without = _client(f"127.0.0.1:{port}", {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")})
+        assert without.returncode != 0 and "draft slots" not in without.stdout
+    finally:
+        codes = [_stop(p) for p in (worker, head) if p is not None]
+    assert codes == [0] * len(codes)
