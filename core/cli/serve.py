@@ -72,7 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     parser.add_argument("--api-key", default=os.environ.get("HYSPEC_API_KEY"), metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $HYSPEC_API_KEY; none if unset)")
+                        help="require 'Authorization: Bearer KEY' on /v1/* and /openapi.json (and turn /docs off). "
+                             "A key on the command line is visible to other local users (ps, /proc): prefer the "
+                             "environment variable HYSPEC_API_KEY, the default (none if unset)")
+    parser.add_argument("--allowed-hosts", metavar="HOST[,HOST...]",
+                        help="names the Host header may carry, e.g. api.example.com,*.corp, or * for any; others get "
+                             "400, so that a DNS-rebinding web page cannot drive the server (default: when bound to "
+                             "loopback, the --host plus localhost, 127.0.0.1 and [::1]; otherwise any)")
     parser.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
     parser.add_argument("--speculative-config", metavar="JSON|PATH",
                         help="speculative decoding config: a JSON object or a path to a JSON file (vLLM's schema "
@@ -103,6 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                         help="most tokens one request may generate: more is a 400 naming this limit, and a request "
                              "that asks for no limit (chat without max_tokens) gets N (default: the context length)")
+    parser.add_argument("--max-prompt-chars", type=_positive_int, default=None, metavar="N",
+                        help="most characters of prompt text (all prompts, or all chat messages) in one request, "
+                             "refused with a 400 before tokenizing (default: 64 per token of --max-model-len)")
+    parser.add_argument("--max-n", type=_positive_int, default=None, metavar="N",
+                        help="most completions per prompt (n, best_of) one request may ask for; more get 400 "
+                             "(default: a quarter of --max-num-seqs, at least 1)")
+    parser.add_argument("--split-special-tokens-in-content", action=argparse.BooleanOptionalAction, default=True,
+                        help="tokenize control-token text (<|im_start|>) in chat content of other roles than system "
+                             "and developer as text, so that a user cannot write a turn of another role (default: on)")
     parser.add_argument("--max-logprobs", type=_non_negative_int, default=20, metavar="K",
                         help="most logprobs / top_logprobs a request may ask for; more get 400 (default 20, as vLLM)")
     parser.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
@@ -144,13 +159,27 @@ def run(args: argparse.Namespace) -> int:
         log.warning("serving on %s without an API key: anyone who can reach this address can use it", args.host)
     app = create_app(engine_args(args), api_key=args.api_key or None, served_model_name=args.served_model_name,
                      max_queue=args.max_queue, protect_metrics=args.protect_metrics,
-                     drain_timeout=args.shutdown_timeout, max_tokens=args.max_tokens)
+                     drain_timeout=args.shutdown_timeout, max_tokens=args.max_tokens,
+                     max_prompt_chars=args.max_prompt_chars, max_n=args.max_n,
+                     split_special_tokens_in_content=args.split_special_tokens_in_content,
+                     allowed_hosts=allowed_hosts(args))
     print(f"hyspec serve: serving {app.state.served_model_name!r} on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     run_server(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
                log_level=args.log_level)
     print("hyspec serve: stopped", file=sys.stderr)
     return 0
+
+
+def allowed_hosts(args: argparse.Namespace) -> list[str]:
+    """--allowed-hosts, or the default: the loopback names for a loopback bind, any host otherwise (a server
+    bound to other addresses is reached by names only its operator knows; its guard is the API key)."""
+    if args.allowed_hosts:
+        return [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
+    if not _is_loopback(args.host):
+        return ["*"]
+    served = f"[{args.host}]" if ":" in args.host else args.host
+    return [served, *(h for h in ("localhost", "127.0.0.1", "[::1]") if h != served)]
 
 
 def _is_loopback(host: str) -> bool:

@@ -6,19 +6,28 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET
 /v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (200 while
 serving, 503 while draining or after an engine failure), ``GET /metrics``
-(Prometheus text).  With an API key, ``/v1/*`` need it; ``/health`` never
-does and ``/metrics`` only with ``protect_metrics``.
+(Prometheus text).  With an API key, ``/v1/*`` and ``/openapi.json`` need it
+(``/docs`` and ``/redoc``, browser pages that cannot send the key and load
+their scripts from a CDN, are off); ``/health`` never does and ``/metrics``
+only with ``protect_metrics``.
+
+Before any route runs, ``_HTTPGuard`` refuses a Host header outside
+``allowed_hosts`` (400: a DNS-rebinding page must not drive a keyless
+loopback server) and a body past ``max_body_bytes`` (413), declared or
+counted as it arrives.
 """
 from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from hyspec import __version__
 from hyspec.server.async_engine import AsyncEngine
@@ -33,6 +42,8 @@ if TYPE_CHECKING:
     from hyspec.engine.engine import LLMEngine
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
+# Host names a loopback server answers to; IPv6 literals are bracketed, as in a Host header.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 # Endpoint labels of the HTTP counter; any other path counts as "other" (fuzzers must not grow the label set).
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
                        "/openapi.json", "/docs", "/redoc"})
@@ -57,6 +68,10 @@ def create_app(
     drain_timeout: float = 30.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_tokens: int | None = None,
+    max_prompt_chars: int | None = None,
+    max_n: int | None = None,
+    split_special_tokens_in_content: bool = True,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """Build the app around ``engine``: an ``LLMEngine``, an ``AsyncEngine``, or LLMEngine keyword
     arguments (a mapping with ``model`` and any of ``dtype``, ``max_model_len``, ``max_num_seqs``,
@@ -65,7 +80,11 @@ def create_app(
     ``max_queue``: requests that may wait beyond the running batch before new ones get 429.
     ``drain_timeout``: seconds in-flight requests get to finish at shutdown before they are aborted.
     ``max_tokens``: the most tokens one request may generate (``--max-tokens``; None: the context).
+    ``max_prompt_chars``, ``max_n``, ``split_special_tokens_in_content``: see ``OpenAIServing``.
+    ``allowed_hosts``: the names the Host header may carry (Starlette's patterns: ``*.example.com``;
+    ``["*"]``: any); the default suits a server bound to loopback.
     """
+    allowed_hosts = _host_patterns(allowed_hosts)
     owns_engine = isinstance(engine, Mapping)
     if owns_engine:
         from hyspec.engine.engine import LLMEngine
@@ -77,7 +96,8 @@ def create_app(
     name = served_model_name or (model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name)
     created = int(time.time())
     metrics = ServerMetrics(async_engine, name)
-    serving = OpenAIServing(async_engine, name, max_tokens=max_tokens)
+    serving = OpenAIServing(async_engine, name, max_tokens=max_tokens, max_prompt_chars=max_prompt_chars, max_n=max_n,
+                            split_special_tokens_in_content=split_special_tokens_in_content)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -89,7 +109,8 @@ def create_app(
             if close is not None:
                 close()
 
-    app = FastAPI(title="hyspec", version=__version__, lifespan=lifespan,
+    open_docs = {} if api_key is None else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    app = FastAPI(title="hyspec", version=__version__, lifespan=lifespan, **open_docs,
                   description="OpenAI-compatible API of hyspec, a lossless speculative-decoding runtime.")
     app.state.async_engine = async_engine
     app.state.metrics = metrics
@@ -110,8 +131,8 @@ def create_app(
         return await serving.chat(body, request)
 
     def card() -> ModelCard:
-        return ModelCard(id=name, created=created, root=str(async_engine.engine.model_path),
-                         max_model_len=serving.max_model_len)
+        # The file or directory name only: the absolute path tells clients about the server's disk.
+        return ModelCard(id=name, created=created, root=model_path.name, max_model_len=serving.max_model_len)
 
     @v1.get("/models", response_model=ModelList)
     async def list_models() -> ModelList:
@@ -144,20 +165,31 @@ def create_app(
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
-    app.add_middleware(_HTTPGuard, metrics=metrics, endpoints=ENDPOINTS, max_body_bytes=max_body_bytes)
+    if api_key:
+        @app.get("/openapi.json", dependencies=auth, include_in_schema=False)
+        async def openapi_schema() -> Response:
+            return JSONResponse(app.openapi())
+
+    app.add_middleware(_HTTPGuard, metrics=metrics, endpoints=ENDPOINTS, max_body_bytes=max_body_bytes,
+                       allowed_hosts=allowed_hosts)
     app.openapi = lambda: _openapi(app)
     return app
 
 
 class _HTTPGuard:
-    """Pure ASGI middleware (streams pass through untouched): counts responses by endpoint and status,
-    and refuses bodies whose declared length is over ``max_body_bytes`` (413) before they are read."""
+    """Pure ASGI middleware (streams pass through untouched): counts responses by endpoint and status, refuses
+    a Host header outside ``allowed_hosts`` (400), and a body over ``max_body_bytes`` (413): at once when its
+    Content-Length says so, else (chunked) as soon as the bytes read pass the limit, without reading on."""
 
-    def __init__(self, app: Any, metrics: ServerMetrics, endpoints: frozenset[str], max_body_bytes: int):
+    def __init__(self, app: Any, metrics: ServerMetrics, endpoints: frozenset[str], max_body_bytes: int,
+                 allowed_hosts: list[str]):
         self.app = app
         self.metrics = metrics
         self.endpoints = endpoints
         self.max_body_bytes = max_body_bytes
+        self.allowed_hosts = allowed_hosts
+        # Starlette's matching (ports, IPv6 brackets, wildcards); its plain-text refusal becomes ours.
+        self.host_check = TrustedHostMiddleware(_mark_trusted, allowed_hosts=allowed_hosts, www_redirect=False)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -174,15 +206,79 @@ class _HTTPGuard:
             await send(message)
 
         try:
-            length = dict(scope.get("headers") or []).get(b"content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-                status = 413
-                response = JSONResponse(error_body(413, f"the request body has {int(length)} bytes; the limit is "
-                                                        f"{self.max_body_bytes}"), status_code=413)
-                return await response(scope, receive, send)
-            await self.app(scope, receive, send_and_record)
+            refusal = await self._refusal(scope)
+            if refusal is not None:
+                status = refusal.status_code
+                return await refusal(scope, receive, send)
+            await self.app(scope, self._bounded(receive), send_and_record)
         finally:
             self.metrics.observe_http(endpoint, scope.get("method", ""), status)
+
+    async def _refusal(self, scope: dict) -> JSONResponse | None:
+        headers = dict(scope.get("headers") or [])
+        await self.host_check(scope, _never_receive, _discard)
+        if not scope.pop("hyspec.trusted_host", False):
+            host = headers.get(b"host", b"").decode("latin-1")
+            return JSONResponse(error_body(400, f"the Host header `{host}` is not one this server answers to "
+                                                f"({', '.join(self.allowed_hosts)}; --allowed-hosts)"),
+                                status_code=400)
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return JSONResponse(error_body(413, f"the request body has {int(length)} bytes; the limit is "
+                                                f"{self.max_body_bytes}"), status_code=413)
+        return None
+
+    def _bounded(self, receive: Any) -> Any:
+        """``receive`` that counts body bytes and raises a 413 once they pass the limit (reading no further)."""
+        received = 0
+
+        async def bounded_receive() -> dict:
+            nonlocal received
+            if received > self.max_body_bytes:
+                raise _body_too_large(received, self.max_body_bytes)
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _body_too_large(received, self.max_body_bytes)
+            return message
+
+        return bounded_receive
+
+
+def _body_too_large(received: int, limit: int) -> HTTPException:
+    # An HTTPException passes FastAPI's body parsing unchanged and becomes a 413 error body (errors.py).
+    return HTTPException(413, f"the request body passed {limit} bytes (the limit) after {received} bytes")
+
+
+async def _mark_trusted(scope: dict, receive: Any, send: Any) -> None:
+    scope["hyspec.trusted_host"] = True
+
+
+async def _never_receive() -> dict:
+    raise RuntimeError("the host check does not read the body")
+
+
+async def _discard(message: dict) -> None:
+    pass
+
+
+def _host_patterns(hosts: Sequence[str]) -> list[str]:
+    """``hosts`` as Host-header patterns (an IPv6 literal bracketed), checked the way Starlette checks them."""
+    import ipaddress
+
+    patterns = []
+    for host in hosts:
+        try:
+            host = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+        except ValueError:
+            pass
+        if not host or ("*" in host[1:]) or (host.startswith("*") and host != "*" and not host.startswith("*.")):
+            raise ValueError(f"allowed_hosts: {host!r} is not a host name, an address, `*.domain` or `*`")
+        patterns.append(host)
+    if not patterns:
+        raise ValueError("allowed_hosts is empty: name at least one host, or `*` for any")
+    return patterns
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -31,6 +31,10 @@ from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompl
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Default bound on a request's prompt text, per token of context: no tokenizer's tokens average anywhere near
+# this many characters, so a prompt past it cannot fit and is refused before the tokenizer spends time on it.
+PROMPT_CHARS_PER_TOKEN = 64
+CHAT_TEMPLATE_TIMEOUT_S = 5.0  # a real chat template renders in milliseconds
 DONE = "data: [DONE]\n\n"
 
 
@@ -48,9 +52,23 @@ class Prompt:
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, served_model_name: str, max_tokens: int | None = None):
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens (the per-request ceiling) must be >= 1, got {max_tokens}")
+    """The two generating routes.  What one request may take, each bound a 400 naming it:
+
+    ``max_tokens``: the most tokens one request may generate (None: the context).
+    ``max_prompt_chars``: characters of prompt text (all prompts, or all messages) one request may send,
+    checked before tokenizing (default: PROMPT_CHARS_PER_TOKEN per token of context).
+    ``max_n``: completions per prompt (``n``, ``best_of``) one request may ask for (default: a quarter of
+    max_num_seqs, at least 1), so that no single request takes the whole batch.
+    ``split_special_tokens_in_content``: control-token text in chat content from other roles than system and
+    developer is tokenized as text (Tokenizer.encode_chat), so that a user cannot write a turn of another role.
+    """
+
+    def __init__(self, async_engine: AsyncEngine, served_model_name: str, max_tokens: int | None = None,
+                 max_prompt_chars: int | None = None, max_n: int | None = None,
+                 split_special_tokens_in_content: bool = True):
+        for name, value in (("max_tokens", max_tokens), ("max_prompt_chars", max_prompt_chars), ("max_n", max_n)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} (a per-request ceiling) must be >= 1, got {value}")
         self.max_tokens_ceiling = max_tokens  # --max-tokens: the most any one request may generate
         self.async_engine = async_engine
         self.engine = async_engine.engine
@@ -61,6 +79,10 @@ class OpenAIServing:
         if self.tokenizer is None:
             raise HyspecError("the server needs the model's tokenizer: start the engine without skip_tokenizer_init")
         self.max_logprobs: int = self.engine.max_logprobs
+        self.prompt_chars_configured = max_prompt_chars is not None
+        self.max_prompt_chars: int = max_prompt_chars or PROMPT_CHARS_PER_TOKEN * self.max_model_len
+        self.max_n: int = max_n or max(1, async_engine.engine.scheduler.config.max_num_seqs // 4)
+        self.split_special_tokens_in_content = split_special_tokens_in_content
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_model_name:
@@ -72,6 +94,7 @@ class OpenAIServing:
     async def completions(self, req: CompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.logprobs, "logprobs")
+        self._check_prompt_chars(sum(len(p) for p in _texts(req.prompt)), "prompt")
         prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
         if "max_tokens" in req.model_fields_set:  # an explicit null: up to the context (under --max-tokens)
             max_tokens = self._max_tokens(req.max_tokens, "max_tokens", prompts)
@@ -201,6 +224,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.top_logprobs, "top_logprobs")
+        self._check_prompt_chars(sum(len(m.text()) + len(m.name or "") for m in req.messages), "messages")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._max_tokens(req.requested_max_tokens, max_field, [prompt])
@@ -227,11 +251,15 @@ class OpenAIServing:
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in req.messages]
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+            # The template writes any BOS it wants; no special tokens are added again (as LLM.chat does).
+            text, ids = self.tokenizer.encode_chat(
+                messages, add_generation_prompt=req.add_generation_prompt,
+                split_special_tokens_in_content=self.split_special_tokens_in_content,
+                # the messages' text (checked against max_prompt_chars) plus the template's own
+                max_output_chars=2 * self.max_prompt_chars + (64 << 10), timeout_s=CHAT_TEMPLATE_TIMEOUT_S)
         except HyspecError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from None
-        # The template wrote any BOS it wants; do not add special tokens again (as LLM.chat does).
-        return Prompt(text, self.tokenizer.encode(text, add_special_tokens=False))
+        return Prompt(text, ids)
 
     async def _chat_events(self, req: ChatCompletionRequest, request_id: str, created: int, prompt: Prompt,
                            streams: list[RequestStream]) -> AsyncIterator[str]:
@@ -311,8 +339,21 @@ class OpenAIServing:
             raise APIError(400, f"{field}: {k} requested; this server returns at most {self.max_logprobs} "
                                 "(--max-logprobs)", param=field)
 
+    def _check_prompt_chars(self, chars: int, field: str) -> None:
+        limit = self.max_prompt_chars
+        if chars > limit:
+            why = "--max-prompt-chars" if self.prompt_chars_configured else (
+                f"{PROMPT_CHARS_PER_TOKEN} per token of this model's maximum context length, {self.max_model_len} "
+                "tokens; --max-prompt-chars")
+            raise APIError(400, f"{field}: {chars} characters of prompt; this server takes at most {limit} characters "
+                                f"per request ({why})", param=field)
+
     def _check_fan_out(self, num_prompts: int, params: SamplingParams) -> None:
-        """Every sample is an engine request: all of them must fit the server at once."""
+        """Every sample is an engine request: at most max_n per prompt, and all of them must fit the server."""
+        if params.num_samples > self.max_n:
+            field = "best_of" if params.best_of is not None and params.best_of > params.n else "n"
+            raise APIError(400, f"{field}: {params.num_samples} completions per prompt; this server takes at most "
+                                f"{self.max_n} per request (--max-n)", param=field)
         total = num_prompts * params.num_samples
         if total > self.async_engine.capacity:
             field = "best_of" if params.best_of is not None and params.best_of > params.n else "n"
@@ -353,6 +394,13 @@ def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens:
         return req.sampling_params(max_tokens)
     except RequestError as exc:
         raise APIError(400, str(exc), param=request_error_param(str(exc))) from None
+
+
+def _texts(prompt: Any) -> list[str]:
+    """The text prompts of a completion request's ``prompt`` (a string, token ids, or a list of either)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    return [p for p in prompt if isinstance(p, str)] if isinstance(prompt, list) else []
 
 
 def _token_id_text(token_id: int) -> str:

@@ -246,7 +246,8 @@ def test_api_key(make_server):
         assert httpx.get(srv.url + "/health").status_code == 200  # health stays open
         assert httpx.get(srv.url + "/metrics").status_code == 401
         assert httpx.get(srv.url + "/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        security = httpx.get(srv.url + "/openapi.json").json()["components"]["securitySchemes"]
+        security = httpx.get(srv.url + "/openapi.json", headers={"Authorization": "Bearer s3cret"}).json()[
+            "components"]["securitySchemes"]  # the schema needs the key too (issue 50, item 5)
         assert security["HTTPBearer"]["scheme"] == "bearer"
     finally:
         srv.stop()
