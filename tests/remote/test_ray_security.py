@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -204,69 +205,104 @@ def test_cluster_module_no_longer_claims_a_loopback_bind():
     assert "_node_ip_address" not in Path(cluster.__file__).read_text()  # Ray rewrites 127.0.0.1 anyway
 
 
-# --- integration: a real token-authenticated head, a draft-worker join, clients with and without the token --------
+# --- integration: a real local Ray with token auth (and TLS), a draft-worker join, clients with and without ----------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        assert proc.poll() is None, f"ray start exited with {proc.returncode}"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"nothing listens on {port} after {timeout_s} s")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    """SIGTERM a `ray start --block` (it stops the Ray processes it started) and return its exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
+HEAD = """
+import sys, ray
+from hyspec.remote import cluster
+assert cluster.connect(None)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.readline()
+ray.shutdown()
+"""
+CLIENT = ("import ray; ray.init(address={address!r}); "
+          "print('draft slots', ray.cluster_resources().get('hyspec_draft')); "
+          "print(ray.get(ray.remote(lambda: 'a task ran').remote())); ray.shutdown()")
 
 
 def _client(address: str, env: dict) -> subprocess.CompletedProcess:
-    code = (f"import ray; ray.init(address={address!r}); "
-            "print('draft slots', ray.cluster_resources().get('hyspec_draft')); ray.shutdown()")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-c", CLIENT.format(address=address)], env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def _without(env: dict, prefix: str) -> dict:
+    return {k: v for k, v in env.items() if not k.startswith(prefix)}
+
+
+class LocalHead:
+    """hyspec's own local Ray (cluster.connect(None)) in a child process, stopped through its stdin."""
+
+    def __init__(self, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-c", HEAD], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.address = self.proc.stdout.readline().strip()
+        assert self.address, f"the head exited with {self.proc.wait()}"
+
+    def stop(self) -> int:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        return self.proc.wait(120)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(120)
 
 
 @pytest.mark.slow
 def test_draft_worker_joins_a_token_head_and_a_client_without_the_token_is_refused(token_file, bare_env):
     pytest.importorskip("ray")
-    ray = str(Path(sys.executable).with_name("ray"))
-    port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
-    head = subprocess.Popen([ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                             "--include-dashboard=false", "--num-cpus=1", f"--temp-dir={bare_env / 'ray'}",
-                             "--disable-usage-stats", "--block"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    head = LocalHead(env)
     worker = None
     try:
-        _wait_for_port(port, head)
-        worker = subprocess.Popen([sys.executable, "-m", "hyspec.cli.main", "draft-worker", "--address",
-                                   f"127.0.0.1:{port}", "--auth-token-file", str(token_file), "--num-cpus=1"],
-                                  env={k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
-                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with_token = _client(f"127.0.0.1:{port}", env)
-        end = time.monotonic() + 60
-        while "draft slots 1.0" not in with_token.stdout and time.monotonic() < end:
-            assert worker.poll() is None, f"draft-worker exited with {worker.returncode}"
+        worker = subprocess.Popen([str(Path(sys.executable).with_name("hyspec")), "draft-worker", "--address",
+                                   head.address, "--auth-token-file", str(token_file), "--num-cpus=1"],
+                                  env=_without(env, "RAY_AUTH"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+        end = time.monotonic() + 120
+        while True:  # the local head offers one slot, the joined node a second
+            with_token = _client(head.address, env)
+            if "draft slots 2.0" in with_token.stdout or time.monotonic() > end or worker.poll() is not None:
+                break
             time.sleep(2)
-            with_token = _client(f"127.0.0.1:{port}", env)
-        assert "draft slots 1.0" in with_token.stdout, with_token.stderr[-2000:]
-        without = _client(f"127.0.0.1:{port}", {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")})
-        assert without.returncode != 0 and "draft slots" not in without.stdout
+        assert "draft slots 2.0" in with_token.stdout, (worker.poll(), with_token.stderr[-2000:])
+        without = _client(head.address, _without(env, "RAY_AUTH"))
+        assert without.returncode != 0 and "a task ran" not in without.stdout
     finally:
-        codes = [_stop(p) for p in (worker, head) if p is not None]
-    assert codes == [0] * len(codes)
+        codes = ([_stop(worker)] if worker is not None else []) + [head.stop()]
+    assert codes == [0] * len(codes), worker.stderr.read()[-2000:] if worker else ""
+
+
+@pytest.mark.slow
+def test_local_ray_over_tls_refuses_a_client_without_tls(token_file, bare_env):
+    pytest.importorskip("ray")
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    ip = socket.gethostbyname(socket.gethostname())
+    cert, key = bare_env / "cert.pem", bare_env / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=hyspec-ray", "-addext",
+                    f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:127.0.0.1,IP:{_route_ip()},DNS:{_route_ip()}"
+                    + (f",DNS:{ip}" if ip != _route_ip() else "")],
+                   check=True, capture_output=True)
+    tls = {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(cert), "RAY_TLS_SERVER_KEY": str(key),
+           "RAY_TLS_CA_CERT": str(cert)}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), **tls}
+    head = LocalHead(env)
+    try:
+        with_tls = _client(head.address, env)
+        assert "a task ran" in with_tls.stdout, with_tls.stderr[-2000:]
+        try:
+            plain = _client(head.address, _without(env, "RAY_USE_TLS"))
+            assert plain.returncode != 0 and "a task ran" not in plain.stdout
+        except subprocess.TimeoutExpired:
+            pass  # a plain client may also wait for an answer the TLS server never gives
+    finally:
+        assert head.stop() == 0
+
+
+def _route_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))
+        return s.getsockname()[0]
