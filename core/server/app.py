@@ -13,8 +13,8 @@ only with ``protect_metrics``.
 
 Before any route runs, ``_HTTPGuard`` refuses a Host header outside
 ``allowed_hosts`` (400: a DNS-rebinding page must not drive a keyless
-loopback server) and a body past ``max_body_bytes`` (413), declared or
-counted as it arrives.
+loopback server), a POST without the API key (401, its body unread) and a
+body past ``max_body_bytes`` (413), declared or counted as it arrives.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from hyspec import __version__
 from hyspec.server.async_engine import AsyncEngine
-from hyspec.server.auth import api_key_dependency
+from hyspec.server.auth import api_key_dependency, key_problem
 from hyspec.server.errors import error_body, install_exception_handlers
 from hyspec.server.metrics import ServerMetrics
 from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -171,23 +171,25 @@ def create_app(
             return JSONResponse(app.openapi())
 
     app.add_middleware(_HTTPGuard, metrics=metrics, endpoints=ENDPOINTS, max_body_bytes=max_body_bytes,
-                       allowed_hosts=allowed_hosts)
+                       allowed_hosts=allowed_hosts, api_key=api_key)
     app.openapi = lambda: _openapi(app)
     return app
 
 
 class _HTTPGuard:
     """Pure ASGI middleware (streams pass through untouched): counts responses by endpoint and status, refuses
-    a Host header outside ``allowed_hosts`` (400), and a body over ``max_body_bytes`` (413): at once when its
+    a Host header outside ``allowed_hosts`` (400), a POST without ``api_key`` (401: every POST route needs it,
+    and its body is not worth reading), and a body over ``max_body_bytes`` (413): at once when its
     Content-Length says so, else (chunked) as soon as the bytes read pass the limit, without reading on."""
 
     def __init__(self, app: Any, metrics: ServerMetrics, endpoints: frozenset[str], max_body_bytes: int,
-                 allowed_hosts: list[str]):
+                 allowed_hosts: list[str], api_key: str | None = None):
         self.app = app
         self.metrics = metrics
         self.endpoints = endpoints
         self.max_body_bytes = max_body_bytes
         self.allowed_hosts = allowed_hosts
+        self.api_key = api_key
         # Starlette's matching (ports, IPv6 brackets, wildcards); its plain-text refusal becomes ours.
         self.host_check = TrustedHostMiddleware(_mark_trusted, allowed_hosts=allowed_hosts, www_redirect=False)
 
@@ -222,6 +224,11 @@ class _HTTPGuard:
             return JSONResponse(error_body(400, f"the Host header `{host}` is not one this server answers to "
                                                 f"({', '.join(self.allowed_hosts)}; --allowed-hosts)"),
                                 status_code=400)
+        if self.api_key and scope.get("method") == "POST":
+            problem = key_problem(self.api_key, headers.get(b"authorization", b"").decode("latin-1") or None)
+            if problem is not None:
+                return JSONResponse(error_body(401, problem, code="invalid_api_key"), status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return JSONResponse(error_body(413, f"the request body has {int(length)} bytes; the limit is "
