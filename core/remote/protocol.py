@@ -14,11 +14,15 @@ Target -> worker, one :class:`DraftCall` per worker and step:
 
 Worker -> target, one :class:`DraftReply`: per sequence a :class:`SeqDraft`
 with the history length it continues (stale drafts are discarded), the
-draft tokens, parents for trees, and for sampled requests the q rows of the
+draft tokens, parents for trees, and for sampled requests -- when the call's
+``send_q`` asks for them (``remote.trust_worker_q``) -- the q rows of the
 drafted nodes only (sparse when the processed q is sparse, as after top-k or
-top-p).  :func:`draft_to_tree` checks everything a worker returns before it
+top-p).  :func:`decode_reply` raises only WireError / ProtocolError whatever
+the bytes; :func:`draft_to_tree` checks everything a worker returns before it
 becomes a :class:`~hyspec.spec.tree.DraftTree`: lengths, ids, structure,
 finite probabilities that sum to one and are positive at the drawn tokens.
+A q is used only when trusted: nothing here can tell whether a token was
+really drawn from the q reported with it.
 """
 from __future__ import annotations
 

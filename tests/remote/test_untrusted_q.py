@@ -1,8 +1,8 @@
 """A worker that lies about q cannot bias the output: remote drafts are verified as point proposals.
 
 After each first token y1 the liar drafts the second token the target likes least (the smallest
-P(y2 | y1) in the support) and reports q(x) = 1e-6 for it.  Verified with that q, the draft is accepted whenever u * q(x) < p(x): nearly always,
-so the second token's law is skewed towards the liar's pick.  Verified as a point proposal (accept with
+P(y2 | y1) in the support) and reports q(x) = 1e-6 for it.  Verified with that q, the draft is accepted
+whenever u * q(x) < p(x): nearly always, so the second token's law is skewed towards the liar's pick.  Verified as a point proposal (accept with
 probability p(x), else draw from p with x removed) the output follows the target's law whatever chose x.
 With ``remote.trust_worker_q`` the worker's q is used, and the same liar is caught skewing the law.
 """

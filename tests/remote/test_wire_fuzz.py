@@ -16,7 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyspec.remote.protocol import DraftReply, ProtocolError, SeqDraft, decode_call, decode_reply, draft_to_tree, encode_reply
+from hyspec.remote.protocol import (DraftReply, ProtocolError, SeqDraft, decode_call, decode_reply, draft_to_tree,
+                                    encode_reply)
 from hyspec.remote.wire import MAGIC, WireError, pack, unpack
 
 VOCAB = 32
@@ -92,7 +93,7 @@ DIMS = st.lists(st.integers(-2, 2**70) | st.floats() | st.booleans() | st.text(m
 @given(st.sampled_from(["int32", "int64", "float32", "uint16", "bool", 7, None]), DIMS, st.binary(max_size=64))
 def test_array_specs(dtype, dims, body):
     try:
-        header, arrays = unpack(message({"arrays": [[dtype, dims]]}, body))
+        _, arrays = unpack(message({"arrays": [[dtype, dims]]}, body))
     except WireError:
         return
     assert len(arrays) == 1 and arrays[0].nbytes == len(body)
