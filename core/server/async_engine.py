@@ -367,15 +367,15 @@ class AsyncEngine:
         """Stop taking requests (503), give those in flight up to ``timeout`` s to finish (less once ``give_up()``
         holds), then abort the rest: their clients get ``ShutdownAbortError`` and the engine frees their KV."""
         self.begin_shutdown()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
         while self._streams and not give_up():
-            left = deadline - time.monotonic()
+            left = start + timeout - time.monotonic()
             if left <= 0:
                 break
             await self.drain(min(left, 0.1))  # in slices, so that give_up() is looked at
         if self._streams:
-            log.warning("shutdown: %d request(s) still running after %.1f s; aborting them", len(self._streams),
-                        timeout)
+            log.warning("shutdown: aborting %d request(s) still running after %.1f s", len(self._streams),
+                        time.monotonic() - start)
             for stream in list(self._streams.values()):
                 self._abort(stream, ShutdownAbortError())
 

@@ -19,6 +19,7 @@ streams without an error or ``[DONE]`` and logs a traceback for each.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 #: Seconds uvicorn waits, after the drain, for the answers of aborted requests to be written (they are ready at
 #: once; only a client that stopped reading its stream takes longer) before it cancels what is left.
 RESPONSE_GRACE_S = 5.0
+#: The same after a second SIGINT, which asks not to wait: only long enough for answers that are ready.
+FORCED_EXIT_GRACE_S = 1.0
 
 
 class _DrainingServer(uvicorn.Server):
@@ -47,6 +50,20 @@ class _DrainingServer(uvicorn.Server):
     async def main_loop(self) -> None:
         await super().main_loop()  # returns once a signal or stop() has set should_exit
         await self.async_engine.finish_in_flight(self.drain_timeout, give_up=lambda: self.force_exit)
+        if self.force_exit:
+            # uvicorn will not wait for any answer now, but those of the requests just aborted are ready: give the
+            # event loop (which shares the GIL with a stepping engine) a moment to write them.
+            deadline = time.monotonic() + FORCED_EXIT_GRACE_S
+            while self.server_state.tasks and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn skips the lifespan shutdown on a forced exit (a second SIGINT), but the engine loop must
+            # still be told to stop: under run_server it holds the main thread.  Nothing is in flight any more
+            # (main_loop aborted it), so this is quick.
+            await self.lifespan.shutdown()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

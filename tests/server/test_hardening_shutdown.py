@@ -179,18 +179,39 @@ def test_a_non_streaming_client_that_hangs_up_leaves_no_traceback(long_context_m
     log_path = tmp_path / "serve.log"
     with serve(long_context_model, log_path, shutdown_timeout=5.0) as (proc, url):
         body = json.dumps(LONG).encode()
-        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         port = int(url.rsplit(":", 1)[1])
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
         for _ in range(2):
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(request)
                 wait_for(lambda: gauge(url, "hyspec_num_requests_running") == 1, "the request to run")
             # gone before the (non-streamed) answer is ready: the server aborts the request
-            wait_for(lambda: gauge(url, "hyspec_num_requests_in_flight") == 0, "the request to be aborted")
+            wait_for(lambda: gauge(url, "hyspec_num_requests_in_flight") == 0
+                     and gauge(url, "hyspec_num_requests_running") == 0, "the request to be aborted")
         proc.send_signal(signal.SIGTERM)
         returncode = proc.wait(timeout=60)
     faults = log_faults(log_path)
     print(f"\nlog faults: {faults}\nexit status: {returncode}")
     assert not faults, f"the server log has {faults}:\n{log_path.read_text()[-4000:]}"
+    assert returncode == 0
+
+
+def test_a_second_sigint_cuts_the_drain_short_and_the_process_still_exits(long_context_model, tmp_path):
+    """The operator's second Ctrl+C: no more waiting for in-flight work, but a clean exit (uvicorn skips its
+    lifespan shutdown then, and the engine loop holding the main thread must still be stopped)."""
+    log_path = tmp_path / "serve.log"
+    answer: list[httpx.Response] = []
+    with serve(long_context_model, log_path, shutdown_timeout=300.0) as (proc, url):
+        client = threading.Thread(target=lambda: answer.append(
+            httpx.post(url + "/v1/completions", json=LONG, timeout=120)))
+        client.start()
+        wait_for(lambda: gauge(url, "hyspec_num_requests_running") == 1, "the request to run")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: httpx.get(url + "/health", timeout=5).status_code == 503, "the server to drain")
+        proc.send_signal(signal.SIGINT)
+        returncode = proc.wait(timeout=60)  # far less than the 300 s drain the first signal started
+        client.join(60)
+    assert answer[0].status_code == 503 and "shut down" in answer[0].json()["error"]["message"]
+    assert not log_faults(log_path), log_path.read_text()[-3000:]
     assert returncode == 0

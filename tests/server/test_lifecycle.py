@@ -60,8 +60,8 @@ def test_a_streaming_client_that_disconnects_frees_its_kv(server):
 
 def test_a_waiting_client_that_disconnects_frees_its_kv(server):
     body = json.dumps(LONG).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     with slow_steps(server):
         sock = socket.create_connection((server.host, server.port))
         sock.sendall(request)
