@@ -58,6 +58,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value <= 1.0:
@@ -122,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most logprobs / top_logprobs a request may ask for; more get 400 (default 20, as vLLM)")
     parser.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
                         help="logprobs of the model's logits (default) or of the request's processed distribution")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                         help="how long in-flight requests may run after SIGTERM before they are aborted (default 30)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 

@@ -76,8 +76,8 @@ class _DrainingServer(uvicorn.Server):
 
 def _server(app: Any, host: str, port: int, shutdown_timeout: float, log_level: str,
             access_log: bool) -> _DrainingServer:
-    if shutdown_timeout < 0:
-        raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout}")
+    if not 0.0 <= shutdown_timeout < float("inf"):
+        raise ValueError(f"shutdown_timeout must be a number of seconds >= 0, got {shutdown_timeout}")
     config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=RESPONSE_GRACE_S, timeout_keep_alive=5)
     return _DrainingServer(config, app.state.async_engine, shutdown_timeout)

@@ -6,6 +6,7 @@ The server is a real process on 127.0.0.1 around the tiny checkpoint with a long
 requests (ignore_eos, thousands of tokens) surely outlive a one-second --shutdown-timeout."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -215,3 +216,14 @@ def test_a_second_sigint_cuts_the_drain_short_and_the_process_still_exits(long_c
     assert answer[0].status_code == 503 and "shut down" in answer[0].json()["error"]["message"]
     assert not log_faults(log_path), log_path.read_text()[-3000:]
     assert returncode == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_shutdown_timeout_that_is_not_a_duration_is_refused_before_the_model_loads(value, capsys):
+    from hyspec.cli import serve as serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shutdown-timeout", value])
+    assert "--shutdown-timeout: must be a number of seconds >= 0" in capsys.readouterr().err
