@@ -153,3 +153,25 @@ def test_the_n_bound_is_configurable(make_server):
         assert r.status_code == 400 and "at most 2" in r.json()["error"]["message"], r.text
     finally:
         srv.stop()
+
+
+def test_a_chat_template_past_its_output_bound_is_a_400(make_server, tiny_model_dir, tmp_path):
+    """A checkpoint whose template builds a 100 MB string on every chat request: refused, not a 500 or a hang."""
+    import json
+    import shutil
+
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ 'a' * 10**8 }}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    srv = make_server(engine_overrides={"model": str(model)})
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "messages" and "characters, the bound on one rendered prompt" in error["message"]
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        srv.stop()
