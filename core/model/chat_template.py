@@ -65,7 +65,8 @@ class RenderBounds:
             raise self.too_big()
 
 
-_bounds: ContextVar[RenderBounds] = ContextVar("chat_template_bounds", default=RenderBounds())
+# The bounds of the rendering under way in this thread (set by render(), read by the environment's hooks).
+_bounds: ContextVar[RenderBounds] = ContextVar("chat_template_bounds")
 
 
 def _bounded_environment():
@@ -89,7 +90,7 @@ def _bounded_environment():
                 bounds.check_number(len(left) + len(right))
             return bounds.check_size(super().call_binop(context, operator, left, right))
 
-        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's)
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # Jinja's signature
             bounds = _bounds.get()
             for value in (*args, *kwargs.values()):
                 bounds.check_number(value)
