@@ -40,7 +40,7 @@ API_KEY = "hardening-key-0123456789"
 C, CH = "/v1/completions", "/v1/chat/completions"
 TEN_MB_WORDS = "hello world " * ((10 << 20) // 12)  # 10 MiB of ordinary text (~1.75 M tokens)
 START_TIMEOUT_S = 240.0
-LOG_KEEP_BYTES = 12_000  # of each server log: this much of its head and of its tail
+LOG_KEEP_BYTES = 6_000  # of each server log: this much of its head and of its tail
 
 
 # -- the server process ------------------------------------------------------------------------------
@@ -588,17 +588,68 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "400_without_field": [r["name"] for r in rows if r.get("names_field") is False]}
 
 
+def compact_row(row: dict[str, Any], keep_sent: bool) -> dict[str, Any]:
+    """A row as saved: no empty keys, short bodies of successes, content types only where not JSON."""
+    if row.get("as_in_first_table"):
+        return row
+    out = {k: v for k, v in row.items() if v is not None and k not in ("content_type", "field", "sent", "names_field")}
+    if row.get("names_field") is False:
+        out["names_field"] = False
+    if keep_sent and row.get("sent"):
+        out["sent"] = row["sent"]
+    if row.get("field") and row.get("status") == 400:
+        out["field"] = row["field"]
+    ctype = row.get("content_type") or ""
+    if ctype and "json" not in ctype:
+        out["content_type"] = ctype
+    if isinstance(row.get("message"), str):
+        out["message"] = short(row["message"], 60 if (row.get("status") or 0) < 300 else 160)
+    return out
+
+
+def compact_results(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The first table keeps what each case sent; the others are the same cases in the same order, and
+    their rows with the first table's outcome (_same_outcome) say only that."""
+    compacted: dict[str, dict[str, Any]] = {}
+    first: dict[str, dict[str, Any]] = {}
+    for label, result in results.items():
+        rows = [compact_row(r, keep_sent=not first) for r in result["rows"]]
+        if first:
+            rows = [{"name": r["name"], "status": r["status"], "as_in_first_table": True}
+                    if _same_outcome(r, first.get(r["name"], {})) else r for r in rows]
+        else:
+            first = {r["name"]: r for r in rows}
+        compacted[label] = {**result, "rows": rows}
+    return compacted
+
+
+def _same_outcome(row: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Same status, and for errors the same message (successful bodies differ in ids and timestamps)."""
+    if row.get("status") != other.get("status"):
+        return False
+    return (row.get("status") or 0) < 300 or row.get("message") == other.get("message")
+
+
 def hostile_markdown(results: dict[str, dict[str, Any]]) -> str:
-    lines = []
+    """The first table in full; the others only where a row's status or message differs from the first's."""
+    lines: list[str] = []
+    first: dict[str, dict[str, Any]] = {}
+    sent = {r["name"]: r.get("sent", "") for r in next(iter(results.values()))["rows"]}
     for label, result in results.items():
         s = result["summary"]
         lines += [f"## {label}: {result['server']}", "",
-                  f"{s['rows']} rows; by status {s['by_status']}; 5xx: {len(s['5xx'])} {s['5xx'] or ''}; "
+                  f"{s['rows']} rows; by status {s['by_status']}; **5xx: {len(s['5xx'])}** {s['5xx'] or ''}; "
                   f"no response: {s['no_response'] or 'none'}; 400s not naming their field: "
                   f"{s['400_without_field'] or 'none'}; tracebacks in the log: {result['traceback_lines']}; "
-                  f"KV pool empty after: {result['after'].get('kv_pool_empty')}; exit status {result['exit_status']}",
-                  "", "| # | case | sent | status | message / body | s |", "|---|---|---|---|---|---|"]
-        for i, r in enumerate(result["rows"], 1):
+                  f"KV pool empty after: {result['after'].get('kv_pool_empty')}; exit status {result['exit_status']}", ""]
+        rows = result["rows"]
+        if first:
+            same = [r for r in rows if r.get("as_in_first_table")]
+            rows = [r for r in rows if r not in same]
+            lines += [f"{len(same)} rows as in the first table (same status; for errors the same message); the others:",
+                      ""]
+        lines += ["| # | case | sent | status | message / body | s |", "|---|---|---|---|---|---|"]
+        for i, r in enumerate(rows, 1):
             extra = ""
             if "prompt_tokens" in r:
                 extra = f" [prompt_tokens {r['prompt_tokens']}]"
@@ -610,17 +661,20 @@ def hostile_markdown(results: dict[str, dict[str, Any]]) -> str:
                 extra += f" [Retry-After {r['retry_after']}]"
             if r.get("names_field") is False:
                 extra += " **(field not named)**"
-            cells = [str(i), r["name"], r.get("sent", ""), str(r["status"]), (r.get("message") or "") + extra,
+            message = short(r.get("message") or "", 60 if (r["status"] or 0) < 300 else 120)
+            cells = [str(i), r["name"], short(sent.get(r["name"], ""), 70), str(r["status"]), message + extra,
                      str(r.get("seconds", ""))]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
         lines.append("")
+        if not first:
+            first = {r["name"]: r for r in result["rows"]}
     return "\n".join(lines)
 
 
 def _md_cell(text: str) -> str:
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     text = text.encode("unicode_escape").decode("ascii") if any(ord(ch) < 32 for ch in text) else text
-    return short(text, 160).replace("|", "\\|").replace("\n", " ")
+    return short(text, 200).replace("|", "\\|").replace("\n", " ")
 
 
 # -- 32 streaming clients with disconnects -------------------------------------------------------------
@@ -830,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suffix", default="", help="appended to every output name, e.g. -before")
     parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: this script's)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. which tree the server ran from)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="with --only hostile: rewrite hostile{SUFFIX}.json/.md from the saved rows, run nothing")
     parser.add_argument("--only", choices=("hostile", "load", "sigterm"), action="append",
                         help="run only these parts (default: all)")
     args = parser.parse_args(argv)
@@ -841,11 +897,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     summary: dict[str, Any] = {"meta": meta}
     if "hostile" in parts:
-        results = {"without --api-key": hostile_table(out, suffix, None),
-                   "with --api-key": hostile_table(out, suffix, API_KEY)}
+        if args.render_only:  # rewrite the .json and .md of an earlier run (e.g. after changing their layout)
+            saved = json.loads((out / f"hostile{suffix}.json").read_text())
+            meta = saved.pop("meta")
+            results = saved
+        else:
+            results = {"without --api-key": hostile_table(out, suffix, None),
+                       "with --api-key": hostile_table(out, suffix, API_KEY)}
+        results = compact_results(results)
         write_json(out / f"hostile{suffix}.json", {"meta": meta, **results})
-        (out / f"hostile{suffix}.md").write_text(f"# Hostile inputs: hyspec from {meta['hyspec_imported_from']}, "
-                                                 f"{meta['commit']} {meta['note']}\n\n" + hostile_markdown(results))
+        (out / f"hostile{suffix}.md").write_text(
+            f"# Hostile inputs: hyspec imported from {meta['hyspec_imported_from']}, {meta['commit']}\n\n"
+            f"{meta['note']}\n\n" + hostile_markdown(results))
         summary["hostile"] = {k: {**v["summary"], "tracebacks": v["traceback_lines"], "exit_status": v["exit_status"],
                                   "kv_pool_empty_after": v["after"].get("kv_pool_empty"),
                                   "rss_mib": [v.get("rss_mib_start"), v.get("rss_mib_end")]}
@@ -868,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "late_503_with_retry_after", "late_refused",
                                                      "traceback_lines", "exit_status", "exit_s_after_signal")}
                               for r in runs]
+    if args.render_only:
+        return 0
     meta["seconds"] = round(time.monotonic() - t0, 1)
     write_json(out / f"summary{suffix}.json", summary)
     print(json.dumps(summary, indent=1))
@@ -889,7 +954,21 @@ def platform_line() -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=True, default=str) + "\n")
+    """Indented, except that each row of a table (a dict inside a list) takes one line."""
+    rows: list[str] = []
+
+    def stash(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: stash(v) for k, v in value.items()}
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            rows.append(",\n  ".join(json.dumps(v, ensure_ascii=True, default=str, separators=(",", ":"))
+                                      for v in value))
+            return f"@@rows{len(rows) - 1}@@"
+        return value
+
+    text = json.dumps(stash(data), indent=1, ensure_ascii=True, default=str)
+    text = re.sub(r'"@@rows(\d+)@@"', lambda m: "[\n  " + rows[int(m.group(1))] + "\n ]", text)
+    path.write_text(text + "\n")
 
 
 if __name__ == "__main__":
