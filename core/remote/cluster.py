@@ -42,6 +42,7 @@ def connect(address: str | None) -> bool:
     except ImportError:
         raise RemoteUnavailable("remote drafting needs Ray: pip install 'hyspec[dist]'") from None
     with _lock:
+        _no_implicit_connect()
         if ray.is_initialized():
             return False
         if address is None:
@@ -59,6 +60,21 @@ def connect(address: str | None) -> bool:
         except Exception as exc:
             raise RemoteUnavailable(f"speculative_config.ray_address {address!r}: ray.init failed: {exc}") from None
         return False
+
+
+def _no_implicit_connect() -> None:
+    """Turn off Ray's auto-init in this process: hyspec connects here, explicitly, or not at all.
+
+    Otherwise a Ray call after ``ray.shutdown`` (a worker handle closed late)
+    runs ``ray.init()``, which joins whichever cluster
+    /tmp/ray/ray_current_cluster names -- another user's on a shared host --
+    and sends it pickled calls.  Ray reads the variable at import (children)
+    and the module flag at each call (this process).
+    """
+    from ray._private import auto_init_hook
+
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    auto_init_hook.enable_auto_connect = False
 
 
 def _secure_environment(settings, what: str) -> None:

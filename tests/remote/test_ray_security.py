@@ -188,8 +188,12 @@ def test_local_ray_uses_the_operators_token_and_honours_an_explicit_opt_out(toke
     assert ray_security.local_cluster_env({"HOME": home, "RAY_AUTH_MODE": "disabled"}) == {}
 
 
-def test_connecting_to_a_cluster_without_a_token_is_refused(bare_env):
+def test_connecting_to_a_cluster_without_a_token_is_refused(bare_env, monkeypatch):
     pytest.importorskip("ray")
+    from ray._private import auto_init_hook
+
+    monkeypatch.setattr(auto_init_hook, "enable_auto_connect", auto_init_hook.enable_auto_connect)  # restored after
+    monkeypatch.delenv("RAY_ENABLE_AUTO_CONNECT", raising=False)
     from hyspec.remote import cluster
     from hyspec.remote.transport import RemoteUnavailable
 
@@ -306,3 +310,18 @@ def _route_ip() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect(("192.0.2.1", 9))
         return s.getsockname()[0]
+
+
+def test_after_connect_a_stray_ray_call_never_connects_to_another_cluster(monkeypatch):
+    """Ray's auto-init would connect a `ray.kill` after `ray.shutdown` to whichever cluster
+    /tmp/ray/ray_current_cluster names (another user's on a shared box) and send it pickles."""
+    ray = pytest.importorskip("ray")
+    from ray._private import auto_init_hook
+
+    from hyspec.remote import cluster
+
+    monkeypatch.setattr(auto_init_hook, "enable_auto_connect", True)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as if this process had connected already
+    monkeypatch.delenv("RAY_ENABLE_AUTO_CONNECT", raising=False)
+    assert cluster.connect(None) is False
+    assert auto_init_hook.enable_auto_connect is False and os.environ["RAY_ENABLE_AUTO_CONNECT"] == "0"
