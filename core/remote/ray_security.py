@@ -118,9 +118,10 @@ def joining_env(env: Mapping[str, str], insecure: bool) -> dict[str, str]:
 def local_cluster_env(env: Mapping[str, str]) -> dict[str, str]:
     """Variables to set before starting a local Ray: token auth, with a fresh token unless one is given.
 
-    The fresh token lives in this process's environment only (inherited by the
-    Ray processes it starts), where Ray's own default would write
-    ``~/.ray/auth_token`` for every later cluster of the user to pick up.
+    "Given" means ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, not
+    ``~/.ray/auth_token``: Ray >= 2.59 writes that file itself (mode 0644) and
+    every default local Ray of the user shares it.  The fresh token lives in
+    this process's environment only, inherited by the Ray processes it starts.
     An explicit ``RAY_AUTH_MODE=disabled`` is the operator's opt-out: nothing
     is set (the caller logs it).
     """
@@ -128,8 +129,10 @@ def local_cluster_env(env: Mapping[str, str]) -> dict[str, str]:
     if auth_mode(env) == "disabled":
         return {}
     updates = {AUTH_MODE: "token"}
-    if token_source(env) is None:
+    if not (env.get(AUTH_TOKEN) or env.get(AUTH_TOKEN_PATH)):
         updates[AUTH_TOKEN] = secrets.token_urlsafe(32)
+    else:
+        token_source(env)  # an unreadable or empty token file fails here
     return updates
 
 

@@ -177,8 +177,10 @@ def test_local_ray_gets_token_auth_and_a_fresh_token_kept_off_disk(bare_env):
     updates = ray_security.local_cluster_env({"HOME": str(bare_env / "home")})
     assert updates["RAY_AUTH_MODE"] == "token" and len(updates["RAY_AUTH_TOKEN"]) >= 32
     assert not (bare_env / "home" / ".ray").exists()
+    (bare_env / "home" / ".ray").mkdir(parents=True)
+    (bare_env / "home" / ".ray" / "auth_token").write_text("every default local Ray of this user shares me")
     again = ray_security.local_cluster_env({"HOME": str(bare_env / "home")})
-    assert again["RAY_AUTH_TOKEN"] != updates["RAY_AUTH_TOKEN"]
+    assert again["RAY_AUTH_TOKEN"] != updates["RAY_AUTH_TOKEN"]  # fresh, not Ray's shared default file
 
 
 def test_local_ray_uses_the_operators_token_and_honours_an_explicit_opt_out(token_file, bare_env):
