@@ -26,6 +26,7 @@ import pytest
 
 CONTEXT = 4096  # tokens: thousands of tiny-model steps, seconds of work whatever the machine
 LONG = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": CONTEXT - 64, "temperature": 0, "ignore_eos": True}
+TWO_SAMPLES = {"n": 2, "temperature": 1.0}  # two engine requests whose reads fail together at the abort
 LOG_FAULTS = ("Traceback", "Exception in ASGI application", "exception was never retrieved")
 
 
@@ -104,7 +105,8 @@ def test_sigterm_past_the_shutdown_timeout_answers_503_and_errors_never_500(long
 
     def non_streaming(i: int) -> None:
         try:
-            r = httpx.post(url + "/v1/completions", json={**LONG, "prompt": f"x{i}"}, timeout=120)
+            body = {**LONG, "prompt": f"x{i}", **(TWO_SAMPLES if i == 0 else {})}
+            r = httpx.post(url + "/v1/completions", json=body, timeout=120)
             plain[i] = (r.status_code, r.headers.get("content-type", ""), r.text)
         except httpx.HTTPError as exc:
             plain[i] = (None, "", repr(exc))
@@ -113,7 +115,7 @@ def test_sigterm_past_the_shutdown_timeout_answers_503_and_errors_never_500(long
         events: list[str] = []
         path, body = (("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                                 "max_tokens": CONTEXT - 64, "ignore_eos": True})
-                      if i == 0 else ("/v1/completions", {**LONG, "prompt": f"y{i}"}))
+                      if i == 0 else ("/v1/completions", {**LONG, "prompt": f"y{i}", **(TWO_SAMPLES if i == 2 else {})}))
         try:
             with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
                 streams[i] = (r.status_code, events)
@@ -135,7 +137,7 @@ def test_sigterm_past_the_shutdown_timeout_answers_503_and_errors_never_500(long
             t.start()
         for _ in range(3):
             assert first_chunks.acquire(timeout=60), "a stream did not start"
-        wait_for(lambda: gauge(url, "hyspec_num_requests_running") == 6, "all six requests to run")
+        wait_for(lambda: gauge(url, "hyspec_num_requests_running") == 8, "all eight engine requests to run")
         proc.send_signal(signal.SIGTERM)
 
         def draining() -> bool:
@@ -190,6 +192,11 @@ def test_a_non_streaming_client_that_hangs_up_leaves_no_traceback(long_context_m
             # gone before the (non-streamed) answer is ready: the server aborts the request
             wait_for(lambda: gauge(url, "hyspec_num_requests_in_flight") == 0
                      and gauge(url, "hyspec_num_requests_running") == 0, "the request to be aborted")
+        with httpx.stream("POST", url + "/v1/completions", json={**LONG, **TWO_SAMPLES, "stream": True},
+                          timeout=60) as r:
+            events = (line for line in r.iter_lines() if line.startswith("data: "))
+            next(events), next(events)  # then the streaming client hangs up too
+        wait_for(lambda: gauge(url, "hyspec_num_requests_in_flight") == 0, "the stream to be aborted")
         proc.send_signal(signal.SIGTERM)
         returncode = proc.wait(timeout=60)
     faults = log_faults(log_path)
