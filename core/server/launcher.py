@@ -11,7 +11,12 @@ Graceful shutdown, in order (both launchers):
    its clients get a 503 error body, or an SSE error event and ``[DONE]``;
 3. only then does uvicorn's own shutdown run: it closes the listener, waits
    (up to ``RESPONSE_GRACE_S``) for those last answers to be written, and the
-   lifespan shutdown stops the engine and joins its thread.
+   lifespan shutdown stops the engine and joins its thread (its own drain,
+   create_app's ``drain_timeout``, finds nothing left: it matters only when
+   the app runs under plain uvicorn).
+
+Under ``run_server`` Python runs the signal handler on the main thread, which
+steps the engine: the drain starts once the step in progress returns.
 
 uvicorn alone would do 3 first: close the listener at once and cancel the
 requests still running at its timeout, which answers 500 (text/plain), cuts
