@@ -137,9 +137,10 @@ def ray_start_env(environ: Mapping[str, str], token_file: str | None, insecure: 
     try:
         return ray_security.joining_env(env, insecure)
     except ray_security.RaySecurityError as exc:
-        key = "--auth-token-file" if exc.variable in (ray_security.AUTH_TOKEN, ray_security.AUTH_TOKEN_PATH) \
-            else exc.variable
-        raise ConfigError(key, str(exc)) from None
+        if exc.variable in (ray_security.AUTH_TOKEN, ray_security.AUTH_TOKEN_PATH):
+            raise ConfigError("--auth-token-file", exc.message if exc.variable == ray_security.AUTH_TOKEN
+                              else str(exc)) from None
+        raise ConfigError(exc.variable, exc.message) from None
 
 
 def _shown(cmd: list[str], env: Mapping[str, str]) -> str:

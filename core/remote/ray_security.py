@@ -37,6 +37,7 @@ class RaySecurityError(ValueError):
 
     def __init__(self, variable: str, message: str):
         self.variable = variable
+        self.message = message
         super().__init__(f"{variable}: {message}")
 
 
