@@ -815,6 +815,26 @@ async def late_request(url: str, signalled: float, delay: float, path: str) -> d
     return row
 
 
+async def watch_health(url: str, signalled: float, limit_s: float = 30.0) -> dict[str, Any]:
+    """GET /health every 0.25 s after SIGTERM: when it first stopped saying 200, and when connections were refused."""
+    seen: dict[str, Any] = {"first_not_200_s": None, "first_not_200": None, "refused_from_s": None, "probes": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        while time.monotonic() - signalled < limit_s:
+            at = round(time.monotonic() - signalled, 2)
+            seen["probes"] += 1
+            try:
+                r = await client.get("/health")
+                if r.status_code != 200 and seen["first_not_200_s"] is None:
+                    seen["first_not_200_s"], seen["first_not_200"] = at, f"{r.status_code} {short(r.text, 80)}"
+            except httpx.ConnectError:
+                seen["refused_from_s"] = at
+                break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.25)
+    return seen
+
+
 def sigterm_run(out: Path, suffix: str, name: str, max_tokens: int, shutdown_timeout: float = 3.0) -> dict[str, Any]:
     server = Server(out / f"logs{suffix}" / f"sigterm-{name}.log",
                     extra=("--shutdown-timeout", str(shutdown_timeout)))
@@ -839,12 +859,13 @@ def sigterm_run(out: Path, suffix: str, name: str, max_tokens: int, shutdown_tim
                     await asyncio.sleep(0.1)
             signalled = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
+            watcher = asyncio.ensure_future(watch_health(server.url, signalled))
             late = [late_request(server.url, signalled, d, p) for d in (0.2, 1.0, 2.5) for p in (C, "/health")]
             late_rows = await asyncio.gather(*late)
             rows = await asyncio.wait_for(asyncio.gather(*work), timeout=shutdown_timeout + 120)
-            return rows, late_rows, signalled
+            return rows, late_rows, signalled, await watcher
 
-        rows, late_rows, signalled = asyncio.run(scenario())
+        rows, late_rows, signalled, result["health_after_signal"] = asyncio.run(scenario())
         result["in_flight"] = rows
         result["during_drain"] = late_rows
         try:
@@ -926,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [sigterm_run(out, suffix, "finish-in-time", max_tokens=2, shutdown_timeout=20.0),
                 sigterm_run(out, suffix, "outlive-timeout", max_tokens=4000, shutdown_timeout=3.0)]
         write_json(out / f"sigterm{suffix}.json", {"meta": meta, "runs": runs})
-        summary["sigterm"] = [{k: r.get(k) for k in ("run", "5xx", "in_flight_statuses", "requests_finished",
+        summary["sigterm"] = [{k: r.get(k) for k in ("run", "5xx", "in_flight_statuses", "requests_finished", "health_after_signal",
                                                      "streams_done", "streams_error_event",
                                                      "late_503_with_retry_after", "late_refused",
                                                      "traceback_lines", "exit_status", "exit_s_after_signal")}
