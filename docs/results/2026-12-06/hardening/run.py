@@ -615,7 +615,9 @@ def compact_results(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, A
     for label, result in results.items():
         rows = [compact_row(r, keep_sent=not first) for r in result["rows"]]
         if first:
-            rows = [{"name": r["name"], "status": r["status"], "as_in_first_table": True}
+            rows = [{"name": r["name"], "status": r["status"], "as_in_first_table": True,
+                     **{k: r[k] for k in ("health_during", "prompt_tokens", "root") if k in r},
+                     **({"seconds": r["seconds"]} if (r.get("seconds") or 0) >= 1 else {})}
                     if _same_outcome(r, first.get(r["name"], {})) else r for r in rows]
         else:
             first = {r["name"]: r for r in rows}
