@@ -588,32 +588,31 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "400_without_field": [r["name"] for r in rows if r.get("names_field") is False]}
 
 
-def compact_row(row: dict[str, Any], keep_sent: bool) -> dict[str, Any]:
-    """A row as saved: no empty keys, short bodies of successes, content types only where not JSON."""
+def compact_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as saved: no empty keys, short bodies of successes, content types only where not JSON; what was
+    sent is in the .md table (it is the same for every run of this script)."""
     if row.get("as_in_first_table"):
         return row
     out = {k: v for k, v in row.items() if v is not None and k not in ("content_type", "field", "sent", "names_field")}
     if row.get("names_field") is False:
         out["names_field"] = False
-    if keep_sent and row.get("sent"):
-        out["sent"] = row["sent"]
     if row.get("field") and row.get("status") == 400:
         out["field"] = row["field"]
     ctype = row.get("content_type") or ""
     if ctype and "json" not in ctype:
         out["content_type"] = ctype
     if isinstance(row.get("message"), str):
-        out["message"] = short(row["message"], 60 if (row.get("status") or 0) < 300 else 160)
+        out["message"] = short(row["message"], 40 if (row.get("status") or 0) < 300 else 160)
     return out
 
 
 def compact_results(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The first table keeps what each case sent; the others are the same cases in the same order, and
-    their rows with the first table's outcome (_same_outcome) say only that."""
+    """The tables are the same cases in the same order: rows of the later tables with the first table's
+    outcome (_same_outcome) say only that."""
     compacted: dict[str, dict[str, Any]] = {}
     first: dict[str, dict[str, Any]] = {}
     for label, result in results.items():
-        rows = [compact_row(r, keep_sent=not first) for r in result["rows"]]
+        rows = [compact_row(r) for r in result["rows"]]
         if first:
             rows = [{"name": r["name"], "status": r["status"], "as_in_first_table": True,
                      **{k: r[k] for k in ("health_during", "prompt_tokens", "root") if k in r},
@@ -632,11 +631,10 @@ def _same_outcome(row: dict[str, Any], other: dict[str, Any]) -> bool:
     return (row.get("status") or 0) < 300 or row.get("message") == other.get("message")
 
 
-def hostile_markdown(results: dict[str, dict[str, Any]]) -> str:
+def hostile_markdown(results: dict[str, dict[str, Any]], sent: dict[str, str]) -> str:
     """The first table in full; the others only where a row's status or message differs from the first's."""
     lines: list[str] = []
     first: dict[str, dict[str, Any]] = {}
-    sent = {r["name"]: r.get("sent", "") for r in next(iter(results.values()))["rows"]}
     for label, result in results.items():
         s = result["summary"]
         lines += [f"## {label}: {result['server']}", "",
@@ -663,7 +661,7 @@ def hostile_markdown(results: dict[str, dict[str, Any]]) -> str:
                 extra += f" [Retry-After {r['retry_after']}]"
             if r.get("names_field") is False:
                 extra += " **(field not named)**"
-            message = short(r.get("message") or "", 60 if (r["status"] or 0) < 300 else 120)
+            message = short(r.get("message") or "", 40 if (r["status"] or 0) < 300 else 120)
             cells = [str(i), r["name"], short(sent.get(r["name"], ""), 70), str(r["status"]), message + extra,
                      str(r.get("seconds", ""))]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
@@ -927,11 +925,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results = {"without --api-key": hostile_table(out, suffix, None),
                        "with --api-key": hostile_table(out, suffix, API_KEY)}
+        sent = {r["name"]: r.get("sent", "") for r in next(iter(results.values()))["rows"]}
         results = compact_results(results)
         write_json(out / f"hostile{suffix}.json", {"meta": meta, **results})
         (out / f"hostile{suffix}.md").write_text(
             f"# Hostile inputs: hyspec imported from {meta['hyspec_imported_from']}, {meta['commit']}\n\n"
-            f"{meta['note']}\n\n" + hostile_markdown(results))
+            f"{meta['note']}\n\n" + hostile_markdown(results, sent))
         summary["hostile"] = {k: {**v["summary"], "tracebacks": v["traceback_lines"], "exit_status": v["exit_status"],
                                   "kv_pool_empty_after": v["after"].get("kv_pool_empty"),
                                   "rss_mib": [v.get("rss_mib_start"), v.get("rss_mib_end")]}
