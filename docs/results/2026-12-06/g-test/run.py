@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -53,6 +54,8 @@ MIN_EXPECTED = 5.0
 #: sampling settings: the suite's own PARAMS and the issue's (top-k 12 instead of 8)
 SETTINGS = {"suite": dict(distribution.PARAMS), "issue": dict(temperature=0.8, top_k=12, top_p=0.9)}
 PLAIN = "plain"  # no speculation: the control, whose p-values must be uniform
+NOISY = "draft_model (noisy self)"  # the target's weights plus noise as the drafter (noisy_self_drafter)
+NOISE_SCALES = (0.03, 0.1, 0.3)
 REMOTE = "remote"  # draft_model on an in-process remote worker, as the test's REMOTE case
 #: draft_model variants for localising a bias: (name, overrides of its speculative_config)
 VARIANTS = {"k1": {"num_speculative_tokens": 1}, "k2": {"num_speculative_tokens": 2},
@@ -78,6 +81,10 @@ def engine(ws: Workspace, spec: dict[str, Any] | None = None) -> LLM:
 
 
 def method_spec(ws: Workspace, method: str) -> dict[str, Any] | None:
+    if method.startswith(NOISY + "@"):
+        model = noisy_self_drafter(ws, float(method.split("@")[1]))
+        return {**CONTROLLER_OFF, "method": "draft_model", "model": str(model), "num_speculative_tokens": 4,
+                "quantization": "none"}
     base, _, variant = method.partition("+")
     if base == PLAIN:
         return None
@@ -88,6 +95,25 @@ def method_spec(ws: Workspace, method: str) -> dict[str, Any] | None:
     if variant:
         spec.update(VARIANTS[variant])
     return spec
+
+
+def noisy_self_drafter(ws: Workspace, scale: float) -> Path:
+    """The target's own weights plus Gaussian noise of ``scale`` times each tensor's spread, saved as a
+    draft_model checkpoint: q near p but not equal, so drafts are accepted often and rejected often -- the
+    regime a random drafter (accepted ~4 %) and the exact self-draft (accepted always) both miss."""
+    from safetensors.torch import load_file, save_file
+
+    out = ws.root / f"noisy-self-{scale:g}"
+    if not out.exists():
+        out.mkdir()
+        for f in ws.target_dir.iterdir():
+            if f.name != "model.safetensors":
+                shutil.copy(f, out / f.name)
+        g = torch.Generator().manual_seed(0)
+        tensors = load_file(ws.target_dir / "model.safetensors")
+        save_file({name: t + scale * t.float().std() * torch.randn(t.shape, generator=g) if t.numel() > 1 else t
+                   for name, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 @contextlib.contextmanager
@@ -216,6 +242,7 @@ def locked(path: Path) -> Iterator[None]:
 
 def save(data: dict[str, Any], path: Path) -> None:
     data["summary"] = summary(data["runs"])
+    data["uniformity"] = uniformity(data["runs"])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
@@ -235,10 +262,44 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                  "p_y3": [round(r["tests"]["y3"]["p"], 4) for r in group],
                  "below_0.05": sum(r["tests"]["y1y2"]["p"] < 0.05 for r in group),
                  "below_0.01": sum(r["tests"]["y1y2"]["p"] < 0.01 for r in group)}
+        law = {_hashable(k): p for k, p in group[0]["law"]["y1y2"]}
+        df = group[0]["tests"]["y1y2"]["df"]
+        entry["detectable_shift"] = {"one run": round(detectable_shift(law, max(r["n"] for r in group), df), 4),
+                                     "pooled": round(detectable_shift(law, entry["n_total"], df), 4)}
         if len(group) > 1:  # the runs use disjoint seeds: their counts add up to one bigger sample
             entry["pooled"] = pooled(group)
         table[key] = entry
     return table
+
+
+def detectable_shift(law: dict[Any, float], n: int, df: int, alpha: float = 0.05, power: float = 0.9) -> float:
+    """The probability mass moved between the two likeliest (y1, y2) outcomes that the G-test at ``alpha``
+    detects with probability ``power`` at ``n`` requests (the hardest pair to see a shift in).
+
+    Under a shift d from outcome a to b the statistic is ~ noncentral chi2(df, lam) with
+    lam = n d^2 (1/p_a + 1/p_b); solve for the lam that gives ``power``, then for d."""
+    from scipy.optimize import brentq
+    from scipy.stats import ncx2
+
+    critical = chi2.isf(alpha, df)
+    lam = brentq(lambda x: ncx2.sf(critical, df, x) - power, 1e-6, 1e4)
+    p_a, p_b = sorted(law.values())[-2:]
+    return math.sqrt(lam / (n * (1 / p_a + 1 / p_b)))
+
+
+def uniformity(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every run's p-values together: a correct engine gives uniform ones (KS test, share below 0.05 / 0.01)."""
+    from scipy.stats import kstest
+
+    out = {}
+    for label, chosen in (("speculative runs", [r for r in runs if r["method"] != PLAIN]), ("all runs", runs)):
+        for test in ("y1y2", "y2", "y3"):
+            ps = [r["tests"][test]["p"] for r in chosen]
+            if ps:
+                out[f"{label}: {test}"] = {"p_values": len(ps), "below_0.05": sum(p < 0.05 for p in ps),
+                                           "below_0.01": sum(p < 0.01 for p in ps),
+                                           "ks_uniform_p": round(float(kstest(ps, "uniform").pvalue), 4)}
+    return out
 
 
 def pooled(group: list[dict[str, Any]]) -> dict[str, Any]:
@@ -277,12 +338,29 @@ def self_check(runs: list[dict[str, Any]], n: int = 20000, reps: int = 2000) -> 
     return out
 
 
+def markdown_table(data: dict[str, Any]) -> str:
+    """The README's table: per method and setting, each run's p of the joint law, and the pooled test."""
+    rows = ["| method @ setting | runs x n | p(y1,y2) per run | < 0.05 / < 0.01 | pooled n | pooled G (df), p: "
+            "y1y2 / y2 / y3 | shift detected (1 run / pooled) |", "|---|---|---|---|---|---|---|"]
+    for key, e in data["summary"].items():
+        sizes = sorted({r["n"] for r in data["runs"] if f"{r['method']} @ {r['setting']}" == key})
+        pool = e.get("pooled")
+        pooled_text = ("; ".join(f"{pool[t]['G']:.1f} ({pool[t]['df']}), {pool[t]['p']:.3f}" for t in ("y1y2", "y2", "y3"))
+                       if pool else "-")
+        rows.append(f"| {key} | {e['runs']} x {'/'.join(f'{s:,}' for s in sizes)} | "
+                    f"{', '.join(f'{p:.3f}' for p in e['p_y1y2'])} | {e['below_0.05']} / {e['below_0.01']} | "
+                    f"{e['n_total']:,} | {pooled_text} | {e['detectable_shift']['one run']:.1%} / "
+                    f"{e['detectable_shift']['pooled']:.1%} |")
+    return "\n".join(rows)
+
+
 def _hashable(k: Any) -> Any:
     return tuple(k) if isinstance(k, list) else k
 
 
 def main() -> None:
-    choices = [PLAIN, *methods_to_check(), REMOTE, *(f"draft_model+{v}" for v in VARIANTS)]
+    choices = [PLAIN, *methods_to_check(), REMOTE, *(f"draft_model+{v}" for v in VARIANTS),
+               *(f"{NOISY}@{scale:g}" for scale in NOISE_SCALES)]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--method", action="append", choices=choices, help="repeatable; default: none (with --summary)")
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="suite")
@@ -292,6 +370,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=20000, help="requests per LLM.generate call")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the JSON the runs are appended to")
     ap.add_argument("--self-check", action="store_true", help="the G-test's calibration on the saved laws")
+    ap.add_argument("--table", action="store_true", help="print the summary as the README's markdown table")
     ap.add_argument("--summary", action="store_true", help="recompute and print the summary")
     args = ap.parse_args()
     if not 0 < args.n < SEED_STRIDE or not 0 < args.chunk or args.repeats < 1:
@@ -324,6 +403,12 @@ def main() -> None:
     if args.summary:
         save(data, args.out)
         print(json.dumps(data["summary"], indent=1))
+    if args.table:
+        data = load(args.out)
+        print(markdown_table(data))
+        print("\n| p-values of | count | < 0.05 | < 0.01 | KS vs uniform, p |\n|---|---|---|---|---|")
+        for key, u in data.get("uniformity", {}).items():
+            print(f"| {key} | {u['p_values']} | {u['below_0.05']} | {u['below_0.01']} | {u['ks_uniform_p']} |")
 
 
 if __name__ == "__main__":
