@@ -44,9 +44,17 @@ sys.stdin.readline()  # the measuring process reads the listeners and tries a cl
 ray.shutdown()
 """
 
-CLIENT = ("import ray; ray.init(address={address!r}); "
-          "print('connected; resources:', {{k: v for k, v in ray.cluster_resources().items() if 'node' not in k}}); "
-          "ray.shutdown()")
+CLIENT = """
+import sys, ray
+try:
+    ray.init(address={address!r})
+except Exception as exc:  # Ray wraps the cause (an AuthenticationError) in a ConnectionError
+    cause = [ln for ln in str(exc.__cause__).splitlines() if ln.strip()] or [""]
+    sys.exit(f"refused: {{type(exc).__name__}}: {{exc}}; cause: {{type(exc.__cause__).__name__}}, ending "
+             f"{{cause[-1].strip()[:200]}}")
+print('connected; resources:', {{k: v for k, v in ray.cluster_resources().items() if 'node' not in k}})
+ray.shutdown()
+"""
 
 
 def listeners(pids: set[int]) -> list[str]:
@@ -104,8 +112,8 @@ def client(address: str, env: dict) -> str:
         return "no answer in 120 s"
     if r.returncode == 0:
         return r.stdout.strip().splitlines()[-1]
-    last = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln] or r.stderr.strip().splitlines()[-1:]
-    return f"exit {r.returncode}: {last[-1][:300]}"
+    last = [ln for ln in r.stderr.strip().splitlines() if "refused" in ln or "Error" in ln] or ["?"]
+    return f"exit {r.returncode}: {last[-1][:400]}"
 
 
 def clean_env(home: Path) -> dict:
