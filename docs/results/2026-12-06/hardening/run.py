@@ -28,7 +28,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ class Server:
         if api_key:
             env["HYSPEC_API_KEY"] = api_key  # not on the command line, where `ps` would show it
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "wb")  # noqa: SIM115 - the server writes to it until stop() closes it
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         self.exit_status: int | None = None
@@ -333,7 +334,8 @@ def body_cases() -> list[Case]:
         Case("cmpl no content-type", "POST", C, content=json.dumps(comp()).encode()),
         Case("cmpl JSON as UTF-16", "POST", C, content=json.dumps(comp()).encode("utf-16"),
              headers={"Content-Type": "application/json; charset=utf-16"}),
-        Case("cmpl application/xml", "POST", C, content=b"<prompt>x</prompt>", headers={"Content-Type": "application/xml"}),
+        Case("cmpl application/xml", "POST", C, content=b"<prompt>x</prompt>",
+             headers={"Content-Type": "application/xml"}),
     ]
     return cases
 
@@ -465,7 +467,7 @@ def send_raw(port: int, request: bytes, timeout: float) -> tuple[int | None, str
                 data += chunk
                 if b"\r\n\r\n" in data and (b"}" in data or len(data) > 600):
                     break
-        except (socket.timeout, OSError):
+        except OSError:  # a timeout included
             pass
     head, _, body = data.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] (\d{3})", head)
@@ -638,10 +640,11 @@ def hostile_markdown(results: dict[str, dict[str, Any]], sent: dict[str, str]) -
     for label, result in results.items():
         s = result["summary"]
         lines += [f"## {label}: {result['server']}", "",
-                  f"{s['rows']} rows; by status {s['by_status']}; **5xx: {len(s['5xx'])}** {s['5xx'] or ''}; "
-                  f"no response: {s['no_response'] or 'none'}; 400s not naming their field: "
-                  f"{s['400_without_field'] or 'none'}; tracebacks in the log: {result['traceback_lines']}; "
-                  f"KV pool empty after: {result['after'].get('kv_pool_empty')}; exit status {result['exit_status']}", ""]
+                  (f"{s['rows']} rows; by status {s['by_status']}; **5xx: {len(s['5xx'])}** {s['5xx'] or ''}; "
+                   f"no response: {s['no_response'] or 'none'}; 400s not naming their field: "
+                   f"{s['400_without_field'] or 'none'}; tracebacks in the log: {result['traceback_lines']}; "
+                   f"KV pool empty after: {result['after'].get('kv_pool_empty')}; exit status {result['exit_status']}"),
+                  ""]
         rows = result["rows"]
         if first:
             same = [r for r in rows if r.get("as_in_first_table")]
@@ -686,21 +689,22 @@ async def stream_client(url: str, headers: dict, i: int, leave_after: int | None
                  max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0.0) if chat_api else
             comp(prompt=f"Client {i}: once upon a time", max_tokens=max_tokens, stream=True, ignore_eos=True,
                  temperature=0.0))
-    row: dict[str, Any] = {"client": i, "api": "chat" if chat_api else "completions", "leaves_after_chunks": leave_after,
+    row: dict[str, Any] = {"client": i, "api": "chat" if chat_api else "completions",
+                           "leaves_after_chunks": leave_after,
                            "chunks": 0, "done": False, "error_event": False}
     t0 = time.monotonic()
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0)) as client:
-            async with client.stream("POST", CH if chat_api else C, json=body, headers=headers) as r:
-                row["status"] = r.status_code
-                async for line in r.aiter_lines():
-                    if line == "data: [DONE]":
-                        row["done"] = True
-                    elif line.startswith("data: "):
-                        row["chunks"] += 1
-                        row["error_event"] |= '"error"' in line[:20]
-                    if leave_after is not None and row["chunks"] >= leave_after:
-                        break  # closing the response closes the connection mid-stream
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0)) as client, \
+                client.stream("POST", CH if chat_api else C, json=body, headers=headers) as r:
+            row["status"] = r.status_code
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    row["done"] = True
+                elif line.startswith("data: "):
+                    row["chunks"] += 1
+                    row["error_event"] |= '"error"' in line[:20]
+                if leave_after is not None and row["chunks"] >= leave_after:
+                    break  # closing the response closes the connection mid-stream
     except httpx.HTTPError as exc:
         row["exception"] = f"{type(exc).__name__}: {exc}"
     row["seconds"] = round(time.monotonic() - t0, 2)
@@ -894,10 +898,11 @@ def sigterm_run(out: Path, suffix: str, name: str, max_tokens: int, shutdown_tim
 
 
 def git_commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "core/"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    return head + (" (core/ has uncommitted changes)" if dirty else "")
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    dirty = git("status", "--porcelain", "core/")
+    return git("rev-parse", "HEAD") + (" (core/ has uncommitted changes)" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -948,7 +953,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [sigterm_run(out, suffix, "finish-in-time", max_tokens=2, shutdown_timeout=20.0),
                 sigterm_run(out, suffix, "outlive-timeout", max_tokens=4000, shutdown_timeout=3.0)]
         write_json(out / f"sigterm{suffix}.json", {"meta": meta, "runs": runs})
-        summary["sigterm"] = [{k: r.get(k) for k in ("run", "5xx", "in_flight_statuses", "requests_finished", "health_after_signal",
+        summary["sigterm"] = [{k: r.get(k) for k in ("run", "5xx", "in_flight_statuses", "requests_finished",
+                                                     "health_after_signal",
                                                      "streams_done", "streams_error_event",
                                                      "late_503_with_retry_after", "late_refused",
                                                      "traceback_lines", "exit_status", "exit_s_after_signal")}
@@ -964,7 +970,8 @@ def main(argv: list[str] | None = None) -> int:
 def hyspec_location() -> str:
     """Where the servers import hyspec from (this checkout, or a tree named by PYTHONPATH for a baseline)."""
     code = "import hyspec, os; print(os.path.dirname(hyspec.__file__))"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          check=False).stdout.strip()
 
 
 def platform_line() -> str:
