@@ -36,23 +36,28 @@ import platform
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-from scipy.stats import chi2
-
 from hyspec import LLM
 from hyspec.conformance import distribution
-from hyspec.conformance.methods import CONTROLLER_OFF, Workspace, method_config, methods_to_check
+from hyspec.conformance.methods import (
+    CONTROLLER_OFF,
+    Workspace,
+    method_config,
+    methods_to_check,
+)
 from hyspec.conformance.tiny import prompts
+from scipy.stats import chi2
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 SEED_STRIDE = 1_000_003  # sample_through_generate's seed rule
 MIN_EXPECTED = 5.0
 #: sampling settings: the suite's own PARAMS and the issue's (top-k 12 instead of 8)
-SETTINGS = {"suite": dict(distribution.PARAMS), "issue": dict(temperature=0.8, top_k=12, top_p=0.9)}
+SETTINGS = {"suite": dict(distribution.PARAMS), "issue": {"temperature": 0.8, "top_k": 12, "top_p": 0.9}}
 PLAIN = "plain"  # no speculation: the control, whose p-values must be uniform
 NOISY = "draft_model (noisy self)"  # the target's weights plus noise as the drafter (noisy_self_drafter)
 NOISE_SCALES = (0.03, 0.1, 0.3)
@@ -122,10 +127,10 @@ def remote_in_process(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    import hyspec.spec.decoder as decoder
     from hyspec.remote.factory import build_remote_proposer, worker_init
     from hyspec.remote.transport import InProcessHandle
     from hyspec.remote.worker import build_host
+    from hyspec.spec import decoder
 
     original = decoder.build_proposer
 
@@ -185,7 +190,8 @@ def machine() -> dict[str, Any]:
             "shared with 4 other agents' jobs", "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
-def run_one(ws: Workspace, method: str, setting: str, n: int, seed_index: int, chunk: int) -> dict[str, Any]:
+def run_one(ws: Workspace, method: str, setting: str, n: int, seed_index: int, chunk: int,
+            max_tokens: int = 3) -> dict[str, Any]:
     with sampling_setting(setting) as params:
         plain = engine(ws)
         prompt = distribution.lookup_prompt(plain.engine, prompts(6)[3])
@@ -198,7 +204,7 @@ def run_one(ws: Workspace, method: str, setting: str, n: int, seed_index: int, c
             done, index = 0, seed_index
             while done < n:
                 size = min(chunk, n - done)
-                samples += distribution.sample_through_generate(llm, prompt, size, seed=index)
+                samples += distribution.sample_through_generate(llm, prompt, size, seed=index, max_tokens=max_tokens)
                 seeds.append({"seed_index": index, "first": index * SEED_STRIDE, "last": index * SEED_STRIDE + size - 1})
                 done, index = done + size, index + 1
             totals = (llm.engine.spec.metrics.snapshot()["totals"] if method != PLAIN
@@ -213,7 +219,7 @@ def run_one(ws: Workspace, method: str, setting: str, n: int, seed_index: int, c
     counts = count_samples(samples)
     tables = law_tables(law)
     tests = {name: g_test(counts[name], tables[name], n) for name in tables}
-    return {"method": method, "setting": setting, "params": params, "n": n, "seeds": seeds, "prompt": prompt,
+    return {"method": method, "setting": setting, "params": params, "max_tokens": max_tokens, "n": n, "seeds": seeds, "prompt": prompt,
             "drafted": totals["draft_tokens"], "accepted": totals["accepted_tokens"], "wall_s": round(wall, 1),
             "tests": tests, "counts": {name: [[_key(k), c] for k, c in sorted(counts[name].items())]
                                        for name in counts},
@@ -241,19 +247,27 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def save(data: dict[str, Any], path: Path) -> None:
-    data["summary"] = summary(data["runs"])
+    """The summaries recomputed; each setting's law stored once, each run on one line (counts, seeds)."""
+    laws = data.setdefault("laws", {})
+    for run in data["runs"]:
+        law = run.pop("law", None)
+        if law is not None and laws.setdefault(run["setting"], law) != law:
+                raise RuntimeError(f"two laws for setting {run['setting']}: the target or prompt changed")
+    data["summary"] = summary(data["runs"], laws)
     data["uniformity"] = uniformity(data["runs"])
+    head = json.dumps({k: v for k, v in data.items() if k not in ("runs", "laws")}, indent=1)
+    body = ",\n".join(json.dumps(r, separators=(",", ":")) for r in data["runs"])
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp.write_text(head[:-2] + ',\n "laws": ' + json.dumps(laws, separators=(",", ":"))
+                   + ',\n "runs": [\n' + body + "\n ]\n}\n")
     tmp.replace(path)
 
 
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(runs: list[dict[str, Any]], laws: dict[str, Any]) -> dict[str, Any]:
     """Per (method, setting): each run's joint p, how many fall below 0.05 / 0.01, and the pooled G-test."""
     out: dict[str, Any] = {}
     for run in runs:
-        key = f"{run['method']} @ {run['setting']}"
-        out.setdefault(key, []).append(run)
+        out.setdefault(group_key(run), []).append(run)
     table = {}
     for key, group in out.items():
         entry = {"runs": len(group), "n_total": sum(r["n"] for r in group),
@@ -262,12 +276,12 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                  "p_y3": [round(r["tests"]["y3"]["p"], 4) for r in group],
                  "below_0.05": sum(r["tests"]["y1y2"]["p"] < 0.05 for r in group),
                  "below_0.01": sum(r["tests"]["y1y2"]["p"] < 0.01 for r in group)}
-        law = {_hashable(k): p for k, p in group[0]["law"]["y1y2"]}
+        law = {_hashable(k): p for k, p in laws[group[0]["setting"]]["y1y2"]}
         df = group[0]["tests"]["y1y2"]["df"]
         entry["detectable_shift"] = {"one run": round(detectable_shift(law, max(r["n"] for r in group), df), 4),
                                      "pooled": round(detectable_shift(law, entry["n_total"], df), 4)}
         if len(group) > 1:  # the runs use disjoint seeds: their counts add up to one bigger sample
-            entry["pooled"] = pooled(group)
+            entry["pooled"] = pooled(group, laws[group[0]["setting"]])
         table[key] = entry
     return table
 
@@ -302,48 +316,52 @@ def uniformity(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def pooled(group: list[dict[str, Any]]) -> dict[str, Any]:
+def pooled(group: list[dict[str, Any]], laws: dict[str, Any]) -> dict[str, Any]:
     n = sum(r["n"] for r in group)
     result = {}
     for name in ("y1y2", "y2", "y3"):
         counts: Counter = Counter()
         for r in group:
             counts.update({_hashable(k): c for k, c in r["counts"][name]})
-        law = {_hashable(k): p for k, p in group[0]["law"][name]}
+        law = {_hashable(k): p for k, p in laws[name]}
         t = g_test(counts, law, n)
         result[name] = {k: t[k] for k in ("G", "df", "p", "impossible", "worst_residuals")}
     return result
 
 
-def self_check(runs: list[dict[str, Any]], n: int = 20000, reps: int = 2000) -> dict[str, Any]:
+def self_check(laws: dict[str, Any], sizes: tuple[int, ...] = (10000, 20000), reps: int = 2000) -> dict[str, Any]:
     """The G-test's calibration: multinomial samples drawn from each setting's exact joint law (numpy, no
     engine) must give uniform p-values -- about 5 % below 0.05 -- whatever the pooling does to small cells."""
     import numpy as np
     from scipy.stats import kstest
 
     out = {}
-    for run in runs:
-        if run["setting"] in out:
-            continue
-        keys = [_hashable(k) for k, _ in run["law"]["y1y2"]]
-        probs = np.array([p for _, p in run["law"]["y1y2"]])
-        rng = np.random.default_rng(12345)
-        ps = []
-        for draw in rng.multinomial(n, probs / probs.sum(), size=reps):
-            ps.append(g_test(dict(zip(keys, draw.tolist())), dict(zip(keys, probs.tolist())), n)["p"])
-        ps_arr = np.array(ps)
-        out[run["setting"]] = {"n": n, "replications": reps, "below_0.05": float((ps_arr < 0.05).mean()),
-                               "below_0.01": float((ps_arr < 0.01).mean()),
-                               "ks_uniform_p": float(kstest(ps_arr, "uniform").pvalue)}
+    for setting, law in laws.items():
+        keys = [_hashable(k) for k, _ in law["y1y2"]]
+        probs = np.array([p for _, p in law["y1y2"]])
+        for n in sizes:
+            rng = np.random.default_rng(12345)
+            ps = np.array([g_test(dict(zip(keys, draw.tolist())), dict(zip(keys, probs.tolist())), n)["p"]
+                           for draw in rng.multinomial(n, probs / probs.sum(), size=reps)])
+            out[f"{setting}, n {n}"] = {"replications": reps, "below_0.05": float((ps < 0.05).mean()),
+                                        "below_0.01": float((ps < 0.01).mean()),
+                                        "ks_uniform_p": round(float(kstest(ps, "uniform").pvalue), 4)}
     return out
+
+
+def group_key(run: dict[str, Any]) -> str:
+    """Runs pooled together: one method, one setting, one max_tokens (more tokens let drafts run deeper)."""
+    deeper = f", max_tokens {run['max_tokens']}" if run.get("max_tokens", 3) != 3 else ""
+    return f"{run['method']} @ {run['setting']}{deeper}"
 
 
 def markdown_table(data: dict[str, Any]) -> str:
     """The README's table: per method and setting, each run's p of the joint law, and the pooled test."""
-    rows = ["| method @ setting | runs x n | p(y1,y2) per run | < 0.05 / < 0.01 | pooled n | pooled G (df), p: "
-            "y1y2 / y2 / y3 | shift detected (1 run / pooled) |", "|---|---|---|---|---|---|---|"]
+    header = ("| method @ setting | runs x n | p(y1,y2) per run | < 0.05 / < 0.01 | pooled n | pooled G (df), p: "
+              "y1y2 / y2 / y3 | shift detected (1 run / pooled) |")
+    rows = [header, "|---|---|---|---|---|---|---|"]
     for key, e in data["summary"].items():
-        sizes = sorted({r["n"] for r in data["runs"] if f"{r['method']} @ {r['setting']}" == key})
+        sizes = sorted({r["n"] for r in data["runs"] if group_key(r) == key})
         pool = e.get("pooled")
         pooled_text = ("; ".join(f"{pool[t]['G']:.1f} ({pool[t]['df']}), {pool[t]['p']:.3f}" for t in ("y1y2", "y2", "y3"))
                        if pool else "-")
@@ -367,14 +385,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--seed-index", type=int, default=1, help="first seed index (0 is the test's own seeds)")
     ap.add_argument("--repeats", type=int, default=1, help="independent runs per method (the next seed indexes)")
+    ap.add_argument("--max-tokens", type=int, default=3,
+                    help="tokens per request (> 3 lets drafts reach past the third token; the law is the first 3's)")
     ap.add_argument("--chunk", type=int, default=20000, help="requests per LLM.generate call")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the JSON the runs are appended to")
     ap.add_argument("--self-check", action="store_true", help="the G-test's calibration on the saved laws")
     ap.add_argument("--table", action="store_true", help="print the summary as the README's markdown table")
     ap.add_argument("--summary", action="store_true", help="recompute and print the summary")
     args = ap.parse_args()
-    if not 0 < args.n < SEED_STRIDE or not 0 < args.chunk or args.repeats < 1:
-        ap.error(f"--n must be in 1..{SEED_STRIDE - 1}, --chunk and --repeats positive")
+    if not 0 < args.n < SEED_STRIDE or not 0 < args.chunk or args.repeats < 1 or args.max_tokens < 3:
+        ap.error(f"--n must be in 1..{SEED_STRIDE - 1}, --chunk and --repeats positive, --max-tokens >= 3")
     logging.getLogger("hyspec.spec.quality").setLevel(logging.ERROR)  # random drafters are rejected on purpose
     data = load(args.out)
     ws = Workspace.create() if args.method else None
@@ -382,13 +402,13 @@ def main() -> None:
         per_run = -(-args.n // args.chunk)  # seed indexes one run uses
         for method, repeat in [(m, r) for m in args.method or [] for r in range(args.repeats)]:
             first = args.seed_index + repeat * per_run
-            run = run_one(ws, method, args.setting, args.n, first, args.chunk)
+            run = run_one(ws, method, args.setting, args.n, first, args.chunk, args.max_tokens)
             with locked(args.out):  # plan.sh runs two invocations side by side, both appending here
                 data = load(args.out)
                 data["runs"].append(run)
                 save(data, args.out)
             j = run["tests"]["y1y2"]
-            print(f"{method} @ {args.setting} n={args.n} seeds from index {first}: y1y2 G={j['G']} "
+            print(f"{group_key(run)} n={args.n} seeds from index {first}: y1y2 G={j['G']} "
                   f"df={j['df']} p={j['p']:.4g}; y2 p={run['tests']['y2']['p']:.4g}; "
                   f"y3 p={run['tests']['y3']['p']:.4g}; {run['wall_s']} s", flush=True)
     finally:
@@ -397,7 +417,8 @@ def main() -> None:
     if args.self_check:
         with locked(args.out):
             data = load(args.out)
-            data["self_check"] = self_check(data["runs"])
+            save(data, args.out)  # moves the runs' laws into data["laws"]
+            data["self_check"] = self_check(data["laws"])
             save(data, args.out)
         print(json.dumps(data["self_check"], indent=1))
     if args.summary:
