@@ -596,6 +596,7 @@ def compact_row(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("as_in_first_table"):
         return row
     out = {k: v for k, v in row.items() if v is not None and k not in ("content_type", "field", "sent", "names_field")}
+    out["status"] = row.get("status")  # None: no answer at all
     if row.get("names_field") is False:
         out["names_field"] = False
     if row.get("field") and row.get("status") == 400:
@@ -664,8 +665,8 @@ def hostile_markdown(results: dict[str, dict[str, Any]], sent: dict[str, str]) -
                 extra += f" [Retry-After {r['retry_after']}]"
             if r.get("names_field") is False:
                 extra += " **(field not named)**"
-            message = short(r.get("message") or "", 40 if (r["status"] or 0) < 300 else 120)
-            cells = [str(i), r["name"], short(sent.get(r["name"], ""), 70), str(r["status"]), message + extra,
+            message = short(r.get("message") or "", 40 if (r.get("status") or 0) < 300 else 120)
+            cells = [str(i), r["name"], short(sent.get(r["name"], ""), 70), str(r.get("status")), message + extra,
                      str(r.get("seconds", ""))]
             lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
         lines.append("")
@@ -962,7 +963,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         return 0
     meta["seconds"] = round(time.monotonic() - t0, 1)
-    write_json(out / f"summary{suffix}.json", summary)
+    summary_path = out / f"summary{suffix}.json"
+    if args.only and summary_path.exists():  # a partial run updates the parts it ran
+        summary = {**json.loads(summary_path.read_text()), **summary}
+    write_json(summary_path, summary)
     print(json.dumps(summary, indent=1))
     return 0
 
