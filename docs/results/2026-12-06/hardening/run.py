@@ -474,12 +474,21 @@ def send_raw(port: int, request: bytes, timeout: float) -> tuple[int | None, str
     return (int(m.group(1)) if m else None), body.decode("utf-8", "replace")
 
 
+def describe(case: Case) -> str:
+    """What a case sends, for the table."""
+    return case.sent or (f"{case.method} {case.path}" + (f" {short(case.body)}" if case.body is not None else ""))
+
+
+def all_cases(model: str, api_key: str | None) -> list[Case]:
+    return (auth_cases(model, api_key) + field_cases() + body_cases() + http_cases(model) + injection_cases()
+            + capacity_cases() + size_cases())
+
+
 def run_case(server: Server, case: Case) -> dict[str, Any]:
     headers = dict(case.headers)
     if case.auth and server.api_key:
         headers.setdefault("Authorization", f"Bearer {server.api_key}")
-    sent = case.sent or (f"{case.method} {case.path}" + (f" {short(case.body)}" if case.body is not None else ""))
-    row: dict[str, Any] = {"name": case.name, "sent": sent, "field": case.field}
+    row: dict[str, Any] = {"name": case.name, "sent": describe(case), "field": case.field}
     t0 = time.monotonic()
     health: list[float] = []
     try:
@@ -560,8 +569,7 @@ def hostile_table(out: Path, suffix: str, api_key: str | None) -> dict[str, Any]
         result["startup_s"] = round(server.wait_ready(), 1)
         model = httpx.get(server.url + "/v1/models", headers=server.auth, timeout=10).json()["data"][0]["id"]
         result["rss_mib_start"] = server.rss_mib()
-        cases = (auth_cases(model, api_key) + field_cases() + body_cases() + http_cases(model) + injection_cases()
-                 + capacity_cases() + size_cases())
+        cases = all_cases(model, api_key)
         rows = []
         for i, case in enumerate(cases):
             row = run_case(server, case)
@@ -928,6 +936,11 @@ def main(argv: list[str] | None = None) -> int:
             saved = json.loads((out / f"hostile{suffix}.json").read_text())
             meta = saved.pop("meta")
             results = saved
+            model = next(r["name"] for r in next(iter(results.values()))["rows"]
+                         if r["name"].startswith("GET /v1/models/") and r["name"].endswith(" no key"))
+            model = model.removeprefix("GET /v1/models/").removesuffix(" no key")
+            for row, case in zip(next(iter(results.values()))["rows"], all_cases(model, API_KEY)):
+                row.setdefault("sent", describe(case))
         else:
             results = {"without --api-key": hostile_table(out, suffix, None),
                        "with --api-key": hostile_table(out, suffix, API_KEY)}
