@@ -102,7 +102,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, found cached
 
 
-def _prefix_counts(engine: Any) -> tuple[int, int]:
+def _prefix_counts(engine: "LLMEngine") -> tuple[int, int]:
     cache = getattr(engine, "prefix_cache", None)
     return (cache.stats.queries, cache.stats.hits) if cache is not None else (0, 0)
 

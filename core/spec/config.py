@@ -45,7 +45,7 @@ PLACEMENTS = ("local", "remote")
 
 # vLLM SpeculativeConfig fields hyspec does not implement (vLLM's name -> why / what instead).
 VLLM_UNSUPPORTED_KEYS = {
-    "enforce_eager": "hyspec has no CUDA-graph capture to opt out of",
+    "enforce_eager": "graph capture is the engine's switch, not the drafter's: LLM(enforce_eager=...) / --enforce-eager",
     "tensor_parallel_size": "vLLM itself rejects this name; drafters run on one device",
     "moe_backend": "MoE drafters are not implemented",
     "attention_backend": "the backend is chosen once by the capability probe (--backend)",

@@ -485,9 +485,7 @@ def _check_tree(tree: DraftTree, req: DraftRequest, vocab: int) -> str | None:
         drawn = rows.gather(1, tree.tokens[1:, None]).squeeze(1)
         if bool((drawn <= 0).any()):
             return "a draft token has zero draft probability"
-    elif not req.greedy:
-        pass  # deterministic drafts are fine at any temperature (one-hot q)
-    return None
+    return None  # without q a draft is a point proposal (one-hot q), fine at any temperature
 
 
 def mean_tokens_per_seq(feeds: "list[Feed]") -> float:
