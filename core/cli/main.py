@@ -20,6 +20,7 @@ COMMANDS = {
     "train-draft": ("train_draft", f"train a drafter ({', '.join(trainable_methods())}) for a target"),
     "conformance": ("conformance", "run the per-backend conformance suite and print a report"),
     "draft-worker": ("draft_worker", "run or join a remote CPU draft worker node (Ray)"),
+    "export-hf": ("export_hf", "write a GGUF model as a Hugging Face directory (for vLLM, transformers)"),
 }
 
 
