@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from hyspec.cli.main import main
 from hyspec.errors import HyspecError
 from hyspec.model.config import ModelConfig
 from hyspec.model.export_hf import export_hf
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import Tokenizer
+
 from tests.model.gguf_fixtures import make_source_checkpoint, write_gguf
 
 pytest.importorskip("gguf")
