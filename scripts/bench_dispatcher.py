@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from time import perf_counter_ns
 
-from hyspec.dispatch.dispatcher import HybridDispatcher
-from hyspec.dispatch.rules import default_rules_path
-from hyspec.dispatch.signals import METHODS, StepSignals
+from hyspec.policy.dispatcher import HybridDispatcher
+from hyspec.policy.rules import default_rules_path
+from hyspec.policy.signals import METHODS, StepSignals
 
 
 def varied_signals(count: int, seed: int) -> list[StepSignals]:

@@ -8,7 +8,7 @@ import pytest
 
 from hyspec.errors import HyspecError
 from hyspec.spec.config import SpeculativeConfig
-from hyspec.spec.controller import CostModel, DraftCost, GoodputController, StepSample
+from hyspec.policy.controller import CostModel, DraftCost, GoodputController, StepSample
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from hyspec.dispatch.bandit import BanditPolicy, parent_class, step_class
-from hyspec.dispatch.dispatcher import HybridDispatcher
-from hyspec.dispatch.rules import BANDIT, RuleFileError, parse_rules
-from hyspec.dispatch.signals import StepSignals
+from hyspec.policy.bandit import BanditPolicy, parent_class, step_class
+from hyspec.policy.dispatcher import HybridDispatcher
+from hyspec.policy.rules import BANDIT, RuleFileError, parse_rules
+from hyspec.policy.signals import StepSignals
 from hyspec.errors import ConfigError
 from hyspec.spec.config import SpeculativeConfig
 

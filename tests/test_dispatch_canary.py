@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hyspec.dispatch.canary import CONTROL, SPEC, Canary, request_share
+from hyspec.policy.canary import CONTROL, SPEC, Canary, request_share
 from hyspec.errors import ConfigError
 
 IDS = [f"cmpl-{i:06d}" for i in range(20_000)]
@@ -37,7 +37,7 @@ def test_assignment_is_stable_across_processes_and_hash_seeds():
     sample = IDS[:200]
     here = "".join("s" if Canary(0.3).arm(rid) == SPEC else "c" for rid in sample)
     code = (
-        "from hyspec.dispatch.canary import Canary, SPEC\n"
+        "from hyspec.policy.canary import Canary, SPEC\n"
         f"ids = [f'cmpl-{{i:06d}}' for i in range(200)]\n"
         "print(''.join('s' if Canary(0.3).arm(r) == SPEC else 'c' for r in ids))\n"
     )

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import hyspec.dispatch as dispatch_pkg
-from hyspec.dispatch.conditions import ConditionError, compile_condition
-from hyspec.dispatch.signals import StepSignals
+import hyspec.policy as dispatch_pkg
+from hyspec.policy.conditions import ConditionError, compile_condition
+from hyspec.policy.signals import StepSignals
 
 
 def holds(condition: str, **signals) -> bool:
@@ -139,7 +139,7 @@ def test_python_is_not_the_condition_language(condition):
 
 
 def test_the_dispatch_package_never_evaluates_code():
-    # A structural guard: no eval/exec/compile/__import__ anywhere in hyspec.dispatch
+    # A structural guard: no eval/exec/compile/__import__ anywhere in hyspec.policy
     # (re.compile, an attribute, is fine: it compiles a regular expression, not code).
     builtins = {"eval", "exec", "compile", "__import__"}
     for path in Path(dispatch_pkg.__file__).parent.glob("*.py"):

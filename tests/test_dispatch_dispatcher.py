@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hyspec.dispatch.dispatcher import HybridDispatcher
-from hyspec.dispatch.rules import RuleFileError
-from hyspec.dispatch.signals import StepSignals
+from hyspec.policy.dispatcher import HybridDispatcher
+from hyspec.policy.rules import RuleFileError
+from hyspec.policy.signals import StepSignals
 from hyspec.errors import ConfigError
 
 ALL = ("eagle", "mtp", "dflash")
@@ -121,7 +121,7 @@ def test_editing_the_file_changes_the_choice_without_a_restart(rules_file, caplo
 
     # An invalid edit: the old rules stay, the error is logged and kept, with line and column.
     rules_file.write_text('[\n  {"when": "context_length >> 1000", "method": "dflash"}\n]\n')
-    with caplog.at_level(logging.WARNING, logger="hyspec.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="hyspec.policy"):
         assert dispatcher.choose(long_ctx) == "eagle"
     err = dispatcher.last_reload_error
     assert (err.line, err.column) == (2, 29)  # the second ">"

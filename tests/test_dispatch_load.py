@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from hyspec.dispatch.load import LoadFallback
-from hyspec.dispatch.signals import StepSignals
+from hyspec.policy.load import LoadFallback
+from hyspec.policy.signals import StepSignals
 from hyspec.errors import ConfigError
 
 

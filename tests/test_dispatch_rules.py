@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from hyspec.dispatch.rules import RuleFileError, default_rules_path, load_rules, parse_rules
-from hyspec.dispatch.signals import StepSignals
+from hyspec.policy.rules import RuleFileError, default_rules_path, load_rules, parse_rules
+from hyspec.policy.signals import StepSignals
 
 
 def error_of(text: str) -> RuleFileError:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from hyspec.dispatch.load import LOAD_SIGNALS
+from hyspec.policy.load import LOAD_SIGNALS
 from hyspec.errors import ConfigError
 from hyspec.spec import _config_check as chk
 from hyspec.spec import registry

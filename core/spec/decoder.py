@@ -24,19 +24,19 @@ from hyspec.engine.target import TargetContext
 from hyspec.errors import KVOwnershipError
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.config import SpeculativeConfig
-from hyspec.spec.controller import GoodputController
+from hyspec.policy.controller import GoodputController
 from hyspec.spec.methods import MethodSpec, build_proposer
 from hyspec.spec.metrics import SpecMetrics
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.quality import DraftQualityMonitor
-from hyspec.spec.residency import DrafterResidency, holds_memory, release_proposer
-from hyspec.spec.slo import TTFTGuard
+from hyspec.policy.residency import DrafterResidency, holds_memory, release_proposer
+from hyspec.policy.slo import TTFTGuard
 from hyspec.spec.strategy import NONE, Accepted, Drafts, Speculation, StepPlan
 from hyspec.spec.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import ACCEPTED, verify
 
 if TYPE_CHECKING:
-    from hyspec.dispatch.dispatcher import HybridDispatcher
+    from hyspec.policy.dispatcher import HybridDispatcher
     from hyspec.engine.model_runner import Feed
     from hyspec.engine.scheduler import Scheduler, SchedulerOutput
 
@@ -68,7 +68,7 @@ class SpecDecoder(Speculation):
         canary_fraction = config.hybrid.speculative_fraction
         self._canary = None
         if canary_fraction < 1.0:
-            from hyspec.dispatch.canary import Canary
+            from hyspec.policy.canary import Canary
 
             self._canary = Canary(canary_fraction)
 
@@ -88,19 +88,19 @@ class SpecDecoder(Speculation):
             _optimize_modules(target, proposer, cfg.quantization, method)
         controller = GoodputController(cfg)
         if cfg.controller.enabled and cfg.controller.profile_at_startup:
-            from hyspec.spec.profiling import profile_cost_model
+            from hyspec.policy.profiling import profile_cost_model
 
             controller = GoodputController(cfg, profile_cost_model(target))
         for s in specs:  # a bare hybrid's methods are not in cfg.hybrid.methods: their caps come from here
             controller.cap(s.method, s.num_speculative_tokens)
         dispatcher = None
         if cfg.method == "hybrid":
-            from hyspec.dispatch.dispatcher import HybridDispatcher
+            from hyspec.policy.dispatcher import HybridDispatcher
 
             h = cfg.hybrid
             bandit = None
             if h.policy == "bandit":
-                from hyspec.dispatch.bandit import BanditPolicy
+                from hyspec.policy.bandit import BanditPolicy
                 from hyspec.spec.registry import NONE as PLAIN
 
                 bandit = BanditPolicy([*proposers, PLAIN], h.bandit_explore_fraction, h.bandit_warmup,
@@ -185,7 +185,7 @@ class SpecDecoder(Speculation):
         return plan
 
     def _signals(self, scheduler, decoding: list[Sequence]):
-        from hyspec.dispatch.signals import MATCH_LENGTH_CAP, StepSignals
+        from hyspec.policy.signals import MATCH_LENGTH_CAP, StepSignals
 
         running = scheduler.running
         lengths = [len(s.token_ids) for s in running] or [0]

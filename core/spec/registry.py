@@ -2,7 +2,7 @@
 
 Everything that lists methods reads it, live: config validation
 (``hyspec.spec.config``), the dispatcher's signals and rules
-(``hyspec.dispatch.signals.METHODS``), the probe (``hyspec.backends.records
+(``hyspec.policy.signals.METHODS``), the probe (``hyspec.backends.records
 .DRAFTING_METHODS``), the bench (``hyspec.bench.settings``), the embedded
 drafters (``hyspec.assets.DRAFTER_DIRS``), ``hyspec train-draft``
 (``hyspec.train.registry``) and the proposer factory lookup
@@ -272,7 +272,7 @@ def recipe_modules() -> dict[str, str]:
 class MethodNames(Sequence):
     """A tuple-like view of the registered methods ``select`` picks, re-read on every use.
 
-    Module constants such as ``hyspec.dispatch.signals.METHODS`` are these, so
+    Module constants such as ``hyspec.policy.signals.METHODS`` are these, so
     ``from ... import METHODS`` stays right after a later :func:`register`.
     ``name in view`` is one dict lookup (signals check it every step).
     Compares equal to a tuple or list with the same names.

@@ -129,7 +129,7 @@ def test_suffix_trees_cut_by_draft_sizing_emit_the_target_law(workspace, monkeyp
     cut trees must emit the target's law too.  A cost model where a verified row costs 1 ms against a
     0.5 s step makes the cut bite at the batch sizes this test runs (~256 requests at once): a node pays
     only while its calibrated path acceptance is above ~0.35."""
-    from hyspec.spec.cost_model import CostModel, StepSample
+    from hyspec.policy.cost_model import CostModel, StepSample
     from hyspec.spec.tree import DraftTree
 
     prompt = list(prompts(6)[3])

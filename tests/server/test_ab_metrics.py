@@ -9,7 +9,7 @@ import math
 import httpx
 import pytest
 
-from hyspec.dispatch.canary import Canary
+from hyspec.policy.canary import Canary
 from hyspec.engine.engine import LLMEngine
 from hyspec.server.async_engine import AsyncEngine, RequestStream
 from hyspec.server.metrics import UNASSIGNED, ServerMetrics

@@ -96,7 +96,7 @@ def test_rule_file_edited_while_serving(make_server, draft_model_dir, plain, tmp
             assert spec_steps(scrape(client), "draft_model") > 0
 
             # 2. an edit that does not parse: refused with its line and column, the previous rules stay
-            caplog.set_level(logging.WARNING, logger="hyspec.dispatch")
+            caplog.set_level(logging.WARNING, logger="hyspec.policy")
             write_rules(rules, '[\n  {"method": "ngram",}\n]')
             serve_until(client, plain,
                         lambda: scrape(client).value("hyspec_dispatch_rules_reload_failures_total") == 1,

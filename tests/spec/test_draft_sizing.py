@@ -6,9 +6,9 @@ import pytest
 
 from hyspec.errors import HyspecError
 from hyspec.spec.config import SpeculativeConfig
-from hyspec.spec.controller import GoodputController
-from hyspec.spec.cost_model import CostModel, StepSample
-from hyspec.spec.draft_sizing import PRIOR_WEIGHT, DraftSizer, cell_of
+from hyspec.policy.controller import GoodputController
+from hyspec.policy.cost_model import CostModel, StepSample
+from hyspec.policy.draft_sizing import PRIOR_WEIGHT, DraftSizer, cell_of
 from hyspec.spec.tree import DraftTree, NodeScores
 
 

@@ -87,7 +87,7 @@ def test_a_failed_reload_stays_plain_and_retries(target_dir, draft_dir, plain_ou
 
     monkeypatch.setattr(decoder, "build_proposer", flaky)
     clock.now += 61
-    with caplog.at_level(logging.WARNING, logger="hyspec.spec.residency"):
+    with caplog.at_level(logging.WARNING, logger="hyspec.policy.residency"):
         first = llm.generate(PROMPTS[:1], LONG)[0]
     assert "reloading the draft_model drafter failed (OSError: drafter weights unreadable)" in caplog.text
     assert first.outputs[0].token_ids == plain_outputs[0]
@@ -111,12 +111,12 @@ def test_without_pressure_nothing_is_released(target_dir, draft_dir, plain_outpu
 def test_remote_drafting_under_pressure_touches_nothing(caplog):
     from hyspec.spec.metrics import SpecMetrics
     from hyspec.spec.ops_config import MemoryPressureConfig
-    from hyspec.spec.residency import DrafterResidency
+    from hyspec.policy.residency import DrafterResidency
 
     clock = [0.0]
     r = DrafterResidency(MemoryPressureConfig(window_s=1.0), SpecMetrics(), remote=True, clock=lambda: clock[0])
     released = []
-    with caplog.at_level(logging.INFO, logger="hyspec.spec.residency"):
+    with caplog.at_level(logging.INFO, logger="hyspec.policy.residency"):
         for t in range(5):
             clock[0] = float(t)
             r.step(True, {"draft_model": object()}, released.append, released.append)
@@ -129,7 +129,7 @@ def test_least_useful_drafter_goes_first():
 
     from hyspec.spec.metrics import SpecMetrics
     from hyspec.spec.ops_config import MemoryPressureConfig
-    from hyspec.spec.residency import DrafterResidency
+    from hyspec.policy.residency import DrafterResidency
 
     class Holder:
         def __init__(self):
@@ -163,7 +163,7 @@ def test_bad_thresholds_and_windows_name_the_key(section, key, value, message):
 def test_ttft_guard_switches_with_hysteresis():
     from hyspec.spec.ops_config import SLOConfig
     from hyspec.spec.ops_metrics import OperatorMetrics
-    from hyspec.spec.slo import TTFTGuard
+    from hyspec.policy.slo import TTFTGuard
 
     clock = [0.0]
     ops = OperatorMetrics()

@@ -64,10 +64,10 @@ def test_config_validation_accepts_a_registered_method(repeat_last):
 
 
 def test_the_dispatcher_accepts_a_registered_method(repeat_last, tmp_path):
-    from hyspec.dispatch.conditions import compile_condition
-    from hyspec.dispatch.dispatcher import HybridDispatcher
-    from hyspec.dispatch.rules import parse_rules
-    from hyspec.dispatch.signals import METHODS, StepSignals
+    from hyspec.policy.conditions import compile_condition
+    from hyspec.policy.dispatcher import HybridDispatcher
+    from hyspec.policy.rules import parse_rules
+    from hyspec.policy.signals import METHODS, StepSignals
 
     assert NAME in METHODS and list(METHODS)[-1] == NAME
     signals = StepSignals(context_length=10, accept_rate={NAME: 0.5}, goodput={NAME: 100.0})
@@ -121,7 +121,7 @@ def test_registering_is_undone():
     assert NAME not in registry.METHODS and NAME not in registry.ALL_METHODS
     with pytest.raises(ConfigError, match=f"unknown method '{NAME}'"):
         SpeculativeConfig.from_dict({"method": NAME})
-    from hyspec.dispatch.signals import StepSignals
+    from hyspec.policy.signals import StepSignals
 
     with pytest.raises(HyspecError, match="unknown method"):
         StepSignals(accept_rate={NAME: 0.5})
@@ -175,7 +175,7 @@ def test_builtin_entries_resolve():
 def test_registry_and_its_readers_import_no_torch():
     code = ("import sys\n"
             "import hyspec.spec.registry, hyspec.spec.config, hyspec.backends.records, hyspec.bench.settings\n"
-            "import hyspec.assets, hyspec.train.registry, hyspec.dispatch, hyspec.drafters.eagle\n"
+            "import hyspec.assets, hyspec.train.registry, hyspec.policy, hyspec.drafters.eagle\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": ""})

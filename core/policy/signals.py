@@ -66,7 +66,7 @@ class StepSignals:
     context_length: float = 0.0
     batch_size: int = 0
     mem_usage: float = 0.0  # KV pool blocks in use / total, 0..1
-    load: float = 0.0  # the engine's own load figure, 0..1 (see hyspec.dispatch.load)
+    load: float = 0.0  # the engine's own load figure, 0..1 (see hyspec.policy.load)
     queue_depth: int = 0  # requests waiting for admission
     remote_health: float = 1.0  # share of recent remote-drafter pings answered; 1 without one
     max_context_length: float | None = None  # None -> context_length

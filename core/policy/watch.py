@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-log = logging.getLogger("hyspec.dispatch")
+log = logging.getLogger("hyspec.policy")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import torch
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.target import TargetContext
 from hyspec.kv.sequence_kv import SequenceKV
-from hyspec.spec.cost_model import CostModel
+from hyspec.policy.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ from typing import Callable, Sequence
 
 from hyspec.errors import HyspecError
 from hyspec.spec.config import SpeculativeConfig
-from hyspec.spec.cost_model import CostModel, StepSample
-from hyspec.spec.draft_sizing import DraftSizer
+from hyspec.policy.cost_model import CostModel, StepSample
+from hyspec.policy.draft_sizing import DraftSizer
 from hyspec.spec.tree import DraftTree
 
 __all__ = ["GoodputController", "CostModel", "StepSample", "DraftCost"]

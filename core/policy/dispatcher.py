@@ -2,7 +2,7 @@
 
 Per step, in this order:
 
-1. the load fallback (``hyspec.dispatch.load``): while engaged, "none";
+1. the load fallback (``hyspec.policy.load``): while engaged, "none";
 2. the rules, first match wins; a rule whose method is not loaded is skipped
    (filtered out once, when rules or loaded methods change, not per step);
 3. when no rule matches, "none".  Plain decoding is always correct, and a
@@ -10,13 +10,13 @@ Per step, in this order:
    operators who want a catch-all end the file with ``{"method": "eagle"}``
    (or a preference list of when-less rules).
 
-With ``hybrid.policy: "bandit"`` (a :class:`~hyspec.dispatch.bandit.BanditPolicy`)
+With ``hybrid.policy: "bandit"`` (a :class:`~hyspec.policy.bandit.BanditPolicy`)
 the steps no rule matches, and those a rule hands over with ``"policy":
 "bandit"``, are the bandit's: it chooses among the loaded methods and "none"
 from the goodput it measured for that class of step (``observe_step``); rules
 that name a method still pin it.
 
-The canary (``hyspec.dispatch.canary.Canary``, the engine's one) is per
+The canary (``hyspec.policy.canary.Canary``, the engine's one) is per
 request, not per step: the engine assigns the arm once at admission, and
 control-arm sequences decode plainly whatever ``choose`` says.  An engine
 whose batch holds only control requests need not call ``choose`` at all.
@@ -38,16 +38,16 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Iterable
 
-from hyspec.dispatch.bandit import BanditPolicy, BanditSnapshot, step_class
-from hyspec.dispatch.conditions import Predicate
-from hyspec.dispatch.latency import LatencyRing
-from hyspec.dispatch.load import LoadFallback
-from hyspec.dispatch.rules import BANDIT, Rule, RuleFileError, default_rules_path, load_rules
-from hyspec.dispatch.signals import METHODS, NONE, StepSignals
-from hyspec.dispatch.watch import FileStamp, PollingThread, file_stamp
+from hyspec.policy.bandit import BanditPolicy, BanditSnapshot, step_class
+from hyspec.policy.conditions import Predicate
+from hyspec.policy.latency import LatencyRing
+from hyspec.policy.load import LoadFallback
+from hyspec.policy.rules import BANDIT, Rule, RuleFileError, default_rules_path, load_rules
+from hyspec.policy.signals import METHODS, NONE, StepSignals
+from hyspec.policy.watch import FileStamp, PollingThread, file_stamp
 from hyspec.errors import ConfigError
 
-log = logging.getLogger("hyspec.dispatch")
+log = logging.getLogger("hyspec.policy")
 
 _NEVER = 1 << 62  # a perf_counter_ns deadline that never comes
 

@@ -7,7 +7,7 @@ several ``"when"``-less rules at the end form a preference list
 (``dflash`` if loaded, else ``eagle``, ...).  ``"method": "none"`` asks for
 plain decoding.  ``"policy": "bandit"`` instead of a method hands the steps the
 rule matches to the learned policy (``hybrid.policy: "bandit"``, which must be
-configured; ``hyspec.dispatch.bandit``), and a rule naming a method pins it.  An
+configured; ``hyspec.policy.bandit``), and a rule naming a method pins it.  An
 optional ``"comment"`` string is kept for people and ignored by the dispatcher.
 
 Every error names the file, line and column (1-based, in characters, as
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyspec.dispatch.conditions import ConditionError, Predicate, compile_condition
-from hyspec.dispatch.signals import METHODS, NONE
+from hyspec.policy.conditions import ConditionError, Predicate, compile_condition
+from hyspec.policy.signals import METHODS, NONE
 from hyspec.errors import HyspecError
 
 RULE_KEYS = ("when", "method", "policy", "comment")

@@ -2,7 +2,7 @@
 parser that compiles a condition straight into a tree of closures.
 
 Nothing here calls eval, exec or compile: a condition can only read the
-signals listed in ``hyspec.dispatch.signals`` and do arithmetic and
+signals listed in ``hyspec.policy.signals`` and do arithmetic and
 comparisons on them.  Grammar (lowest precedence first)::
 
     condition  := and_expr ("or" and_expr)*
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from hyspec.dispatch.signals import METHODS, PER_METHOD_SIGNALS, SIGNAL_NAMES
+from hyspec.policy.signals import METHODS, PER_METHOD_SIGNALS, SIGNAL_NAMES
 from hyspec.errors import HyspecError
 
 Predicate = Callable[[Any], bool]  # takes a StepSignals

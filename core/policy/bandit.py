@@ -66,7 +66,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from hyspec.dispatch.signals import NONE
+from hyspec.policy.signals import NONE
 from hyspec.errors import ConfigError
 
 #: steps' worth of the parent class's goodput in each arm's estimate (see the module docstring)
