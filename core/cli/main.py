@@ -1,4 +1,4 @@
-"""``hyspec`` command line: probe | generate | chat | bench | serve | train-draft | conformance."""
+"""``hyspec`` command line: one subcommand per module of hyspec.cli, listed in COMMANDS below."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,9 @@ COMMANDS = {
     "generate": ("generate", "generate text from prompts, with or without speculation"),
     "chat": ("chat", "chat with the model over its chat template, streaming the answer"),
     "bench": ("bench", "benchmark methods side by side with the tools users would pick instead"),
+    "bench-server": ("bench_server", "server throughput with and without speculation under concurrent clients"),
+    "load-test": ("load_test", "concurrent streaming clients against a server, every stream checked"),
+    "soak": ("soak", "a long load test with a remote draft worker killed midway"),
     "serve": ("serve", "run the OpenAI-compatible server with Prometheus metrics"),
     "train-draft": ("train_draft", f"train a drafter ({', '.join(trainable_methods())}) for a target"),
     "conformance": ("conformance", "run the per-backend conformance suite and print a report"),

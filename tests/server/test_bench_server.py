@@ -1,32 +1,17 @@
-"""scripts/bench_server.py: the parts without a server (rows, table, goal, configurations, options), and a slow
-end-to-end smoke run on the tiny models."""
+"""hyspec bench-server (hyspec.cli.bench_server, hyspec.bench.server_bench): the parts without a server (rows,
+table, goal, configurations, options), and a slow end-to-end smoke run on the tiny models."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
+from hyspec.bench import server_bench as bench
+from hyspec.cli.bench_server import parse_args
+from hyspec.cli.main import main as hyspec_main
 from hyspec.spec.config import SpeculativeConfig
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_server.py"
 
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_server", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-
-
-def test_rows_speedups_goal_and_table(bench):
+def test_rows_speedups_goal_and_table():
     S = bench.Sample
     plain = bench.cell("plain", 4, [S(0, [1, 2, 3], ttft=0.010, tpot=0.002), S(1, [4, 5, 6], ttft=0.030, tpot=0.004)],
                        wall=1.0, cpu=0.25, before={}, after={"decisions": {}, "draft_tokens": 0.0})
@@ -50,8 +35,8 @@ def test_rows_speedups_goal_and_table(bench):
     assert table[3].split()[:4] == ["hybrid", "4", "5.0", "0.83"] and "9.5" in table[3]
 
 
-def test_default_configurations_are_valid_speculative_configs(bench, tmp_path):
-    args = bench.parse_args(["--tiny", "--configs", "plain,hybrid,ngram,draft_model"])
+def test_default_configurations_are_valid_speculative_configs(tmp_path):
+    args = parse_args(["--tiny", "--configs", "plain,hybrid,ngram,draft_model"])
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps([{"method": "ngram"}]))
     configs = bench.default_configs(args, {"draft_model": str(tmp_path)}, str(rules))
@@ -60,9 +45,9 @@ def test_default_configurations_are_valid_speculative_configs(bench, tmp_path):
         assert SpeculativeConfig.from_dict(configs[name]).method == name
     assert [m["method"] for m in configs["hybrid"]["hybrid"]["methods"]] == ["ngram", "draft_model"]
     with pytest.raises(SystemExit, match="no drafter weights for 'eagle'"):
-        bench.default_configs(bench.parse_args(["--configs", "eagle"]), {}, None)
-    given = bench.parse_args(["--configs", "hybrid", "--speculative-config", '{"method": "ngram"}',
-                              "--config", 'x={"method": "ngram", "num_speculative_tokens": 2}'])
+        bench.default_configs(parse_args(["--configs", "eagle"]), {}, None)
+    given = parse_args(["--configs", "hybrid", "--speculative-config", '{"method": "ngram"}',
+                        "--config", 'x={"method": "ngram", "num_speculative_tokens": 2}'])
     assert bench.default_configs(given, {}, None) == {"hybrid": {"method": "ngram"},
                                                       "x": {"method": "ngram", "num_speculative_tokens": 2}}
 
@@ -73,19 +58,19 @@ def test_default_configurations_are_valid_speculative_configs(bench, tmp_path):
     (["--clients", "64", "--max-num-seqs", "32"], "requests would queue"),
     (["--duration", "0"], "must be positive"),
 ])
-def test_bad_options_are_named(bench, argv, message, capsys):
+def test_bad_options_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args(argv)
+        parse_args(argv)
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_tiny_end_to_end(bench, tmp_path):
+def test_tiny_end_to_end(tmp_path):
     """Two real `hyspec serve` subprocesses (plain and hybrid) on the tiny models, one second per client count."""
     out = tmp_path / "result.json"
-    rc = bench.main(["--tiny", "--configs", "plain,hybrid", "--clients", "1,2", "--duration", "1",
-                     "--max-tokens", "8", "--num-prompts", "4", "--max-num-seqs", "4", "--log-dir", str(tmp_path),
-                     "--json", str(out)])
+    rc = hyspec_main(["bench-server", "--tiny", "--configs", "plain,hybrid", "--clients", "1,2", "--duration", "1",
+                      "--max-tokens", "8", "--num-prompts", "4", "--max-num-seqs", "4", "--log-dir", str(tmp_path),
+                      "--json", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0, doc["failures"]
     assert [(r["config"], r["clients"]) for r in doc["rows"]] == [("plain", 1), ("plain", 2), ("hybrid", 1),

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
-
+from hyspec.bench.serve_process import free_port, wait_until_healthy
 from hyspec.cli import serve
 
 
@@ -69,12 +67,6 @@ def test_without_the_serve_extra_the_message_says_what_to_install():
     assert "fastapi is not installed" in r.stderr and "hyspec[serve]" in r.stderr and "Traceback" not in r.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_process_answers_and_exits_cleanly_on_sigterm(tiny_model_dir):
     port = free_port()
     env = {**os.environ, "HYSPEC_API_KEY": "k3y", "OMP_NUM_THREADS": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
@@ -85,16 +77,9 @@ def test_serve_process_answers_and_exits_cleanly_on_sigterm(tiny_model_dir):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        # the log is read only once the process has ended: reading a live process's pipes would block
+        wait_until_healthy(url, proc, 90, log_tail=lambda: proc.communicate()[1][-3000:] if proc.poll() is not None
+                           else "")
         assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 401
         client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=3, temperature=0,

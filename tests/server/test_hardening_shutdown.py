@@ -17,12 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
+from hyspec.bench.serve_process import free_port, wait_until_healthy
 
 CONTEXT = 4096  # tokens: thousands of tiny-model steps, seconds of work whatever the machine
 LONG = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": CONTEXT - 64, "temperature": 0, "ignore_eos": True}
@@ -41,16 +43,10 @@ def long_context_model(tiny_model_dir, tmp_path_factory) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve(model: Path, log_path: Path, shutdown_timeout: float) -> Iterator[tuple[subprocess.Popen, str]]:
     """A `hyspec serve` process (its log in ``log_path``), up and healthy; killed if the test leaves it running."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     env.pop("HYSPEC_API_KEY", None)
     with open(log_path, "w") as log:
@@ -62,16 +58,7 @@ def serve(model: Path, log_path: Path, shutdown_timeout: float) -> Iterator[tupl
             stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        wait_until_healthy(url, proc, 120, log_tail=lambda: log_path.read_text()[-3000:])
         yield proc, url
     finally:
         if proc.poll() is None:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Load test of a hyspec server: N concurrent streaming clients on loopback for a bounded time.
 
 Each client streams /v1/completions (temperature 0, ignore_eos, token ids
@@ -11,24 +10,17 @@ request is run again alone, and the test checks that every stream
     (nothing lost, duplicated or mixed up between concurrent requests),
 
 and that afterwards nothing is in flight and the KV pool is back to empty
-(read from /metrics).  Prints a JSON report; exit status 0 only if all held.
-
-    python scripts/load_test.py --tiny                      # builds a tiny random checkpoint, serves it here
-    python scripts/load_test.py --model DIR --clients 64 --duration 30
-    python scripts/load_test.py --url http://127.0.0.1:8000 --api-key KEY
+(read from /metrics).  ``hyspec load-test`` runs it (hyspec.cli.load_test); ``hyspec soak`` drives
+its long run through :func:`run_load`.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
 import statistics
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import httpx
 
@@ -66,6 +58,9 @@ class LoadReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
 
 
 def make_prompts(count: int) -> list[str]:
@@ -179,8 +174,8 @@ async def run_load(base_url: str, clients: int = 64, duration: float = 10.0, max
     report.tokens_per_s = report.tokens / report.wall_s if report.wall_s else 0.0
     ttfts = sorted(r.ttft for r in results if r.ttft is not None)
     latencies = sorted(r.latency for r in results)
-    report.ttft_p50_s, report.ttft_p99_s = _percentile(ttfts, 50), _percentile(ttfts, 99)
-    report.latency_p50_s, report.latency_p99_s = _percentile(latencies, 50), _percentile(latencies, 99)
+    report.ttft_p50_s, report.ttft_p99_s = percentile(ttfts, 50), percentile(ttfts, 99)
+    report.latency_p50_s, report.latency_p99_s = percentile(latencies, 50), percentile(latencies, 99)
     if report.requests < clients:
         report.problems.append(f"only {report.requests} requests completed for {clients} clients")
     return report
@@ -204,56 +199,9 @@ def _check(r: StreamResult, reference: tuple[str, list[int]], max_tokens: int) -
     return None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="an already running server")
-    where.add_argument("--model", help="serve this model directory in-process on 127.0.0.1")
-    where.add_argument("--tiny", action="store_true", help="build the tests' tiny random checkpoint and serve it")
-    parser.add_argument("--served-model-name", help="`model` to send (default: none, the server's only model)")
-    parser.add_argument("--api-key")
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds during which clients start requests")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--kv-cache-bytes", type=int, default=64 << 20, help="with --model/--tiny")
-    parser.add_argument("--json", metavar="PATH", help="also write the report here")
-    args = parser.parse_args(argv)
-
-    if args.url:
-        report = asyncio.run(run_load(args.url, args.clients, args.duration, args.max_tokens,
-                                      args.served_model_name, args.api_key))
-    else:
-        model_dir = args.model or _tiny_checkpoint()
-        from hyspec.server.app import create_app
-        from hyspec.server.launcher import BackgroundServer
-
-        app = create_app({"model": model_dir, "kv_cache_bytes": args.kv_cache_bytes, "max_num_seqs": args.clients},
-                         max_queue=args.clients)
-        with BackgroundServer(app) as server:
-            report = asyncio.run(run_load(server.url, args.clients, args.duration, args.max_tokens))
-    text = json.dumps({**asdict(report), "ok": report.ok}, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
-    return 0 if report.ok else 1
-
-
-def _tiny_checkpoint() -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.model
-    from tests.model.tiny_checkpoint import make_checkpoint
-
-    path = Path(tempfile.mkdtemp(prefix="hyspec-load-")) / "tiny"
-    make_checkpoint(path)
-    return str(path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

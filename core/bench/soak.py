@@ -1,16 +1,14 @@
-#!/usr/bin/env python
 """Soak test of ``hyspec serve``: concurrent streaming clients for a long time, a remote draft worker killed
 midway, and every request checked.
 
 Starts the real ``hyspec serve`` (a subprocess, the default model unless ``--model``) with remote drafting on
 a local Ray instance, runs ``--clients`` closed-loop streaming clients for ``--duration`` seconds through
-``scripts/load_test.py``'s ``run_load`` (each stream well-formed, exactly max_tokens ids, equal token for
+hyspec.bench.server_load's ``run_load`` (each stream well-formed, exactly max_tokens ids, equal token for
 token to the same request run alone afterwards; nothing in flight and the KV pool empty at the end),
 SIGKILLs the Ray draft worker's process at ``--kill-worker-at`` seconds, samples the server's and the
 worker's resident memory every few seconds, then stops the server with SIGTERM and requires exit status 0.
 
-    python scripts/soak.py --duration 1200 --clients 32 --json docs/results/soak.json
-    python scripts/soak.py --duration 60 --clients 8      # a quick look
+``hyspec soak`` runs it (its options: hyspec.cli.soak).
 
 Reported: requests, tokens, TTFT / latency p50 / p99, the server's RSS over time (start, after warm-up,
 end, growth after warm-up), the kill and what the remote metrics say about it (failovers, rejoins, drafts by
@@ -24,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,14 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from load_test import run_load  # noqa: E402  (scripts/ is not a package)
-
-DEFAULT_SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                "draft_placement": "remote",
-                "remote": {"draft_deadline_ms": 200, "ping_interval_ms": 200, "max_missed_pings": 3}}
+from hyspec.bench.serve_process import ServerExited, free_port, wait_until_healthy
+from hyspec.bench.server_load import run_load
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -98,28 +89,8 @@ class Sampler(threading.Thread):
         self.join()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model to serve (default: the embedded default model)")
-    parser.add_argument("--speculative-config", default=json.dumps(DEFAULT_SPEC),
-                        help="JSON (default: ngram drafted on a remote Ray worker, local ngram after failover)")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=1200.0, help="seconds during which clients start requests")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--num-prompts", type=int, default=64, help="distinct prompts the clients cycle through")
-    parser.add_argument("--kill-worker-at", type=float, default=None,
-                        help="seconds into the load to SIGKILL the draft worker (default: a quarter in; <0: never)")
-    parser.add_argument("--rss-interval", type=float, default=5.0)
-    parser.add_argument("--warm-up-s", type=float, default=60.0, help="RSS growth is measured from this time on")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--log", metavar="PATH", help="the server's log (default: beside --json, or a temp file)")
-    args = parser.parse_args(argv)
+def run_soak(args: argparse.Namespace) -> int:
+    """One soak run with ``hyspec soak``'s options; 0 only if nothing was wrong."""
     kill_at = args.duration / 4 if args.kill_worker_at is None else args.kill_worker_at
 
     port = free_port()
@@ -131,19 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     problems: list[str] = []
     with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"soak: the server did not start (see {log_path})")
-            time.sleep(1)
+        try:
+            wait_until_healthy(url, server, 900, interval_s=1)
+        except (ServerExited, TimeoutError):
+            raise SystemExit(f"hyspec soak: the server did not start (see {log_path})") from None
         sampler = Sampler(server.pid, args.rss_interval)
         sampler.start()
         kill: dict[str, Any] = {"at_s": None, "pids": []}
@@ -198,6 +163,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(text)
     return 0 if not problems else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Server throughput with and without speculation, at 1, 4, 16 and 32 concurrent streaming clients.
 
 For each configuration (``plain``, ``hybrid``, and fixed methods such as
-``ngram``) the script starts ``hyspec serve`` in a subprocess on 127.0.0.1,
+``ngram``) it starts ``hyspec serve`` in a subprocess on 127.0.0.1,
 warms it up, then for each client count runs that many closed-loop streaming
 clients (each sends the next greedy request as soon as its last one ended) for
 ``--duration`` seconds, and stops the server.  It reports per cell:
@@ -22,21 +21,15 @@ first output of each prompt under speculation is compared with plain's: a
 difference is reported (on bf16/fp16 targets it can be a near-tie, see
 docs/architecture.md §4; ``hyspec bench`` classifies those).
 
-    python scripts/bench_server.py --tiny --duration 3 --clients 1,4      # development, random tiny models
-    python scripts/bench_server.py --duration 30 --json server.json      # the embedded default model
-    python scripts/bench_server.py --rounds 4 --duration 15              # servers side by side, cells alternated
-    python scripts/bench_server.py --model DIR --speculative-config hybrid.json --configs plain,hybrid,eagle
+``hyspec bench-server`` runs it (its options: hyspec.cli.bench_server).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
 import platform
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from hyspec.bench.serve_process import free_port, wait_until_healthy
+from hyspec.bench.server_load import percentile
+from hyspec.spec.registry import (
+    DRAFTER_METHODS,  # torch-free: the methods with drafter weights
+)
 
-from hyspec.spec.registry import DRAFTER_METHODS  # torch-free: the methods with drafter weights
-
-REPO = Path(__file__).resolve().parents[1]
 PLAIN, HYBRID = "plain", "hybrid"
 GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
 CODE_PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "import os\nimport sys\n\n\ndef main(",
@@ -134,9 +129,7 @@ class ServerProcess:
     """``hyspec serve`` in a subprocess on a free loopback port; its log goes to ``log_path``."""
 
     def __init__(self, args: argparse.Namespace, model: str, spec_config: dict[str, Any] | None, log_path: Path):
-        with socket.socket() as s:  # a free port (the tiny race with other processes is acceptable here)
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [sys.executable, "-m", "hyspec.cli.main", "serve", "--model", model, "--port", str(self.port),
@@ -148,22 +141,14 @@ class ServerProcess:
         if spec_config is not None:
             cmd += ["--speculative-config", json.dumps(spec_config)]
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.proc.returncode} during start-up:\n"
-                                   f"{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"the server was not ready within {timeout} s:\n{self.log_tail()}")
+        try:
+            wait_until_healthy(self.url, self.proc, timeout, self.log_tail, interval_s=0.25)
+        except TimeoutError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -200,14 +185,6 @@ def scrape(url: str) -> dict[str, Any]:
 
 
 # -- one configuration -------------------------------------------------------------------------------------
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
 
 def cell(config: str, clients: int, samples: list[Sample], wall: float, cpu: float, before: dict[str, Any],
          after: dict[str, Any]) -> dict[str, Any]:
@@ -309,9 +286,9 @@ def load_json_arg(text: str, option: str) -> dict[str, Any]:
     try:
         value = json.loads(source)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"bench_server: {option}: not a JSON object nor a readable file: {exc}")
+        raise SystemExit(f"hyspec bench-server: {option}: not a JSON object nor a readable file: {exc}")
     if not isinstance(value, dict):
-        raise SystemExit(f"bench_server: {option}: expected a JSON object")
+        raise SystemExit(f"hyspec bench-server: {option}: expected a JSON object")
     return value
 
 
@@ -321,7 +298,7 @@ def method_config(method: str, k: int, drafters: dict[str, str]) -> dict[str, An
         config.update(prompt_lookup_min=1, prompt_lookup_max=3)
     elif method in DRAFTER_METHODS:
         if method not in drafters:
-            raise SystemExit(f"bench_server: no drafter weights for {method!r} (found: {', '.join(drafters) or 'none'})"
+            raise SystemExit(f"hyspec bench-server: no drafter weights for {method!r} (found: {', '.join(drafters) or 'none'})"
                              f"; pass --config {method}=JSON with a model")
         config["model"] = drafters[method]
     return config
@@ -365,20 +342,24 @@ def embedded_drafters() -> dict[str, str]:
 
 
 def tiny_models(workdir: Path) -> tuple[str, dict[str, str], str]:
-    """The tests' tiny random target, a smaller draft model with its tokenizer, and rules that use both."""
-    sys.path.insert(0, str(REPO))  # the repository root, for tests.model
-    from tests.model.tiny_checkpoint import make_checkpoint
+    """The conformance suite's tiny random target, a one-layer draft model with the same tokenizer, and rules
+    that use both."""
+    from hyspec.conformance.tiny import TinySpec, make_tiny_target
 
     target, draft = workdir / "tiny-target", workdir / "tiny-draft"
-    make_checkpoint(target, "llama_gqa", layers=2, seed=0)
-    make_checkpoint(draft, "llama_gqa", layers=1, seed=7)
+    make_tiny_target(target, TinySpec(layers=2, seed=0))
+    make_tiny_target(draft, TinySpec(layers=1, seed=7))
     rules = workdir / "tiny-rules.json"
     rules.write_text(json.dumps([{"when": "batch_size <= 4", "method": "draft_model"}, {"method": "ngram"}]))
     return str(target), {"draft_model": str(draft)}, str(rules)
 
 
 def build_prompts(args: argparse.Namespace, model: str) -> tuple[list[list[int]], dict[str, Any]]:
-    from hyspec.bench.prompts import build_prompt_set, humaneval_prompts, read_prompt_file
+    from hyspec.bench.prompts import (
+        build_prompt_set,
+        humaneval_prompts,
+        read_prompt_file,
+    )
     from hyspec.model.tokenizer import Tokenizer
 
     if args.prompts:
@@ -449,57 +430,10 @@ def machine(backend: str) -> dict[str, Any]:
         return {"label": f"{platform.node()} ({platform.processor() or platform.machine()})", "error": str(exc)}
 
 
-# -- main --------------------------------------------------------------------------------------------------
+# -- the run ----------------------------------------------------------------------------------------------
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--model", help="target model directory (default: the embedded default model)")
-    where.add_argument("--tiny", action="store_true", help="tiny random target + draft model (development only)")
-    p.add_argument("--configs", default="plain,hybrid,ngram",
-                   help="comma list: plain, hybrid, or a method run alone (default plain,hybrid,ngram)")
-    p.add_argument("--speculative-config", metavar="JSON|PATH", help="the hybrid configuration (default: hybrid over "
-                   "ngram and every drafter found, with the built-in rules; --tiny: its own rules)")
-    p.add_argument("--config", action="append", default=[], metavar="NAME=JSON|PATH",
-                   help="speculative_config of configuration NAME (overrides the default; repeatable)")
-    p.add_argument("--clients", default="1,4,16,32", help="comma list of concurrent clients (default 1,4,16,32)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per client count (default 20)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="> 1: start every configuration's server at once and alternate them, this many rounds of "
-                        "--duration per client count (drift on a shared machine then hits all alike)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
-    p.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cycled by the clients (default 64)")
-    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="left-truncate longer prompts (default 1024)")
-    p.add_argument("--prompts", metavar="FILE", help="JSONL or text prompts (default: HumanEval; --tiny: snippets)")
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="server batch limit (default 64; >= max clients)")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--kv-cache-bytes", help="server KV cache size, e.g. 2GiB (default: the server's)")
-    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for a server (default 900)")
-    p.add_argument("--json", metavar="PATH", help="write the results here (default: bench_server.json in the log dir)")
-    p.add_argument("--log-dir", metavar="DIR", help="server logs (default: a new temporary directory)")
-    args = p.parse_args(argv)
-    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    try:
-        args.clients = [int(c) for c in args.clients.split(",")]
-    except ValueError:
-        p.error(f"--clients: expected a comma list of integers, got {args.clients!r}")
-    if not args.clients or min(args.clients) < 1:
-        p.error("--clients: every count must be >= 1")
-    if max(args.clients) > args.max_num_seqs:
-        p.error(f"--max-num-seqs {args.max_num_seqs} is below {max(args.clients)} clients: requests would queue")
-    if args.duration <= 0 or args.max_tokens < 1 or args.num_prompts < 1 or args.rounds < 1:
-        p.error("--duration, --max-tokens, --num-prompts and --rounds must be positive")
-    if args.tiny:
-        args.dtype = "float32" if args.dtype == "auto" else args.dtype
-        args.kv_cache_bytes = args.kv_cache_bytes or "64MiB"
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_bench_server(args: argparse.Namespace) -> int:
+    """One run with ``hyspec bench-server``'s checked options; 0 when every configuration ran without errors."""
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="hyspec-bench-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     rules_path = None
@@ -513,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = default_configs(args, drafters, rules_path)
     prompts, prompt_summary = build_prompts(args, model)
     each = f"{args.duration:g} s each" if args.rounds == 1 else f"{args.rounds} alternating rounds of {args.duration:g} s"
-    print(f"bench_server: {model}; configs {', '.join(configs)}; clients {args.clients}; {each}; "
+    print(f"hyspec bench-server: {model}; configs {', '.join(configs)}; clients {args.clients}; {each}; "
           f"logs in {log_dir}", file=sys.stderr)
 
     rows: list[dict[str, Any]] = []
@@ -524,14 +458,14 @@ def main(argv: list[str] | None = None) -> int:
             rows, outputs = run_interleaved(configs, args, model, prompts, log_dir)
         except (RuntimeError, TimeoutError) as exc:
             failures["interleaved"] = str(exc)
-            print(f"bench_server: failed: {exc}", file=sys.stderr)
+            print(f"hyspec bench-server: failed: {exc}", file=sys.stderr)
     for name, spec_config in configs.items() if args.rounds == 1 else ():
         try:
             config_rows, outputs[name] = run_config(name, spec_config, args, model, prompts, log_dir)
             rows += config_rows
         except (RuntimeError, TimeoutError) as exc:
             failures[name] = str(exc)
-            print(f"bench_server: {name} failed: {exc}", file=sys.stderr)
+            print(f"hyspec bench-server: {name} failed: {exc}", file=sys.stderr)
     speedups(rows)
     identity = {}
     if PLAIN in outputs:
@@ -541,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 identity[name] = {"compared": len(common),
                                   "differing": sorted(i for i in common if outs[i] != outputs[PLAIN][i])}
     doc = {"schema": 1, "machine": machine(args.backend), "model": model, "prompts": prompt_summary,
-           "settings": {k: v for k, v in vars(args).items() if k not in ("json", "log_dir")},
+           "settings": {k: v for k, v in vars(args).items()
+                        if k not in ("json", "log_dir", "command", "verbose") and not k.startswith("_")},
            "configs": configs, "rows": rows, "goal": goal(rows), "identity_vs_plain": identity,
            "failures": failures}
     print(f"\nmachine: {doc['machine']['label']}\n{format_table(rows)}")
@@ -563,7 +498,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {out}", file=sys.stderr)
     return 1 if failures or any(r["errors"] for r in rows) else 0
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(main())
