@@ -3,7 +3,7 @@ adaptive thread scheduler vs a fixed 2-core cap.
 
     python scripts/bench_remote.py                      # embedded default target + its draft_model drafter
     python scripts/bench_remote.py --model T --draft-model D --ray-address HEAD:6379
-    python scripts/bench_remote.py --tiny --prompts 4 --max-tokens 32   # smoke run on the test suite's tiny models
+    python scripts/bench_remote.py --tiny --prompts 4 --max-tokens 32   # smoke run on the conformance's tiny target
     python scripts/bench_remote.py --tiny --self-draft                  # acceptance 1: pipelining hits
 
 Configurations (``--configs``, comma-separated):
@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="target model directory (default: the embedded default)")
     p.add_argument("--draft-model", default=None, help="drafter directory (default: the embedded draft_model drafter)")
-    p.add_argument("--tiny", action="store_true", help="build the test suite's tiny target/drafter pair in a temp dir")
+    p.add_argument("--tiny", action="store_true",
+                   help="build the conformance suite's tiny target and a one-layer drafter in a temp dir")
     p.add_argument("--self-draft", action="store_true",
                    help="draft with the target itself (acceptance 1: exercises pipelining hits; not a real drafter)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
@@ -232,12 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         if args.tiny:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-            from tests.model.tiny_checkpoint import make_checkpoint
+            from hyspec.conformance.tiny import TinySpec, make_tiny_target
 
             model, draft = Path(tmp) / "target", Path(tmp) / "draft"
-            make_checkpoint(model, "llama_gqa", layers=2, seed=0)
-            make_checkpoint(draft, "llama_gqa", layers=1, seed=7)
+            make_tiny_target(model, TinySpec(layers=2, seed=0))
+            make_tiny_target(draft, TinySpec(layers=1, seed=7))
         else:
             from hyspec.assets import default_drafter, default_model
 
