@@ -1,85 +1,89 @@
-"""Building and checking the nested config dataclasses of ``hyspec.spec.config``.
+"""The pydantic side of ``hyspec.spec.config``: how a key is declared, and how an error is reported.
 
-The machinery is generic so that config.py holds only the keys, their
-defaults, their documentation and their rules.  Every error is a
+Every section is a frozen pydantic dataclass (a real ``dataclasses`` dataclass,
+so ``dataclasses.replace`` / ``fields`` work) declared with :func:`section`.
+pydantic checks types and bounds; what it reports is turned into a
 ``ConfigError`` whose key is the full dotted path of the offending entry
-(``speculative_config.controller.ewma_alpha``), because a config file is
-edited by a person who needs to find the line.
+(``speculative_config.hybrid.methods[1].method``) and whose wording is
+hyspec's own ("must be >= 1, got 0", "unknown key (did you mean ...)"),
+because a config file is edited by a person who needs to find the line.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
+import functools
 import typing
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Callable, Iterable, Mapping, NoReturn, Union
+
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, ValidationInfo
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic_core import PydanticCustomError
 
 from hyspec.errors import ConfigError
 
 ROOT = "speculative_config"
+#: Validation context ``from_dict`` passes: JSON-shaped input, where a mapping builds a section.
+FROM_MAPPING = {"from_mapping": True}
+
+# JSON has no int/bool/str coercion: a "4" where a count belongs, or a true, is a mistake.
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # strict floats still take ints (as JSON writes 1 for 1.0)
+Bool = Annotated[bool, Strict()]
+Text = Annotated[str, Strict(), Field(pattern=r"\S")]
 
 
-def key(default: Any, doc: str) -> Any:
-    """A config key: its default and one line of documentation (rendered by ``describe()``)."""
+def key(default: Any, doc: str, **bounds: Any) -> Any:
+    """A config key: its default, one line of documentation and pydantic bounds (``ge``, ``gt``, ``le``, ``lt``).
+
+    The doc is both the JSON Schema description and ``metadata["doc"]`` (what ``describe()`` renders).
+    """
     if isinstance(default, (list, dict, set)):
         raise TypeError("mutable defaults are not allowed in frozen configs; use a tuple")
-    return dataclasses.field(default=default, metadata={"doc": doc})
+    return dataclasses.field(default=default, metadata={"doc": doc, "description": doc, **bounds})
 
 
-def fail(obj: Any, name: str, message: str) -> typing.NoReturn:
-    raise ConfigError(f"{obj._SECTION}.{name}", message)
+def section(path: str) -> Callable[[type], type]:
+    """Make ``cls`` a frozen pydantic dataclass whose errors name keys under ``path``; document its keys."""
+    def wrap(cls: type) -> type:
+        cls._SECTION = path
+        cls = pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid", allow_inf_nan=False))(cls)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                init(self, *args, **kwargs)
+            except ValidationError as e:
+                raise config_error(e, cls, path) from None
+
+        cls.__init__ = __init__
+        return _document(cls)
+    return wrap
 
 
-# ---------------------------------------------------------------- value checks
-# Each reads ``getattr(obj, name)`` and raises naming the full path.  bool is a
-# subclass of int in Python; a JSON ``true`` where a count belongs is a mistake.
-
-def check_int(obj: Any, name: str, lo: int | None = None, hi: int | None = None,
-              optional: bool = False) -> None:
-    value = getattr(obj, name)
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        fail(obj, name, f"expected an integer, got {value!r}")
-    if lo is not None and value < lo:
-        fail(obj, name, f"must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        fail(obj, name, f"must be <= {hi}, got {value}")
+def section_field(cls: type) -> Any:
+    """The type of a key holding section ``cls``: null means its defaults; a mapping builds it only in
+    ``from_dict`` (a constructor call passes the section object itself)."""
+    def accept(value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return cls()
+        if isinstance(value, Mapping) and not (info.context or {}).get("from_mapping"):
+            invalid("", f"expected a {cls.__name__} (a mapping builds one in SpeculativeConfig.from_dict), "
+                        f"got {value!r}")
+        return value
+    return Annotated[cls, BeforeValidator(accept)]
 
 
-def check_float(obj: Any, name: str, lo: float | None = None, hi: float | None = None,
-                lo_open: bool = False, optional: bool = False) -> None:
-    value = getattr(obj, name)
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        fail(obj, name, f"expected a finite number, got {value!r}")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        fail(obj, name, f"must be {'>' if lo_open else '>='} {lo}, got {value}")
-    if hi is not None and value > hi:
-        fail(obj, name, f"must be <= {hi}, got {value}")
-    object.__setattr__(obj, name, float(value))
+def invalid(name: str, message: str) -> NoReturn:
+    """Fail a rule of a section's ``__post_init__``: ``name`` is the key (relative to the section)."""
+    raise PydanticCustomError("hyspec_config", "{message}", {"message": message, "name": name})
 
 
-def check_bool(obj: Any, name: str) -> None:
-    value = getattr(obj, name)
-    if not isinstance(value, bool):
-        fail(obj, name, f"expected true or false, got {value!r}")
-
-
-def check_str(obj: Any, name: str, optional: bool = False) -> None:
-    value = getattr(obj, name)
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not value.strip():
-        fail(obj, name, f"expected a non-empty string, got {value!r}")
-
-
-def check_choice(obj: Any, name: str, choices: Iterable[str]) -> None:
-    value = getattr(obj, name)
+def one_of(name: str, value: Any, choices: Iterable[str]) -> None:
     choices = tuple(choices)
     if value not in choices:
-        fail(obj, name, f"must be one of {', '.join(choices)}; got {value!r}{did_you_mean(value, choices)}")
+        invalid(name, f"must be one of {', '.join(choices)}; got {value!r}{did_you_mean(value, choices)}")
 
 
 def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
@@ -89,91 +93,108 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-# ---------------------------------------------------------------- dict -> dataclass
-
-def build(cls: type, data: Any, path: str, unsupported: Mapping[str, str] | None = None) -> Any:
-    """Construct config dataclass ``cls`` from a JSON-shaped mapping found at ``path``.
-
-    Unknown keys are rejected with the closest valid key; keys in
-    ``unsupported`` (names vLLM accepts that hyspec does not) with the reason.
-    Nested dataclass fields are built recursively so errors carry their path.
-    """
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(path, f"expected an object (JSON mapping), got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        if not isinstance(name, str):
-            raise ConfigError(path, f"keys must be strings, got {name!r}")
-        if name not in fields:
-            if unsupported and name in unsupported:
-                raise ConfigError(f"{path}.{name}", f"not supported by hyspec: {unsupported[name]}")
-            raise ConfigError(f"{path}.{name}", f"unknown key{did_you_mean(name, fields)}; valid keys: "
-                                                f"{', '.join(fields)}")
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            if value is None:
-                continue  # a null section means its defaults
-            value = build(hint, value, f"{path}.{name}")
-        elif _item_dataclass(hint) is not None and value is not None:
-            value = _build_items(_item_dataclass(hint), value, f"{path}.{name}")
-        kwargs[name] = value
-    for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{path}.{name}", "required")
-    return cls(**kwargs)
-
-
-def _item_dataclass(hint: Any) -> type | None:
-    """``X`` for a ``tuple[X, ...]`` hint whose X is a config dataclass."""
-    if typing.get_origin(hint) is tuple:
-        args = typing.get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
-            return args[0]
-    return None
-
-
-def _build_items(item_cls: type, values: Any, path: str) -> tuple[Any, ...]:
-    """A JSON list of item configs; a bare string is shorthand for ``{item_cls._SHORTHAND: s}``."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
-        raise ConfigError(path, f"expected a list, got {type(values).__name__}")
-    items = []
-    for i, value in enumerate(values):
-        item_path = f"{path}[{i}]"
-        if isinstance(value, str):
-            value = {item_cls._SHORTHAND: value}
-        try:
-            items.append(build(item_cls, value, item_path))
-        except ConfigError as e:
-            # The item's own checks name its generic section; give the index.
-            section = item_cls._SECTION
-            if e.key.startswith(section):
-                message = str(e)[len(e.key) + 2:]
-                raise ConfigError(item_path + e.key[len(section):], message) from None
-            raise
-    return tuple(items)
+def validate(cls: type, data: Any, unsupported: Mapping[str, str]) -> Any:
+    """Build ``cls`` from JSON-shaped ``data``; unknown keys of the root that ``unsupported`` names are
+    refused with its reason."""
+    try:
+        return _adapter(cls).validate_python(data, context=FROM_MAPPING)
+    except ValidationError as e:
+        raise config_error(e, cls, cls._SECTION, unsupported) from None
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
-    """The JSON-shaped mapping of a config dataclass (nested configs as mappings)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            value = to_dict(value)
-        elif isinstance(value, tuple):
-            value = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
-        out[f.name] = value
-    return out
+    """The JSON-shaped mapping of a config (nested sections as mappings, tuples as lists)."""
+    return _adapter(type(obj)).dump_python(obj, mode="json")
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    return _adapter(cls).json_schema()
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+# ---------------------------------------------------------------- pydantic's report -> ConfigError
+
+_MESSAGES: dict[str, Callable[[Any, dict], str]] = {
+    "int_type": lambda v, c: f"expected an integer, got {v!r}",
+    "int_from_float": lambda v, c: f"expected an integer, got {v!r}",
+    "float_type": lambda v, c: f"expected a finite number, got {v!r}",
+    "finite_number": lambda v, c: f"expected a finite number, got {v!r}",
+    "bool_type": lambda v, c: f"expected true or false, got {v!r}",
+    "string_type": lambda v, c: f"expected a non-empty string, got {v!r}",
+    "string_pattern_mismatch": lambda v, c: f"expected a non-empty string, got {v!r}",
+    "greater_than_equal": lambda v, c: f"must be >= {c['ge']}, got {v}",
+    "greater_than": lambda v, c: f"must be > {c['gt']}, got {v}",
+    "less_than_equal": lambda v, c: f"must be <= {c['le']}, got {v}",
+    "less_than": lambda v, c: f"must be < {c['lt']}, got {v}",
+    "dataclass_type": lambda v, c: f"expected an object (JSON mapping), got {type(v).__name__}",
+    "dataclass_exact_type": lambda v, c: f"expected an object (JSON mapping), got {type(v).__name__}",
+    "tuple_type": lambda v, c: f"expected a list, got {type(v).__name__}",
+    "missing_argument": lambda v, c: "required",
+    "missing": lambda v, c: "required",
+}
+
+
+def config_error(error: ValidationError, cls: type, root: str,
+                 unsupported: Mapping[str, str] | None = None) -> ConfigError:
+    """The first of pydantic's errors as a ConfigError naming the full dotted key."""
+    e = error.errors()[0]
+    kind, loc, value, ctx = e["type"], e["loc"], e.get("input"), e.get("ctx") or {}
+    if kind == "value_error" and isinstance(ctx.get("error"), ConfigError):
+        return ctx["error"]  # a rule that already named its key (a section built while resolving defaults)
+    if kind == "hyspec_config":
+        return ConfigError(_dotted(root, loc + ((ctx["name"],) if ctx["name"] else ())), ctx["message"])
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        name, owner = loc[-1], _section_at(cls, loc[:-1])
+        if owner is cls and unsupported and name in unsupported:
+            return ConfigError(_dotted(root, loc), f"not supported by hyspec: {unsupported[name]}")
+        names = [f.name for f in dataclasses.fields(owner)]
+        return ConfigError(_dotted(root, loc), f"unknown key{did_you_mean(name, names)}; valid keys: "
+                                               f"{', '.join(names)}")
+    if kind == "invalid_key":
+        return ConfigError(_dotted(root, loc[:-1]), f"keys must be strings, got {loc[-1]!r}")
+    if kind == "literal_error":
+        owner = _section_at(cls, loc[:-1])
+        choices = typing.get_args(_strip(typing.get_type_hints(owner, include_extras=True)[loc[-1]]))
+        return ConfigError(_dotted(root, loc), f"must be one of {', '.join(choices)}; got {value!r}"
+                                               f"{did_you_mean(value, choices)}")
+    if kind in _MESSAGES:
+        return ConfigError(_dotted(root, loc), _MESSAGES[kind](value, ctx))
+    return ConfigError(_dotted(root, loc), e["msg"])
+
+
+def _dotted(root: str, loc: tuple) -> str:
+    return root + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+
+
+def _section_at(cls: type, loc: tuple) -> type:
+    """The section class found at ``loc`` below ``cls`` (list indices step into the item type)."""
+    for part in loc:
+        if isinstance(part, str):
+            cls = _strip(typing.get_type_hints(cls, include_extras=True)[part])
+        if typing.get_origin(cls) is tuple:
+            cls = _strip(typing.get_args(cls)[0])
+    return cls
+
+
+def _strip(hint: Any) -> Any:
+    """``X`` from ``Annotated[X, ...]`` / ``X | None``."""
+    while True:
+        if typing.get_origin(hint) is Annotated:
+            hint = hint.__origin__
+        elif typing.get_origin(hint) is Union:
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        else:
+            return hint
 
 
 # ---------------------------------------------------------------- documentation
 
-def document(cls: type) -> type:
-    """Append a "Keys" section, rendered from each field's doc, to the class docstring.
+def _document(cls: type) -> type:
+    """Append a "Keys" section, rendered from each key's doc, to the class docstring.
 
     One source for the key reference: ``help(cls)`` and ``describe()`` agree.
     """
@@ -185,9 +206,9 @@ def document(cls: type) -> type:
 
 
 def markdown_table(cls: type, prefix: str) -> list[str]:
-    rows = [f"| key | default | meaning |", "|---|---|---|"]
+    rows = ["| key | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name]):
+        if dataclasses.is_dataclass(_strip(typing.get_type_hints(cls, include_extras=True)[f.name])):
             rows.append(f"| `{prefix}{f.name}` | (section) | {f.metadata.get('doc', '')} |")
             continue
         doc = f.metadata.get("doc", "").replace("|", "\\|")
@@ -209,3 +230,7 @@ def _default_repr(default: Any) -> str:
     if isinstance(default, str):
         return f'"{default}"'
     return repr(default)
+
+
+__all__ = ["Bool", "Float", "Int", "ROOT", "Text", "config_error", "did_you_mean", "invalid", "json_schema",
+           "key", "markdown_table", "one_of", "section", "section_field", "to_dict", "validate"]

@@ -9,7 +9,12 @@ written for vLLM works unchanged when it uses only features hyspec has.  Keys
 vLLM knows but hyspec does not implement are rejected as "not supported by
 hyspec" rather than silently ignored; unknown keys are rejected with the
 closest valid name.  Every error names the full dotted key.
-``SpeculativeConfig.describe()`` renders the key reference as Markdown.
+
+The sections are pydantic dataclasses: types and bounds are declared on each
+key (``hyspec.spec._config_check``); ``__post_init__`` holds only the rules
+that relate keys to each other and the defaults that depend on other keys.
+``SpeculativeConfig.describe()`` renders the key reference as Markdown and
+``SpeculativeConfig.json_schema()`` the JSON Schema.
 """
 from __future__ import annotations
 
@@ -17,22 +22,19 @@ import ast
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, Literal, Mapping, Optional
 
-from hyspec.policy.load import LOAD_SIGNALS
+from pydantic import BeforeValidator, WithJsonSchema
+
 from hyspec.errors import ConfigError
+from hyspec.policy.load import LOAD_SIGNALS
 from hyspec.spec import _config_check as chk
 from hyspec.spec import registry
-from hyspec.spec._config_check import ROOT, key
-from hyspec.spec.ops_config import MemoryPressureConfig, SLOConfig
+from hyspec.spec._config_check import ROOT, Bool, Float, Int, Text, key, section, section_field
+from hyspec.spec.ops_config import MemoryPressureConfig, MemoryPressureSection, SLOConfig, SLOSection
 from hyspec.spec.registry import UNSUPPORTED_METHODS
 
-# The method lists come from the method registry (live views: a registered method is in them at once).
-METHODS = registry.ALL_METHODS  # what `method` accepts, hybrid included
-# Methods that draft one chain/block per step: a static token tree means nothing to them.
-CHAIN_ONLY_METHODS = registry.CHAIN_ONLY_METHODS
 MAX_SPECULATIVE_TOKENS = 64
 # Largest draft tree per sequence: the verification query length is budget + 1 and
 # the tree mask is [budget + 1]^2 per sequence; 256 bounds that at 66k entries.
@@ -42,6 +44,8 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 # vLLM's ngram default when neither bound is given ("arbitrarily chosen" upstream).
 DEFAULT_PROMPT_LOOKUP = 5
 PLACEMENTS = ("local", "remote")
+# hyspec.model.quantize_drafter.DRAFTER_QUANTIZATION_CHOICES (that module imports torch; the config must not)
+QUANTIZATION = ("none", "int8", "int4")
 
 # vLLM SpeculativeConfig fields hyspec does not implement (vLLM's name -> why / what instead).
 VLLM_UNSUPPORTED_KEYS = {
@@ -72,8 +76,7 @@ VLLM_UNSUPPORTED_KEYS = {
 }
 
 
-@chk.document
-@dataclass(frozen=True)
+@section(f"{ROOT}.tree")
 class TreeConfig:
     """Draft-tree shape for tree-drafting methods (EAGLE-2-style dynamic trees).
 
@@ -83,300 +86,275 @@ class TreeConfig:
     shrinks the budget further whenever verification gets expensive.
     """
 
-    _SECTION: ClassVar[str] = f"{ROOT}.tree"
-    budget: int | None = key(None, "Total draft nodes per sequence and step (1..256); null = 32, "
-                                   "or the node count of `speculative_token_tree`.")
-    depth: int | None = key(None, "Deepest draft level; null = `num_speculative_tokens` "
-                                  "(or the static tree's depth). Must be <= budget.")
-    topk: int | None = key(None, "Children expanded per node (EAGLE-2 top-k); null = 8 "
-                                 "(or the static tree's widest branching). Must be <= budget.")
+    budget: Optional[Int] = key(None, "Total draft nodes per sequence and step (1..256); null = 32, "
+                                      "or the node count of `speculative_token_tree`.", ge=1, le=MAX_TREE_BUDGET)
+    depth: Optional[Int] = key(None, "Deepest draft level; null = `num_speculative_tokens` "
+                                     "(or the static tree's depth). Must be <= budget.", ge=1, le=MAX_TREE_BUDGET)
+    topk: Optional[Int] = key(None, "Children expanded per node (EAGLE-2 top-k); null = 8 "
+                                    "(or the static tree's widest branching). Must be <= budget.",
+                              ge=1, le=MAX_TREE_BUDGET)
 
     def __post_init__(self) -> None:
-        chk.check_int(self, "budget", 1, MAX_TREE_BUDGET, optional=True)
-        chk.check_int(self, "depth", 1, MAX_TREE_BUDGET, optional=True)
-        chk.check_int(self, "topk", 1, MAX_TREE_BUDGET, optional=True)
         if self.budget is not None:
             for name in ("depth", "topk"):
                 value = getattr(self, name)
                 if value is not None and value > self.budget:
-                    chk.fail(self, name, f"{value} exceeds tree.budget {self.budget}")
+                    chk.invalid(name, f"{value} exceeds tree.budget {self.budget}")
 
 
-@chk.document
-@dataclass(frozen=True)
+TreeSection = section_field(TreeConfig)
+
+
+@section(f"{ROOT}.controller")
 class ControllerConfig:
     """The goodput controller: picks the draft length / tree budget each step (controller.py)."""
 
-    _SECTION: ClassVar[str] = f"{ROOT}.controller"
-    enabled: bool = key(True, "Adapt the draft length per step; false = always draft `max_draft_tokens`.")
-    ewma_alpha: float = key(0.05, "Weight of the newest step in the per-position acceptance EWMA, in (0, 1].")
-    min_draft_tokens: int = key(0, "Floor on the draft length when speculating (operators often set 2); "
-                                   "never forces speculation the cost model rejects.")
-    max_draft_tokens: int | None = key(None, "Ceiling on the draft length; null = `num_speculative_tokens`.")
-    profile_at_startup: bool = key(True, "Time target steps on a small (batch, tokens) grid at start-up "
+    enabled: Bool = key(True, "Adapt the draft length per step; false = always draft `max_draft_tokens`.")
+    ewma_alpha: Float = key(0.05, "Weight of the newest step in the per-position acceptance EWMA, in (0, 1].",
+                            gt=0.0, le=1.0)
+    min_draft_tokens: Int = key(0, "Floor on the draft length when speculating (operators often set 2); "
+                                   "never forces speculation the cost model rejects.", ge=0, le=MAX_SPECULATIVE_TOKENS)
+    max_draft_tokens: Optional[Int] = key(None, "Ceiling on the draft length; null = `num_speculative_tokens`.",
+                                          ge=1, le=MAX_SPECULATIVE_TOKENS)
+    profile_at_startup: Bool = key(True, "Time target steps on a small (batch, tokens) grid at start-up "
                                          "to fit the cost model; false = learn it online only.")
-    acceptance_prior: float = key(0.9, "Optimistic initial per-position acceptance, so a new method is tried.")
-    explore_interval: int = key(256, "After this many consecutive plain steps of a method, draft once to "
-                                     "refresh its acceptance estimate; 0 = never.")
-    min_gain: float = key(0.02, "Relative goodput gain over plain decoding required to speculate.")
+    acceptance_prior: Float = key(0.9, "Optimistic initial per-position acceptance, so a new method is tried.",
+                                  ge=0.0, le=1.0)
+    explore_interval: Int = key(256, "After this many consecutive plain steps of a method, draft once to "
+                                     "refresh its acceptance estimate; 0 = never.", ge=0)
+    min_gain: Float = key(0.02, "Relative goodput gain over plain decoding required to speculate.", ge=0.0, le=10.0)
 
     def __post_init__(self) -> None:
-        chk.check_bool(self, "enabled")
-        chk.check_float(self, "ewma_alpha", 0.0, 1.0, lo_open=True)
-        chk.check_int(self, "min_draft_tokens", 0, MAX_SPECULATIVE_TOKENS)
-        chk.check_int(self, "max_draft_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
-        chk.check_bool(self, "profile_at_startup")
-        chk.check_float(self, "acceptance_prior", 0.0, 1.0)
-        chk.check_int(self, "explore_interval", 0)
-        chk.check_float(self, "min_gain", 0.0, 10.0)
         if self.max_draft_tokens is not None and self.min_draft_tokens > self.max_draft_tokens:
-            chk.fail(self, "min_draft_tokens",
-                     f"{self.min_draft_tokens} exceeds controller.max_draft_tokens {self.max_draft_tokens}")
+            chk.invalid("min_draft_tokens",
+                        f"{self.min_draft_tokens} exceeds controller.max_draft_tokens {self.max_draft_tokens}")
 
 
-@chk.document
-@dataclass(frozen=True)
+ControllerSection = section_field(ControllerConfig)
+
+
+@section(f"{ROOT}.quality")
 class QualityConfig:
     """The draft-quality monitor (quality.py): warns when a method drafts badly or erratically."""
 
-    _SECTION: ClassVar[str] = f"{ROOT}.quality"
-    min_acceptance: float = key(0.6, "Warn when a method's EWMA acceptance stays below this for `window` steps.")
-    max_std: float = key(0.15, "Warn when the std of per-step acceptance over `window` steps exceeds this.")
-    window: int = key(100, "Steps per judgement (2..100000).")
-
-    def __post_init__(self) -> None:
-        chk.check_float(self, "min_acceptance", 0.0, 1.0)
-        # per-step acceptance lies in [0, 1], so its standard deviation is at most 0.5
-        chk.check_float(self, "max_std", 0.0, 0.5)
-        chk.check_int(self, "window", 2, 100_000)
+    min_acceptance: Float = key(0.6, "Warn when a method's EWMA acceptance stays below this for `window` steps.",
+                                ge=0.0, le=1.0)
+    # per-step acceptance lies in [0, 1], so its standard deviation is at most 0.5
+    max_std: Float = key(0.15, "Warn when the std of per-step acceptance over `window` steps exceeds this.",
+                         ge=0.0, le=0.5)
+    window: Int = key(100, "Steps per judgement (2..100000).", ge=2, le=100_000)
 
 
-@chk.document
-@dataclass(frozen=True)
+QualitySection = section_field(QualityConfig)
+
+
+@section(f"{ROOT}.remote")
 class RemoteConfig:
     """Remote drafting on Ray CPU workers (used when `draft_placement` is "remote")."""
 
-    _SECTION: ClassVar[str] = f"{ROOT}.remote"
-    ping_interval_ms: int = key(200, "Health ping period per worker, in ms.")
-    max_missed_pings: int = key(3, "Missed pings before a worker's sequences fail over to local drafting.")
-    draft_deadline_ms: int = key(50, "A draft later than this makes the step a plain step (`draft_timeout`); "
-                                     "above a LAN round trip plus a CPU draft, far below a 320 ms stall.")
-    busy_threshold: float = key(0.95, "Target busy fraction above which worker threads are cut back, in (0, 1].")
-    min_cores: int = key(4, "Floor on each worker's thread count (a 2-core cap starved drafters in the field).")
-    pipelining: bool = key(True, "Draft step t+1 while the target verifies step t.")
+    ping_interval_ms: Int = key(200, "Health ping period per worker, in ms.", ge=1, le=60_000)
+    max_missed_pings: Int = key(3, "Missed pings before a worker's sequences fail over to local drafting.",
+                                ge=1, le=1000)
+    draft_deadline_ms: Int = key(50, "A draft later than this makes the step a plain step (`draft_timeout`); "
+                                     "above a LAN round trip plus a CPU draft, far below a 320 ms stall.",
+                                 ge=1, le=60_000)
+    busy_threshold: Float = key(0.95, "Target busy fraction above which worker threads are cut back, in (0, 1].",
+                                gt=0.0, le=1.0)
+    min_cores: Int = key(4, "Floor on each worker's thread count (a 2-core cap starved drafters in the field).",
+                         ge=1, le=4096)
+    pipelining: Bool = key(True, "Draft step t+1 while the target verifies step t.")
     fallback_method: str = key("ngram", "Local method used after failover, or \"none\" for plain decoding.")
-    trust_worker_q: bool = key(False, "Verify sampled drafts with the q each worker reports (its workers and the "
+    trust_worker_q: Bool = key(False, "Verify sampled drafts with the q each worker reports (its workers and the "
                                       "link to them are trusted). false: point proposals, lossless whatever a "
                                       "worker sends, at some acceptance (docs/architecture.md, remote drafting).")
 
     def __post_init__(self) -> None:
-        chk.check_int(self, "ping_interval_ms", 1, 60_000)
-        chk.check_int(self, "max_missed_pings", 1, 1000)
-        chk.check_int(self, "draft_deadline_ms", 1, 60_000)
-        chk.check_float(self, "busy_threshold", 0.0, 1.0, lo_open=True)
-        chk.check_int(self, "min_cores", 1, 4096)
-        chk.check_bool(self, "pipelining")
-        chk.check_bool(self, "trust_worker_q")
-        chk.check_choice(self, "fallback_method", [*registry.proposer_methods(), registry.NONE])
+        chk.one_of("fallback_method", self.fallback_method, [*registry.proposer_methods(), registry.NONE])
 
 
-@chk.document
-@dataclass(frozen=True)
+RemoteSection = section_field(RemoteConfig)
+
+
+def _method_shorthand(value: Any) -> Any:
+    return {"method": value} if isinstance(value, str) else value
+
+
+@section(f"{ROOT}.hybrid.methods[]")
 class MethodConfig:
     """One method the hybrid dispatcher may choose (an item of `hybrid.methods`).
 
     A bare string is shorthand for `{"method": name}`.
     """
 
-    _SECTION: ClassVar[str] = f"{ROOT}.hybrid.methods[]"
-    _SHORTHAND: ClassVar[str] = "method"
     method: str = key(dataclasses.MISSING, "A method other than hybrid.")
-    model: str | None = key(None, "Draft weights (path); null = the embedded default drafter.")
-    num_speculative_tokens: int | None = key(None, "Draft length ceiling for this method, at most the "
-                                                   "top-level value; null = the top-level value.")
-    prompt_lookup_min: int | None = key(None, "ngram only; as the top-level key.")
-    prompt_lookup_max: int | None = key(None, "ngram only; as the top-level key.")
+    model: Optional[Text] = key(None, "Draft weights (path); null = the embedded default drafter.")
+    num_speculative_tokens: Optional[Int] = key(None, "Draft length ceiling for this method, at most the "
+                                                      "top-level value; null = the top-level value.",
+                                                ge=1, le=MAX_SPECULATIVE_TOKENS)
+    prompt_lookup_min: Optional[Int] = key(None, "ngram only; as the top-level key.", ge=1)
+    prompt_lookup_max: Optional[Int] = key(None, "ngram only; as the top-level key.", ge=1)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "method", _canonical_method(self, "method"))
+        object.__setattr__(self, "method", _canonical_method(self.method))
         if registry.get(self.method).meta:
-            chk.fail(self, "method", f"a hybrid cannot contain another {self.method}")
-        chk.check_str(self, "model", optional=True)
-        chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
+            chk.invalid("method", f"a hybrid cannot contain another {self.method}")
         _check_model_allowed(self)
         _resolve_prompt_lookup(self)
 
 
-@chk.document
-@dataclass(frozen=True)
+HybridMethod = Annotated[MethodConfig, BeforeValidator(_method_shorthand)]
+LoadSignal = Literal[LOAD_SIGNALS]
+
+
+@section(f"{ROOT}.hybrid")
 class HybridConfig:
     """The hybrid dispatcher: method choice per step, load-based fallback, canary rollout."""
 
-    _SECTION: ClassVar[str] = f"{ROOT}.hybrid"
-    rules_path: str | None = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules under "
-                                       "policy \"rules\" (with policy null, no rules file means the bandit).")
-    methods: tuple[MethodConfig, ...] = key((), "Methods to load (list of method configs or names); "
+    rules_path: Optional[Text] = key(None, "JSON rules file (watched, hot-reloaded); null = the built-in rules under "
+                                           "policy \"rules\" (with policy null, no rules file means the bandit).")
+    methods: tuple[HybridMethod, ...] = key((), "Methods to load (list of method configs or names); "
                                                 "empty = ngram, suffix and every embedded default drafter "
                                                 "present.")
-    load_threshold: float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].")
-    load_resume_threshold: float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.")
-    load_signal: str = key("max", f"{' | '.join(LOAD_SIGNALS)}: load is the engine's own figure (running / "
-                                  "max_num_seqs); max the largest of them (any saturated resource makes "
-                                  "drafting a loss).")
-    speculative_fraction: float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.")
-    policy: str | None = key(None, "null = bandit without rules_path, rules with one. rules: steps no rule "
-                               "matches decode plainly; bandit: they (and rules with "
-                               "\"policy\": \"bandit\") go to a bandit over the loaded methods and none, learnt "
-                               "per class of step from measured goodput (without rules_path: no rules at all).")
-    bandit_explore_fraction: float = key(0.1, "bandit: the largest share of a class's steps, and of its measured "
+    load_threshold: Float = key(0.75, "Load above which speculation turns off for new steps, in (0, 1].",
+                                gt=0.0, le=1.0)
+    load_resume_threshold: Float = key(0.6, "Load below which it turns back on (hysteresis); < load_threshold.",
+                                       ge=0.0, le=1.0)
+    load_signal: LoadSignal = key("max", f"{' | '.join(LOAD_SIGNALS)}: load is the engine's own figure (running / "
+                                         "max_num_seqs); max the largest of them (any saturated resource makes "
+                                         "drafting a loss).")
+    speculative_fraction: Float = key(1.0, "Share of requests (stable hash) that speculate: the canary arm.",
+                                      ge=0.0, le=1.0)
+    policy: Optional[Literal["rules", "bandit"]] = key(
+        None, "null = bandit without rules_path, rules with one. rules: steps no rule "
+              "matches decode plainly; bandit: they (and rules with "
+              "\"policy\": \"bandit\") go to a bandit over the loaded methods and none, learnt "
+              "per class of step from measured goodput (without rules_path: no rules at all).")
+    bandit_explore_fraction: Float = key(0.1, "bandit: the largest share of a class's steps, and of its measured "
                                               "time, spent trying other arms, in (0, 0.5]. A speculative step at a "
                                               "large batch can cost several plain steps, so bounding the time too "
-                                              "keeps exploration cheap.")
-    bandit_warmup: int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).")
-    bandit_discount: float = key(0.99, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].")
-    bandit_plain_margin: float = key(0.05, "bandit: at batch sizes above 1, how much more goodput than plain "
+                                              "keeps exploration cheap.", gt=0.0, le=0.5)
+    bandit_warmup: Int = key(2, "bandit: trials of every arm in a class before it exploits (1..1000).", ge=1, le=1000)
+    bandit_discount: Float = key(0.99, "bandit: weight kept by an arm's older goodput per new measurement, (0, 1].",
+                                 gt=0.0, le=1.0)
+    bandit_plain_margin: Float = key(0.05, "bandit: at batch sizes above 1, how much more goodput than plain "
                                            "decoding a method must show before it is chosen over it, a fraction "
                                            "in [0, 0.5]. Means within a few per cent are noise, and plain "
                                            "decoding then costs nothing if the estimate was wrong; at batch 1 "
-                                           "verification is nearly free and no margin applies.")
-    bandit_max_backoff: int = key(64, "bandit: an arm whose exploring step fell clearly behind the best waits "
+                                           "verification is nearly free and no margin applies.", ge=0.0, le=0.5)
+    bandit_max_backoff: Int = key(64, "bandit: an arm whose exploring step fell clearly behind the best waits "
                                       "twice as long for its next, up to this many exploration intervals "
-                                      "(1..4096; 1 = every other arm in turn, no back-off).")
+                                      "(1..4096; 1 = every other arm in turn, no back-off).", ge=1, le=4096)
 
     def __post_init__(self) -> None:
-        chk.check_str(self, "rules_path", optional=True)
         if self.policy is None:
             # the built-in rules were written for the toy target's drafters; on the real default model only
             # suffix decoding paid, so a bare hybrid learns what pays (docs/results/2026-12-05/hybrid-backoff)
             object.__setattr__(self, "policy", "bandit" if self.rules_path is None else "rules")
-        chk.check_choice(self, "policy", ("rules", "bandit"))
-        chk.check_float(self, "bandit_explore_fraction", 0.0, 0.5, lo_open=True)
-        chk.check_int(self, "bandit_warmup", 1, 1000)
-        chk.check_float(self, "bandit_discount", 0.0, 1.0, lo_open=True)
-        chk.check_float(self, "bandit_plain_margin", 0.0, 0.5)
-        chk.check_int(self, "bandit_max_backoff", 1, 4096)
-        chk.check_float(self, "load_threshold", 0.0, 1.0, lo_open=True)
-        chk.check_float(self, "load_resume_threshold", 0.0, 1.0)
         if self.load_resume_threshold >= self.load_threshold:
-            chk.fail(self, "load_resume_threshold", f"{self.load_resume_threshold} must be below "
-                                                    f"hybrid.load_threshold {self.load_threshold} (hysteresis)")
-        chk.check_choice(self, "load_signal", LOAD_SIGNALS)
-        chk.check_float(self, "speculative_fraction", 0.0, 1.0)
-        if not isinstance(self.methods, tuple):
-            chk.fail(self, "methods", "expected a list of method configs")
+            chk.invalid("load_resume_threshold", f"{self.load_resume_threshold} must be below "
+                                                 f"hybrid.load_threshold {self.load_threshold} (hysteresis)")
         seen: dict[str, int] = {}
         for i, m in enumerate(self.methods):
-            if not isinstance(m, MethodConfig):
-                chk.fail(self, f"methods[{i}]", f"expected a method config, got {m!r}")
             if m.method in seen:
-                chk.fail(self, f"methods[{i}].method", f"{m.method!r} is already listed at methods[{seen[m.method]}]")
+                chk.invalid(f"methods[{i}].method", f"{m.method!r} is already listed at methods[{seen[m.method]}]")
             seen[m.method] = i
 
 
-@chk.document
-@dataclass(frozen=True)
+HybridSection = section_field(HybridConfig)
+
+
+# a JSON list of node paths, or vLLM's string form of one; parse_token_tree checks it
+TokenTree = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "string"}, {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+    {"type": "null"}]})]
+
+
+@section(ROOT)
 class SpeculativeConfig:
     """The whole ``speculative_config``: vLLM's keys, then hyspec's sections.
 
     Construct with ``from_dict`` / ``from_json`` (or directly with keyword
-    arguments and section dataclasses); every value is checked in
-    ``__post_init__`` and defaults are resolved, so a constructed config is
-    complete: ``num_speculative_tokens``, ``prompt_lookup_*`` (ngram),
-    ``tree.*`` and ``controller.max_draft_tokens`` are never null afterwards
-    where they apply.
+    arguments and section objects); every value is checked on construction
+    and defaults are resolved, so a constructed config is complete:
+    ``num_speculative_tokens``, ``prompt_lookup_*`` (ngram), ``tree.*`` and
+    ``controller.max_draft_tokens`` are never null afterwards where they apply.
     """
 
-    _SECTION: ClassVar[str] = ROOT
-    method: str | None = key(None, f"{' | '.join(METHODS)} (vLLM's *_mtp names mean mtp); "
-                                   "null = draft_model when `model` is set.")
-    model: str | None = key(None, "Draft weights (path); null = the embedded default drafter for the method.")
-    num_speculative_tokens: int | None = key(None, "Draft tokens per step, 1..64; null = 4, or the node "
-                                                   "count of `speculative_token_tree`; for suffix and a bare "
-                                                   "hybrid (no hybrid.methods) the suffix tree depth, a ceiling "
-                                                   "(the hybrid's other methods then draft 4).")
-    prompt_lookup_min: int | None = key(None, "ngram: shortest n-gram matched; null = prompt_lookup_max, or 5.")
-    prompt_lookup_max: int | None = key(None, "ngram: longest n-gram matched; null = prompt_lookup_min, or 5.")
-    suffix_decoding_max_tree_depth: int = key(24, "suffix: the longest match plus speculation, in tokens (2..256); "
-                                                  "also the default num_speculative_tokens of method suffix.")
-    suffix_decoding_max_cached_requests: int = key(10000, "suffix: finished responses in the global cache, oldest "
-                                                          "evicted first; 0 = no global cache (prompt trees only).")
-    suffix_decoding_max_spec_factor: float = key(1.0, "suffix: speculation depth <= this x the match length (> 0).")
-    suffix_decoding_min_token_prob: float = key(0.1, "suffix: tokens whose share of the matched occurrences is "
-                                                     "below this are not drafted, in [0, 1].")
-    suffix_decoding_corpus: str | None = key(None, "suffix (hyspec's key): a corpus of the target's own answers "
-                                                   "searched like the cache, read-only; null / \"none\" = none; "
-                                                   "\"default\" = the one in assets/ for the default model; or a "
-                                                   "directory.")
-    draft_tensor_parallel_size: int | None = key(None, "Only 1 (or null) is supported by hyspec.")
-    disable_by_batch_size: int | None = key(None, "As vLLM: speculation off for new requests while the batch "
-                                                  "holds more than this many (>= 2); null = off.")
-    speculative_token_tree: tuple[tuple[int, ...], ...] | None = key(
+    method: Optional[str] = key(None, f"{' | '.join(registry.method_names())} (vLLM's *_mtp names mean mtp); "
+                                      "null = draft_model when `model` is set.")
+    model: Optional[Text] = key(None, "Draft weights (path); null = the embedded default drafter for the method.")
+    num_speculative_tokens: Optional[Int] = key(None, "Draft tokens per step, 1..64; null = 4, or the node "
+                                                      "count of `speculative_token_tree`; for suffix and a bare "
+                                                      "hybrid (no hybrid.methods) the suffix tree depth, a ceiling "
+                                                      "(the hybrid's other methods then draft 4).",
+                                                ge=1, le=MAX_SPECULATIVE_TOKENS)
+    prompt_lookup_min: Optional[Int] = key(None, "ngram: shortest n-gram matched; null = prompt_lookup_max, or 5.", ge=1)
+    prompt_lookup_max: Optional[Int] = key(None, "ngram: longest n-gram matched; null = prompt_lookup_min, or 5.", ge=1)
+    suffix_decoding_max_tree_depth: Int = key(24, "suffix: the longest match plus speculation, in tokens (2..256); "
+                                                  "also the default num_speculative_tokens of method suffix.",
+                                              ge=2, le=MAX_TREE_BUDGET)
+    suffix_decoding_max_cached_requests: Int = key(10000, "suffix: finished responses in the global cache, oldest "
+                                                          "evicted first; 0 = no global cache (prompt trees only).",
+                                                   ge=0, le=10_000_000)
+    suffix_decoding_max_spec_factor: Float = key(1.0, "suffix: speculation depth <= this x the match length (> 0).",
+                                                 gt=0.0, le=1000.0)
+    suffix_decoding_min_token_prob: Float = key(0.1, "suffix: tokens whose share of the matched occurrences is "
+                                                     "below this are not drafted, in [0, 1].", ge=0.0, le=1.0)
+    suffix_decoding_corpus: Optional[str] = key(None, "suffix (hyspec's key): a corpus of the target's own answers "
+                                                      "searched like the cache, read-only; null / \"none\" = none; "
+                                                      "\"default\" = the one in assets/ for the default model; or a "
+                                                      "directory.")
+    draft_tensor_parallel_size: Optional[Any] = key(None, "Only 1 (or null) is supported by hyspec.")
+    disable_by_batch_size: Optional[Int] = key(None, "As vLLM: speculation off for new requests while the batch "
+                                                     "holds more than this many (>= 2); null = off.", ge=2)
+    speculative_token_tree: TokenTree = key(
         None, "vLLM's static EAGLE tree, e.g. \"[(0,), (1,), (0, 0)]\": each tuple is a path of child "
               "ranks from the root; null = chains / dynamic trees.")
-    max_model_len: int | None = key(None, "Longest context the drafter sees (>= 1); null = the target's.")
-    quantization: str | None = key(None, "How the drafter's own linear layers compute: null = int8 (Q8_0 blocks) "
-                                         "where the backend has a kernel for all of a drafter's layers, else "
-                                         "dense; \"none\" = dense; "
-                                         "\"int8\" / \"int4\" = demanded (an error naming a layer the backend "
-                                         "cannot run so).  The drafter's numerics move only its acceptance, never "
-                                         "the output.")
-    tree: TreeConfig = key(TreeConfig(), "Draft-tree shape: budget, depth, topk.")
-    controller: ControllerConfig = key(ControllerConfig(), "Goodput controller settings.")
-    quality: QualityConfig = key(QualityConfig(), "Draft-quality monitor settings.")
-    draft_placement: str = key("local", "\"local\" (drafter beside the target) or \"remote\" (Ray CPU workers).")
-    ray_address: str | None = key(None, "Ray cluster for remote drafting; null = start a local Ray on demand.")
-    remote: RemoteConfig = key(RemoteConfig(), "Remote drafting settings.")
-    hybrid: HybridConfig = key(HybridConfig(), "Hybrid dispatcher settings.")
-    memory_pressure: MemoryPressureConfig = key(MemoryPressureConfig(), "Drafters under KV memory pressure.")
-    slo: SLOConfig = key(SLOConfig(), "Objectives that switch speculation off while breached (TTFT p99).")
+    max_model_len: Optional[Int] = key(None, "Longest context the drafter sees (>= 1); null = the target's.", ge=1)
+    quantization: Optional[Literal[QUANTIZATION]] = key(
+        None, "How the drafter's own linear layers compute: null = int8 (Q8_0 blocks) "
+              "where the backend has a kernel for all of a drafter's layers, else "
+              "dense; \"none\" = dense; "
+              "\"int8\" / \"int4\" = demanded (an error naming a layer the backend "
+              "cannot run so).  The drafter's numerics move only its acceptance, never "
+              "the output.")
+    tree: TreeSection = key(TreeConfig(), "Draft-tree shape: budget, depth, topk.")
+    controller: ControllerSection = key(ControllerConfig(), "Goodput controller settings.")
+    quality: QualitySection = key(QualityConfig(), "Draft-quality monitor settings.")
+    draft_placement: Literal[PLACEMENTS] = key("local", "\"local\" (drafter beside the target) or \"remote\" "
+                                                        "(Ray CPU workers).")
+    ray_address: Optional[Text] = key(None, "Ray cluster for remote drafting; null = start a local Ray on demand.")
+    remote: RemoteSection = key(RemoteConfig(), "Remote drafting settings.")
+    hybrid: HybridSection = key(HybridConfig(), "Hybrid dispatcher settings.")
+    memory_pressure: MemoryPressureSection = key(MemoryPressureConfig(), "Drafters under KV memory pressure.")
+    slo: SLOSection = key(SLOConfig(), "Objectives that switch speculation off while breached (TTFT p99).")
 
     def __post_init__(self) -> None:
         if self.method is None:
             if self.model is None:
-                chk.fail(self, "method", f"required when no model is given; one of {', '.join(METHODS)}")
+                chk.invalid("method", f"required when no model is given; one of {', '.join(registry.method_names())}")
             object.__setattr__(self, "method", "draft_model")  # vLLM's fallback for a bare model
-        object.__setattr__(self, "method", _canonical_method(self, "method"))
-        chk.check_str(self, "model", optional=True)
+        object.__setattr__(self, "method", _canonical_method(self.method))
         _check_model_allowed(self)
-        chk.check_int(self, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, optional=True)
         _resolve_prompt_lookup(self)
-        bare_hybrid_default = (self.method == "hybrid" and not getattr(self.hybrid, "methods", ())
+        bare_hybrid_default = (self.method == "hybrid" and not self.hybrid.methods
                                and self.num_speculative_tokens is None)
         self._check_suffix(bare_hybrid_default)
         tp = self.draft_tensor_parallel_size
         if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp != 1):
-            chk.fail(self, "draft_tensor_parallel_size",
-                     f"only 1 is supported by hyspec (drafters run on one device), got "
-                     f"{self.draft_tensor_parallel_size!r}")
-        chk.check_int(self, "disable_by_batch_size", 2, optional=True)
-        chk.check_int(self, "max_model_len", 1, optional=True)
-        if self.quantization is not None:
-            from hyspec.model.quantize_drafter import DRAFTER_QUANTIZATION_CHOICES
-
-            chk.check_choice(self, "quantization", DRAFTER_QUANTIZATION_CHOICES)
+            chk.invalid("draft_tensor_parallel_size", f"only 1 is supported by hyspec (drafters run on one device), "
+                                                      f"got {tp!r}")
         self._resolve_token_tree()
-        for name, cls in (("tree", TreeConfig), ("controller", ControllerConfig), ("quality", QualityConfig),
-                          ("remote", RemoteConfig), ("hybrid", HybridConfig),
-                          ("memory_pressure", MemoryPressureConfig), ("slo", SLOConfig)):
-            if not isinstance(getattr(self, name), cls):
-                chk.fail(self, name, f"expected a {cls.__name__} or an object, got {getattr(self, name)!r}")
         self._resolve_tree_section(DEFAULT_NUM_SPECULATIVE_TOKENS if bare_hybrid_default else None)
         self._resolve_controller()
-        chk.check_choice(self, "draft_placement", PLACEMENTS)
-        chk.check_str(self, "ray_address", optional=True)
         if self.ray_address is not None and self.draft_placement != "remote":
-            chk.fail(self, "ray_address", 'only used with draft_placement "remote"')
+            chk.invalid("ray_address", 'only used with draft_placement "remote"')
         self._check_hybrid()
 
     # -- resolution of defaults that depend on other keys -----------------------------
     def _check_suffix(self, bare_hybrid_default: bool = False) -> None:
-        chk.check_int(self, "suffix_decoding_max_tree_depth", 2, MAX_TREE_BUDGET)
-        chk.check_int(self, "suffix_decoding_max_cached_requests", 0, 10_000_000)
-        chk.check_float(self, "suffix_decoding_max_spec_factor", 0.0, 1000.0, lo_open=True)
-        chk.check_float(self, "suffix_decoding_min_token_prob", 0.0, 1.0)
-        chk.check_str(self, "suffix_decoding_corpus", optional=True)
         if self.suffix_decoding_corpus is not None and not self.suffix_decoding_corpus.strip():
-            chk.fail(self, "suffix_decoding_corpus", 'a directory, "none" or null; got an empty string')
+            chk.invalid("suffix_decoding_corpus", 'a directory, "none" or null; got an empty string')
         if (self.method == "suffix" and self.num_speculative_tokens is None) or bare_hybrid_default:
             # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself).  A bare
             # hybrid loads suffix too, so its ceiling is suffix's; its other methods draft up to the tree depth,
@@ -391,19 +369,19 @@ class SpeculativeConfig:
             return
         if not registry.get(self.method).builds_trees:
             trees = registry.tree_methods()
-            chk.fail(self, "speculative_token_tree", f"method {self.method!r} drafts chains; a static tree "
-                                                     f"applies to {', '.join(trees[:-1])} and {trees[-1]}")
+            chk.invalid("speculative_token_tree", f"method {self.method!r} drafts chains; a static tree "
+                                                  f"applies to {', '.join(trees[:-1])} and {trees[-1]}")
         tree = parse_token_tree(self.speculative_token_tree, f"{ROOT}.speculative_token_tree")
         object.__setattr__(self, "speculative_token_tree", tree)
         if self.num_speculative_tokens is None:
             if len(tree) > MAX_SPECULATIVE_TOKENS:
-                chk.fail(self, "speculative_token_tree",
-                         f"{len(tree)} nodes exceed the {MAX_SPECULATIVE_TOKENS} draft tokens allowed")
+                chk.invalid("speculative_token_tree",
+                            f"{len(tree)} nodes exceed the {MAX_SPECULATIVE_TOKENS} draft tokens allowed")
             object.__setattr__(self, "num_speculative_tokens", len(tree))
         elif self.num_speculative_tokens != len(tree):
             # vLLM verifies one slot per tree node: the two must agree.
-            chk.fail(self, "num_speculative_tokens", f"{self.num_speculative_tokens} != the "
-                                                     f"{len(tree)} nodes of speculative_token_tree")
+            chk.invalid("num_speculative_tokens", f"{self.num_speculative_tokens} != the "
+                                                  f"{len(tree)} nodes of speculative_token_tree")
 
     def _resolve_tree_section(self, default_depth: int | None = None) -> None:
         t, static = self.tree, self.speculative_token_tree
@@ -462,7 +440,7 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SpeculativeConfig":
         """Build from vLLM's JSON shape plus hyspec's sections; raises ConfigError naming the key."""
-        return chk.build(cls, data, ROOT, unsupported=VLLM_UNSUPPORTED_KEYS)
+        return chk.validate(cls, data, VLLM_UNSUPPORTED_KEYS)
 
     @classmethod
     def from_json(cls, source: str | os.PathLike[str]) -> "SpeculativeConfig":
@@ -503,21 +481,26 @@ class SpeculativeConfig:
             parts += chk.markdown_table(cls, f"{name}.")
         return "\n".join(parts) + "\n"
 
+    @staticmethod
+    def json_schema() -> dict[str, Any]:
+        """The JSON Schema of ``speculative_config``, generated from the models (``docs/speculative_config.schema.json``)."""
+        return chk.json_schema(SpeculativeConfig)
+
 
 # ---------------------------------------------------------------- shared rules
 
-def _canonical_method(obj: Any, name: str) -> str:
-    value = getattr(obj, name)
+def _canonical_method(value: Any) -> str:
+    """The registered name ``value`` means (vLLM's per-model ``*_mtp`` names mean mtp)."""
+    methods = registry.method_names()
     if not isinstance(value, str):
-        chk.fail(obj, name, f"expected a method name, got {value!r}")
-    if value in METHODS:
+        chk.invalid("method", f"expected a method name, got {value!r}")
+    if value in methods:
         return value
     if value.endswith("_mtp"):  # vLLM's deprecated per-model MTP names (deepseek_mtp, mimo_mtp, ...)
         return "mtp"
     if value in UNSUPPORTED_METHODS:
-        chk.fail(obj, name, f"{value!r} is not supported by hyspec: {UNSUPPORTED_METHODS[value]}")
-    chk.fail(obj, name, f"unknown method {value!r}{chk.did_you_mean(value, METHODS)}; "
-                        f"one of {', '.join(METHODS)}")
+        chk.invalid("method", f"{value!r} is not supported by hyspec: {UNSUPPORTED_METHODS[value]}")
+    chk.invalid("method", f"unknown method {value!r}{chk.did_you_mean(value, methods)}; one of {', '.join(methods)}")
 
 
 def _check_model_allowed(obj: Any) -> None:
@@ -527,27 +510,25 @@ def _check_model_allowed(obj: Any) -> None:
     if obj.model is None:
         return
     if info.meta:
-        chk.fail(obj, "model", f"a {info.name} has no model of its own; set it per method in {info.name}.methods")
+        chk.invalid("model", f"a {info.name} has no model of its own; set it per method in {info.name}.methods")
     if not info.weights:
-        chk.fail(obj, "model", f"{info.name} ({info.summary}) has no weights; remove the key")
+        chk.invalid("model", f"{info.name} ({info.summary}) has no weights; remove the key")
 
 
 def _resolve_prompt_lookup(obj: Any) -> None:
     """vLLM's rule: both null -> 5/5; one given -> the other equals it; min <= max; ngram only."""
-    chk.check_int(obj, "prompt_lookup_min", 1, optional=True)
-    chk.check_int(obj, "prompt_lookup_max", 1, optional=True)
     lo, hi = obj.prompt_lookup_min, obj.prompt_lookup_max
     if obj.method != "ngram":
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(obj, name) is not None:
-                chk.fail(obj, name, f"only used with method 'ngram' (method is {obj.method!r})")
+                chk.invalid(name, f"only used with method 'ngram' (method is {obj.method!r})")
         return
     if lo is None and hi is None:
         lo = hi = DEFAULT_PROMPT_LOOKUP
     lo = hi if lo is None else lo
     hi = lo if hi is None else hi
     if lo > hi:
-        chk.fail(obj, "prompt_lookup_min", f"{lo} exceeds prompt_lookup_max {hi}")
+        chk.invalid("prompt_lookup_min", f"{lo} exceeds prompt_lookup_max {hi}")
     object.__setattr__(obj, "prompt_lookup_min", lo)
     object.__setattr__(obj, "prompt_lookup_max", hi)
 

@@ -5,15 +5,13 @@ breached SLO makes steps plain, and plain decoding is the reference every method
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Optional
 
 from hyspec.spec import _config_check as chk
-from hyspec.spec._config_check import ROOT, key
+from hyspec.spec._config_check import ROOT, Bool, Float, Int, key, section, section_field
 
 
-@chk.document
-@dataclass(frozen=True)
+@section(f"{ROOT}.memory_pressure")
 class MemoryPressureConfig:
     """Drafters that step aside when the KV pool runs short (residency.py).
 
@@ -23,22 +21,18 @@ class MemoryPressureConfig:
     has stayed away for `cooldown_s`.
     """
 
-    _SECTION: ClassVar[str] = f"{ROOT}.memory_pressure"
-    enabled: bool = key(True, "Release drafters under KV pressure (false: drafters always stay loaded).")
-    free_floor: float = key(0.05, "Fraction of KV pages that must stay free, in [0, 1); below it is pressure.")
-    window_s: float = key(5.0, "Seconds pressure must last before a drafter is released (> 0).")
-    cooldown_s: float = key(90.0, "Seconds without pressure before a released drafter is reloaded (> 0); "
-                                  "a failed reload retries after another cool-down.")
-
-    def __post_init__(self) -> None:
-        chk.check_bool(self, "enabled")
-        chk.check_float(self, "free_floor", 0.0, 0.99)
-        chk.check_float(self, "window_s", 0.0, 86_400.0, lo_open=True)
-        chk.check_float(self, "cooldown_s", 0.0, 86_400.0, lo_open=True)
+    enabled: Bool = key(True, "Release drafters under KV pressure (false: drafters always stay loaded).")
+    free_floor: Float = key(0.05, "Fraction of KV pages that must stay free, in [0, 1); below it is pressure.",
+                            ge=0.0, le=0.99)
+    window_s: Float = key(5.0, "Seconds pressure must last before a drafter is released (> 0).", gt=0.0, le=86_400.0)
+    cooldown_s: Float = key(90.0, "Seconds without pressure before a released drafter is reloaded (> 0); "
+                                  "a failed reload retries after another cool-down.", gt=0.0, le=86_400.0)
 
 
-@chk.document
-@dataclass(frozen=True)
+MemoryPressureSection = section_field(MemoryPressureConfig)
+
+
+@section(f"{ROOT}.slo")
 class SLOConfig:
     """Service-level objectives that switch speculation off while they are breached (slo.py).
 
@@ -48,17 +42,13 @@ class SLOConfig:
     `resume_fraction` x `ttft_p99_ms`.
     """
 
-    _SECTION: ClassVar[str] = f"{ROOT}.slo"
-    ttft_p99_ms: float | None = key(None, "TTFT p99 ceiling in ms (e.g. 300); null = no TTFT objective.")
-    window_s: float = key(60.0, "Sliding window the p99 is taken over, in seconds (> 0).")
-    min_samples: int = key(20, "Finished requests in the window before the p99 is judged (>= 1).")
-    resume_fraction: float = key(0.8, "Speculation resumes when the p99 falls under this fraction of the "
-                                      "ceiling, in (0, 1).")
+    ttft_p99_ms: Optional[Float] = key(None, "TTFT p99 ceiling in ms (e.g. 300); null = no TTFT objective.",
+                                       gt=0.0, le=3_600_000.0)
+    window_s: Float = key(60.0, "Sliding window the p99 is taken over, in seconds (> 0).", gt=0.0, le=86_400.0)
+    min_samples: Int = key(20, "Finished requests in the window before the p99 is judged (>= 1).", ge=1, le=1_000_000)
+    # lt=1: resuming needs the p99 to fall clearly under the ceiling (hysteresis)
+    resume_fraction: Float = key(0.8, "Speculation resumes when the p99 falls under this fraction of the "
+                                      "ceiling, in (0, 1).", gt=0.0, lt=1.0)
 
-    def __post_init__(self) -> None:
-        chk.check_float(self, "ttft_p99_ms", 0.0, 3_600_000.0, lo_open=True, optional=True)
-        chk.check_float(self, "window_s", 0.0, 86_400.0, lo_open=True)
-        chk.check_int(self, "min_samples", 1, 1_000_000)
-        chk.check_float(self, "resume_fraction", 0.0, 1.0, lo_open=True)
-        if self.resume_fraction >= 1.0:
-            chk.fail(self, "resume_fraction", f"must be < 1 (hysteresis), got {self.resume_fraction}")
+
+SLOSection = section_field(SLOConfig)
