@@ -17,7 +17,7 @@ import torch
 from hyspec.ops import OpTable
 
 if TYPE_CHECKING:
-    from hyspec.engine.graph_capture import GraphCapturer
+    from hyspec.graph_capture import GraphCapturer
     from hyspec.model.quant import GroupQuantized
 
 

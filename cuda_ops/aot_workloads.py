@@ -68,7 +68,7 @@ def launch_all() -> None:
     from hyspec.cuda_ops.norm import triton_rms_norm
     from hyspec.cuda_ops.rotary import triton_rotary
     from hyspec.cuda_ops.verify import triton_rejection_sample
-    from hyspec.spec.tree import TreeBatch
+    from hyspec.seam.tree import TreeBatch
 
     for name, (hq, hkv, d), ctx, qlens, tree, bs, dtype in ATTENTION:
         meta = metadata(ctx, qlens, bs, tree)

@@ -126,7 +126,7 @@ def race_prone_verify_case(seed: int, sampled: bool, device: torch.device | str 
     the last, partial 1024-wide vocabulary chunk and, with ``sampled``, draft q equal to the target there (a
     rejection zeroes the residual across that chunk); many sequences.  Rows are otherwise random.
     """
-    from hyspec.spec.tree import TreeBatch
+    from hyspec.seam.tree import TreeBatch
 
     vocab, nodes = 2 * 1024 + 37, 7
     gen = torch.Generator().manual_seed(100 + seed)

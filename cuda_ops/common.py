@@ -36,7 +36,7 @@ def interpreted(kernel: object) -> bool:
 def interpreter_launches() -> Iterator[list[tuple]]:
     """Inside: every interpreted Triton launch is recorded as (kernel, grid, scalar args, constexprs and launch
     options) and still runs.  What a recorded CUDA graph replays is exactly this list: two steps under one
-    graph must produce equal lists (hyspec.engine.graph_capture.ReexecutingCapturer compares them).
+    graph must produce equal lists (hyspec.graph_capture.ReexecutingCapturer compares them).
 
     Process-wide (it patches the interpreter's launch): one recording at a time, on the calling thread.
     """

@@ -22,10 +22,10 @@ def forward_costs(model_dir, dtype: str, optimize: bool, counts, repeats: int,
                   quantization: str | None = "none") -> dict[int, float]:
     """``quantization`` other than "none" loads as the engine does (a GGUF's blocks on the backend's kernels)."""
     from hyspec.backends.registry import get_backend
-    from hyspec.engine.model_runner import LAST_LOGITS, Feed, ModelRunner
     from hyspec.kv.pool import KVPool
     from hyspec.kv.sequence_kv import SequenceKV
     from hyspec.model.loader import load_model
+    from hyspec.seam.forward import LAST_LOGITS, Feed, ModelRunner
 
     if quantization != "none":  # the engine's load: the checkpoint's own codes (or a8) on the backend's kernels
         backend = get_backend("cpu")

@@ -398,7 +398,7 @@ def check_verifier(chk: Checker, spec: dict, torch: Any) -> None:
     """Fused rejection sampler vs the reference (host loop over levels and ranks): same node, same token."""
     from hyspec.cuda_ops.verify import triton_rejection_sample
     from hyspec.ops.rejection import rejection_sample
-    from hyspec.spec.tree import TreeBatch
+    from hyspec.seam.tree import TreeBatch
 
     dev = chk.device
     for name, batch, nodes, vocab, sampled in spec["verify"]:

@@ -80,7 +80,7 @@ def replay(requests: list[tuple[list[int], list[int]]], propose, finish) -> dict
 
 def hyspec_drafter(args) -> tuple:
     from hyspec.drafters.suffix.proposer import SuffixProposer, SuffixSettings
-    from hyspec.spec.proposer import DraftRequest
+    from hyspec.seam.proposer import DraftRequest
 
     prop = SuffixProposer(SuffixSettings(max_tree_depth=args.max_tree_depth, max_cached_requests=args.max_cached,
                                          max_spec_factor=args.max_spec_factor, min_token_prob=args.min_token_prob),

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from hyspec.errors import HyspecError
-from hyspec.spec.config import SpeculativeConfig
 from hyspec.policy.controller import CostModel, DraftCost, GoodputController, StepSample
+from hyspec.spec.config import SpeculativeConfig
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -298,7 +298,7 @@ def test_bad_observations_are_rejected():
 def test_a_ragged_verification_step_teaches_the_cost_of_its_total_rows():
     """Drafts cut to the sequences they pay for make ragged steps (one sequence 31 rows, seven 1); the
     packed forward costs their total (38 rows), and the cost model must learn that, not 8 x 31."""
-    from hyspec.engine.model_runner import Feed
+    from hyspec.seam.forward import Feed
     from hyspec.spec.decoder import mean_tokens_per_seq
 
     def step(lengths: list[int]) -> list[Feed]:

@@ -14,7 +14,7 @@ from hyspec.cuda_ops.common import KernelInputError  # noqa: E402
 from hyspec.cuda_ops.verify import triton_rejection_sample  # noqa: E402
 from hyspec.ops.rejection import rejection_sample  # noqa: E402
 from hyspec.ops.sampling import SamplingTensors  # noqa: E402
-from hyspec.spec.tree import TreeBatch  # noqa: E402
+from hyspec.seam.tree import TreeBatch  # noqa: E402
 
 
 def random_case(seed: int, sizes: list[int], vocab: int, sampled: bool, peaked: bool = False):

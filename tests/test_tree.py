@@ -1,4 +1,4 @@
-"""hyspec.spec.tree: draft trees, padded batches, and the packed layout the attention op reads."""
+"""hyspec.seam.tree: draft trees, padded batches, and the packed layout the attention op reads."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from hyspec.errors import HyspecError
 from hyspec.ops.attention import AttentionMetadata, visibility_mask
-from hyspec.spec.tree import DraftTree, TreeBatch
+from hyspec.seam.tree import DraftTree, TreeBatch
 
 
 def test_chain_is_a_tree_with_one_child_per_node():
@@ -140,7 +140,7 @@ def test_tree_batch_from_tensors_validates_and_trims():
 def test_host_and_vectorized_structure_agree_on_random_padded_batches():
     """CPU trees take a host-list path for depths, ancestors and children (fewer small tensor ops); the vectorized
     path (what CUDA/NPU trees use) must give the same tensors."""
-    from hyspec.spec import tree as T
+    from hyspec.seam import tree as T
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(30):

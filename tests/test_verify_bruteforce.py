@@ -25,7 +25,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 from hyspec.spec.verify import verify
 
 SCHEMES = ("iid", "without_replacement", "deterministic")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hyspec.errors import HyspecError
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.tree import DraftTree, TreeBatch
+from hyspec.seam.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import ACCEPTED, BONUS, NOT_TRIED, RECOVERED, REJECTED, SAMPLED, verify
 
 V = 10

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from hyspec.ops.sampling import SamplingTensors, process_logits, sample_from_uniforms
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 from hyspec.spec.verify import build_result, verify
 from hyspec.spec.verify_greedy import verify_greedy
 

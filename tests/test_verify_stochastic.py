@@ -8,7 +8,7 @@ import torch
 
 from hyspec.ops import reference_ops
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.tree import DraftTree, TreeBatch
+from hyspec.seam.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import BONUS, RECOVERED, REJECTED, SAMPLED, verify
 from hyspec.spec.verify_greedy import verify_greedy
 

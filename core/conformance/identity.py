@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from hyspec.engine.model_runner import ALL_LOGITS, Feed
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.numerics import IdentityReport, NearTieRule, judge_teacher_forced, rounding_deltas
-
+from hyspec.seam.forward import ALL_LOGITS, Feed
 
 if TYPE_CHECKING:
     from hyspec.engine.engine import LLMEngine

@@ -18,7 +18,7 @@ import torch
 from hyspec.cuda_ops.cases import PagedCase, paged_attention_case
 from hyspec.ops.attention import AttentionMetadata
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa4": (8, 2)}

@@ -27,7 +27,7 @@ import torch
 from hyspec.conformance.report import CaseResult, CheckResult
 from hyspec.conformance.targets import INTERPRETER, Target
 from hyspec.ops.sampling import SamplingTensors, process_logits, sample_from_uniforms
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 from hyspec.spec.verify import verify
 
 VOCAB, LENGTH, NUM_SEQS, BOS = 16, 3, 20_000, 0

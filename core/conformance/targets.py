@@ -125,7 +125,7 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
     # decode and verification steps go through the engine's captured-step path as on a GPU; a "replay" reruns
     # the forward with host reads forbidden and must launch what the capture launched (graph_capture's doc)
     from hyspec.cuda_ops.common import interpreter_launches
-    from hyspec.engine.graph_capture import ReexecutingCapturer
+    from hyspec.graph_capture import ReexecutingCapturer
 
     backend.graph_capturer = lambda: ReexecutingCapturer(interpreter_launches)
     note = (f"{cuda_reason}: the Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (correctness only); "

@@ -8,7 +8,7 @@ One step, in :meth:`LLMEngine.step`, is five stages:
 2. draft -- the strategy drafts a tree per decoding sequence
    (:mod:`hyspec.spec.decoder`; none for plain decoding);
 3. run -- one packed target forward over every prefill chunk, decode token and
-   draft tree (:class:`~hyspec.engine.model_runner.ModelRunner`);
+   draft tree (:class:`~hyspec.seam.forward.ModelRunner`);
 4. accept -- plain rows are sampled (:mod:`hyspec.engine.sampler`), trees are
    verified losslessly and their accepted KV committed (the strategy), and the
    strategy observes the step (hidden states to drafters, cost model);
@@ -30,25 +30,31 @@ from typing import Any
 
 import torch
 
+from hyspec.backends import registry as backend_registry
 from hyspec.engine.logprobs import LOGPROBS_MODES, RAW
-from hyspec.engine.parallel_sampling import fork_waiting_samples
-from hyspec.engine.step_logprobs import record_prompt_logprobs, score_tokens
-from hyspec.engine.model_runner import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
+from hyspec.engine.parallel_sampling import fork_waiting_samples
 from hyspec.engine.sampler import sample_next_tokens
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hyspec.engine.sequence import Sequence, Status
-from hyspec.engine.step import RowKind, StepRow, TargetRun
+from hyspec.engine.step_graphs import StepGraphs, batch_buckets
+from hyspec.engine.step_logprobs import record_prompt_logprobs, score_tokens
 from hyspec.engine.stopping import append_token, find_stop_string
-from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError, KVOwnershipError, RequestError
+from hyspec.kv.fragmentation import FragmentationMonitor
 from hyspec.kv.pool import KVPool
 from hyspec.kv.prefix_cache import PrefixCache
 from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.model.config import ModelConfig
 from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from hyspec.seam.forward import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
+from hyspec.seam.step import RowKind, StepRow, TargetRun
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
+from hyspec.spec.decoder import SpecDecoder
 from hyspec.spec.strategy import Accepted, Drafts, NoSpeculation, Speculation
 
 log = logging.getLogger(__name__)
@@ -81,14 +87,11 @@ class LLMEngine:
         enforce_eager: bool = False,
         cuda_graph_sizes: list[int] | None = None,
     ):
-        from hyspec.backends.registry import get_backend
-
-        self.backend = get_backend(None if backend in (None, "auto") else backend)
+        # looked up on the module at each call: conformance and tests install a backend by replacing get_backend
+        self.backend = backend_registry.get_backend(None if backend in (None, "auto") else backend)
         self.device = self.backend.device
         path = Path(model)
         self.model_path = path
-        from hyspec.model.config import ModelConfig
-
         cfg = ModelConfig.from_pretrained(path)  # first: it names a missing directory plainly
         if logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError("logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
@@ -143,8 +146,6 @@ class LLMEngine:
         self._graphs_for = self._graph_factory(enforce_eager, cuda_graph_sizes, max_num_seqs)
         self.runner = ModelRunner(self.model, self.layout, self.device,
                                   graphs=self._graphs_for(self.model, self.layout) if self._graphs_for else None)
-        from hyspec.kv.fragmentation import FragmentationMonitor
-
         self.fragmentation = FragmentationMonitor(self.pool, fragmentation_threshold, fragmentation_window_s)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len))
         if not isinstance(enable_prefix_caching, bool):
@@ -162,8 +163,6 @@ class LLMEngine:
             runner=self.runner, max_num_seqs=max_num_seqs, step_graphs=self._graphs_for)
         self.spec: Speculation = NoSpeculation()
         if speculative_config is not None:
-            from hyspec.spec.decoder import SpecDecoder
-
             self.spec = SpecDecoder.create(self.target, speculative_config)
         log.info("engine ready: %s on %s, %d KV pages of %d tokens", path.name, self.backend.name,
                  self.pool.num_pages, block_size)
@@ -174,8 +173,6 @@ class LLMEngine:
         otherwise.  The target and a draft model each get theirs (one capturer, so one memory pool)."""
         if not isinstance(enforce_eager, bool):
             raise ConfigError("enforce_eager", f"must be true or false, got {enforce_eager!r}")
-        from hyspec.engine.step_graphs import StepGraphs, batch_buckets
-
         try:
             buckets = batch_buckets(max_num_seqs, sizes)
         except ValueError as e:
@@ -341,12 +338,12 @@ class LLMEngine:
         feeds: list[Feed] = []
         rows: list[StepRow] = []
         for seq in scheduled.decodes:
-            feed = drafts.feed(seq)
-            if feed is None:
+            tree = drafts.trees.get(seq.request_id)
+            if tree is None:
                 feeds.append(Feed(seq.kv, [seq.last_token], seq.num_cached))
                 rows.append(StepRow(RowKind.DECODE, seq))
             else:
-                feeds.append(feed)
+                feeds.append(tree_feed(seq, tree))
                 rows.append(StepRow(RowKind.TREE, seq))
         forks: dict[str, list[Sequence]] = {}
         for seq, chunk in scheduled.prefills:
@@ -503,3 +500,12 @@ def _int_list(values: Any) -> list[int]:
     if any(isinstance(v, bool) or int(v) != v for v in values):
         raise RequestError("prompt_token_ids must be a list of integers")
     return ids
+
+
+def tree_feed(seq: Sequence, tree: DraftTree) -> Feed:
+    """``seq``'s verification feed: the root and every draft node of ``tree``, each at its tree depth, attending
+    through the ancestor mask (a chain attends causally: no mask)."""
+    n = tree.num_nodes
+    is_chain = bool((tree.parents == torch.arange(-1, n - 1)).all())
+    return Feed(seq.kv, tree.tokens.tolist(), seq.num_cached, depths=tree.depths.tolist(),
+                tree_mask=None if is_chain else tree.ancestor_mask(), logits=ALL_LOGITS)

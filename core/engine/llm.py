@@ -9,6 +9,7 @@ from typing import Any, Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from hyspec import assets
 from hyspec.engine.engine import LLMEngine, PromptType
 from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.parallel_sampling import SampleRequest, fan_out, select
@@ -43,9 +44,7 @@ class LLM:
         **engine_args: Any,
     ):
         if model is None:
-            from hyspec.assets import default_model
-
-            model = default_model()
+            model = assets.default_model()  # looked up at the call: tests stand a tiny model in for it
         self.engine = LLMEngine(model, backend=backend, dtype=dtype, max_model_len=max_model_len,
                                 speculative_config=speculative_config, quantization=quantization, **engine_args)
         self.tokenizer = self.engine.tokenizer  # None with skip_tokenizer_init=True

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from hyspec.ops.sampling import SamplingTensors, process_logits
+
 if TYPE_CHECKING:
     from hyspec.engine.sampling_params import SamplingParams
 
@@ -47,8 +49,6 @@ def log_distribution(logits: torch.Tensor, params: list["SamplingParams"], mode:
     logp = torch.log_softmax(logits.float(), dim=-1)
     if mode == RAW or all(p.greedy for p in params):
         return logp
-    from hyspec.ops.sampling import SamplingTensors, process_logits
-
     st = SamplingTensors.from_params(params, device=logits.device)
     processed = process_logits(logits, st.temperature, st.top_k, st.top_p, st.min_p).log()
     greedy = torch.tensor([p.greedy for p in params], device=logits.device)

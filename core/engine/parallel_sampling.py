@@ -23,7 +23,7 @@ from hyspec.kv.pool import OutOfKVBlocks
 
 if TYPE_CHECKING:
     from hyspec.engine.scheduler import Scheduler
-    from hyspec.engine.step import TargetRun
+    from hyspec.seam.step import TargetRun
 
 log = logging.getLogger(__name__)
 

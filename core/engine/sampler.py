@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hyspec.engine.sequence import Sequence
+from hyspec.ops.sampling import SamplingTensors, greedy, process_logits
 
 if TYPE_CHECKING:
     from hyspec.ops import OpTable
@@ -20,11 +21,7 @@ def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence], ops: "OpTable
     The draw is the op table's ``sample`` (the engine passes its backend's table).
     """
     if all(s.params.greedy for s in seqs):
-        from hyspec.ops.sampling import greedy
-
         return greedy(logits).tolist()
-    from hyspec.ops.sampling import SamplingTensors, process_logits
-
     st = SamplingTensors.from_params([s.params for s in seqs], device=logits.device)
     probs = process_logits(logits, st.temperature, st.top_k, st.top_p, st.min_p)
     return ops.sample(probs, [s.generator for s in seqs]).tolist()

@@ -7,13 +7,13 @@ as the graph, (b) launch for fixed bounds instead of this step's lengths and
 (c) read nothing back to the host on the way.  This module provides (a) and
 asks the kernels for (b) through ``AttentionMetadata.static_bounds``; (c) is
 what the kernels and the model code guarantee and what
-:class:`hyspec.engine.graph_capture.ReexecutingCapturer` checks.
+:class:`hyspec.graph_capture.ReexecutingCapturer` checks.
 
 Shapes, as vLLM and SGLang do it: a step with ``B`` sequences feeding at most
 ``q`` tokens each runs the graph of the smallest captured batch bucket
 ``>= B`` and query budget ``>= q`` (powers of two).  Its ``bucket x budget``
 token rows hold the real tokens first, packed exactly as
-:func:`hyspec.engine.model_runner.build_inputs` packs them, then padding rows
+:func:`hyspec.seam.forward.build_inputs` packs them, then padding rows
 that belong to no sequence: their KV slot is -1 (the write kernels skip
 it), no attention program reads them and their attention output is zero
 (rows past ``query_start_loc[num_seqs]``), so they stay finite.  Padding
@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from hyspec.engine.graph_capture import GraphCapturer
+from hyspec.graph_capture import GraphCapturer
 from hyspec.ops import AttentionMetadata
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from typing import Callable
 import torch
 
 from hyspec.engine.logprobs import TokenLogprobs, log_distribution, token_logprobs
-from hyspec.engine.model_runner import ALL_LOGITS
 from hyspec.engine.sequence import Sequence
-from hyspec.engine.step import TargetRun
+from hyspec.seam.forward import ALL_LOGITS
+from hyspec.seam.step import TargetRun
 
 TokenText = Callable[[int], "str | None"]
 

@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 
+from hyspec.backends.probe_dist import parse_ray_address
 from hyspec.remote import ray_security
 from hyspec.remote.transport import RemoteUnavailable
 from hyspec.remote.worker import WORKER_RESOURCE
@@ -106,8 +107,6 @@ def _reload_ray_auth_config() -> None:
 
 
 def _check_reachable(address: str) -> None:
-    from hyspec.backends.probe_dist import parse_ray_address
-
     target = parse_ray_address(address)  # ConfigError for malformed addresses
     if target is None:  # "auto": Ray finds the address itself
         return

@@ -38,8 +38,8 @@ import torch
 
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.remote.protocol import DraftCall, DraftReply, SamplingSpec, SeqDraft, SeqUpdate, decode_call, encode_reply
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ draft tokens, parents for trees, and for sampled requests -- when the call's
 drafted nodes only (sparse when the processed q is sparse, as after top-k or
 top-p).  :func:`decode_reply` raises only WireError / ProtocolError whatever
 the bytes; :func:`draft_to_tree` checks everything a worker returns before it
-becomes a :class:`~hyspec.spec.tree.DraftTree`: lengths, ids, structure,
+becomes a :class:`~hyspec.seam.tree.DraftTree`: lengths, ids, structure,
 finite probabilities that sum to one and are positive at the drawn tokens.
 A q is used only when trusted: nothing here can tell whether a token was
 really drawn from the q reported with it.
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hyspec.remote.wire import WireError, pack, unpack
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.tree import DraftTree
 
 STATUSES = ("ok", "none", "resync", "error")
 # Processed q rows sum to 1 up to fp32 rounding over the vocabulary; anything further off is not a distribution.

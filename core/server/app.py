@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -30,16 +30,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from hyspec import __version__
+from hyspec.engine.engine import LLMEngine
 from hyspec.server.async_engine import AsyncEngine
 from hyspec.server.auth import api_key_dependency, key_problem
-from hyspec.server.errors import error_body, install_exception_handlers
+from hyspec.server.errors import error_body
+from hyspec.server.handlers import install_exception_handlers
 from hyspec.server.metrics import ServerMetrics
 from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList)
 from hyspec.server.serving import OpenAIServing
-
-if TYPE_CHECKING:
-    from hyspec.engine.engine import LLMEngine
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # Host names a loopback server answers to; IPv6 literals are bracketed, as in a Host header.
@@ -87,8 +86,6 @@ def create_app(
     allowed_hosts = _host_patterns(allowed_hosts)
     owns_engine = isinstance(engine, Mapping)
     if owns_engine:
-        from hyspec.engine.engine import LLMEngine
-
         args = dict(engine)
         engine = LLMEngine(args.pop("model"), **args)
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)

@@ -1,4 +1,4 @@
-"""OpenAI-style error bodies, and the exception handlers that produce them.
+"""OpenAI-style error bodies (the app's exception handlers, hyspec.server.handlers, produce them).
 
 Every error the server returns is ``{"error": {"message", "type", "param",
 "code"}}`` with the HTTP status in ``code``, whatever raised it: a pydantic
@@ -11,13 +11,9 @@ traceback.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
-from hyspec.errors import HyspecError
 from hyspec.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, FieldError
-
-log = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -114,52 +110,3 @@ def _most_specific(errors: list[dict[str, Any]]) -> dict[str, Any]:
         if not str(e.get("type", "")).endswith("_type"):
             return e
     return errors[0]
-
-
-def install_exception_handlers(app) -> None:
-    """Map every error the routes can raise onto an OpenAI error body."""
-    from fastapi.exceptions import RequestValidationError
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    from hyspec.server.async_engine import EngineStepError, ServerBusyError, ServiceUnavailableError
-    from hyspec.server.serving import ClientDisconnected
-
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request, exc: RequestValidationError):
-        message, param = describe_validation_errors(list(exc.errors()))
-        return error_response(400, message, param)
-
-    @app.exception_handler(HyspecError)
-    async def _hyspec_error(request, exc: HyspecError):
-        return error_response(400, str(exc), request_error_param(str(exc)))
-
-    @app.exception_handler(ServerBusyError)
-    async def _busy(request, exc: ServerBusyError):
-        return error_response(429, str(exc), headers={"Retry-After": "1"})
-
-    @app.exception_handler(ServiceUnavailableError)
-    async def _unavailable(request, exc: ServiceUnavailableError):
-        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-        return error_response(503, str(exc), headers=retry)
-
-    @app.exception_handler(EngineStepError)
-    async def _step_failed(request, exc: EngineStepError):
-        return error_response(500, str(exc))
-
-    @app.exception_handler(ClientDisconnected)
-    async def _client_left(request, exc: ClientDisconnected):
-        # Nobody reads this; 499 (nginx's "client closed request") keeps it apart in the status counters.
-        return error_response(499, "client disconnected")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request, exc: Exception):
-        log.exception("unhandled error serving %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -33,7 +33,7 @@ import torch
 from hyspec.errors import HyspecError
 from hyspec.ops.rejection import rejection_sample
 from hyspec.ops.sampling import SamplingTensors, draw_uniforms
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 from hyspec.spec.verify_greedy import verify_greedy
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hyspec.ops.sampling import greedy
-from hyspec.spec.tree import TreeBatch
+from hyspec.seam.tree import TreeBatch
 
 
 def verify_greedy(

@@ -130,7 +130,7 @@ def test_suffix_trees_cut_by_draft_sizing_emit_the_target_law(workspace, monkeyp
     0.5 s step makes the cut bite at the batch sizes this test runs (~256 requests at once): a node pays
     only while its calibrated path acceptance is above ~0.35."""
     from hyspec.policy.cost_model import CostModel, StepSample
-    from hyspec.spec.tree import DraftTree
+    from hyspec.seam.tree import DraftTree
 
     prompt = list(prompts(6)[3])
     law = exact_law(engine(workspace).engine, prompt)

@@ -135,7 +135,7 @@ def decode_chains(models, draft, sampling, seed: int, num_seqs: int, length: int
     lengths [m])`` proposes one chain per sequence (only the first ``lengths[r]`` drafts are verified);
     ``models`` is a ``tests.test_verify_stats.ToyModels``.  Returns the first ``length`` emitted tokens.
     """
-    from hyspec.spec.tree import TreeBatch
+    from hyspec.seam.tree import TreeBatch
     from hyspec.spec.verify import verify
     from tests.test_verify_stats import BOS
 

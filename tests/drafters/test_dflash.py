@@ -11,13 +11,13 @@ import torch
 from hyspec.drafters.dflash.checkpoint import load_drafter, save_drafter
 from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter, default_target_layers
 from hyspec.drafters.dflash.proposer import DFlashProposer, sample_block
-from hyspec.engine.target import TargetContext
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import KVPool
 from hyspec.model.loader import load_model
 from hyspec.ops import reference_ops
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.proposer import CommittedHidden, DraftRequest
+from hyspec.seam.proposer import CommittedHidden, DraftRequest
+from hyspec.seam.target import TargetContext
 from tests.drafters.hidden_drafters import (  # noqa: F401  (fixtures)
     assert_clean_pool, decode_chains, generate_in_batches, plain, reclaim_before, spec_llm, target_dir,
     totals, train_drafter)

@@ -13,15 +13,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from hyspec.drafters.eagle.model import EAGLE, EAGLE3, default_aux_layer_ids
 from hyspec.drafters.eagle.checkpoint import head_config_dict, load_head, save_head
+from hyspec.drafters.eagle.model import EAGLE, EAGLE3, default_aux_layer_ids
 from hyspec.drafters.eagle.recipe import Eagle3Recipe, EagleRecipe
-from hyspec.engine.model_runner import Feed, build_inputs
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
+from hyspec.seam.forward import Feed, build_inputs
 
 H, HEADS, KV_HEADS, D, I, V, VD, EPS = 64, 4, 2, 16, 136, 320, 200, 1e-5
 

@@ -6,10 +6,10 @@ import torch
 
 from hyspec.drafters.eagle.model import default_aux_layer_ids
 from hyspec.drafters.eagle.recipe import Eagle3Recipe, EagleRecipe, ttt_unroll
-from hyspec.engine.model_runner import Feed, build_inputs
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.seam.forward import Feed, build_inputs
 from hyspec.train.base import TargetBatch
 from tests.drafters.test_eagle_checkpoint import tiny_target
 

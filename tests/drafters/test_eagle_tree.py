@@ -18,7 +18,7 @@ import torch
 from hyspec.drafters.eagle.tree import DynamicTrees, draft_logprobs
 from hyspec.errors import HyspecError
 from hyspec.ops.sampling import SamplingTensors, process_logits
-from hyspec.spec.tree import DraftTree, TreeBatch
+from hyspec.seam.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import verify
 
 # -- expansion and re-ranking -----------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_the_corpus_drafts_when_nothing_nearer_does_and_is_never_forgotten():
     assert shipped.tokens[:2] == [5, 6] and shipped.match_length == 3  # both corpus sequences continue "2 3 4" with 5 6
     assert prop.match_length(seq, cap=16) == 3
     # through propose: the corpus's tree drafts and is counted as such
-    from hyspec.spec.proposer import DraftRequest
+    from hyspec.seam.proposer import DraftRequest
 
     tree = prop.propose([DraftRequest(seq=seq, budget=8)], sampling=None)[0]
     assert tree is not None and tree.scores.source == CORPUS and prop.stats["drafts_corpus"] == 1

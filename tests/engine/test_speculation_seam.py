@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from hyspec import LLM, SamplingParams
-from hyspec.engine.step import RowKind, TargetRun
-from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError
+from hyspec.seam.step import RowKind, TargetRun
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
 from hyspec.spec.strategy import PLAIN, Accepted, Drafts, NoSpeculation, Speculation, StepPlan
-from hyspec.spec.tree import DraftTree
 
 
 class RecordingStrategy(Speculation):

@@ -19,9 +19,9 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from hyspec.engine.graph_capture import GraphCaptureError, ReexecutingCapturer, host_read_guard  # noqa: E402
-from hyspec.engine.model_runner import Feed, ModelRunner  # noqa: E402
 from hyspec.engine.step_graphs import GraphKey, StepGraphs, batch_buckets  # noqa: E402
+from hyspec.graph_capture import GraphCaptureError, ReexecutingCapturer, host_read_guard  # noqa: E402
+from hyspec.seam.forward import Feed, ModelRunner  # noqa: E402
 
 triton_launches = pytest.importorskip("hyspec.cuda_ops.common").interpreter_launches
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from hyspec.engine.model_runner import LAST_LOGITS, Feed, ModelRunner
 from hyspec.kv.pool import KVPool
 from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.seam.forward import LAST_LOGITS, Feed, ModelRunner
 
 
 def make_runner(model, pages: int = 64, block_size: int = 16):

@@ -11,9 +11,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyspec.engine.model_runner import ALL_LOGITS, LAST_LOGITS, Feed
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.loader import load_model
+from hyspec.seam.forward import ALL_LOGITS, LAST_LOGITS, Feed
 from tests.model.hf_fixtures import make_hf_model
 from tests.model.paged_decode import make_runner
 

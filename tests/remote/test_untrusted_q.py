@@ -17,8 +17,8 @@ from hyspec import LLM
 from hyspec.conformance.distribution import compare, exact_law, sample_through_generate
 from hyspec.remote.host import DraftHost
 from hyspec.remote.transport import InProcessHandle
-from hyspec.spec.proposer import Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import Proposer
+from hyspec.seam.tree import DraftTree
 from tests.remote.conftest import remote_placement, spec_config
 
 PROMPT = [11, 42, 7, 99, 23, 5, 64]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree
 
 
 class OracleTreeProposer(Proposer):

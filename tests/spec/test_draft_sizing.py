@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hyspec.errors import HyspecError
-from hyspec.spec.config import SpeculativeConfig
 from hyspec.policy.controller import GoodputController
 from hyspec.policy.cost_model import CostModel, StepSample
 from hyspec.policy.draft_sizing import PRIOR_WEIGHT, DraftSizer, cell_of
-from hyspec.spec.tree import DraftTree, NodeScores
+from hyspec.seam.tree import DraftTree, NodeScores
+from hyspec.spec.config import SpeculativeConfig
 
 
 def chain(n: int, conditional: float = 1.0, source: int = 0, match: int = 8) -> DraftTree:

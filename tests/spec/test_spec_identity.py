@@ -7,7 +7,7 @@ import pytest
 
 from hyspec import LLM, SamplingParams
 from hyspec.errors import ConfigError
-from hyspec.spec.proposer import Proposer
+from hyspec.seam.proposer import Proposer
 from tests.spec.conftest import PROMPTS
 from tests.spec.oracle_tree import OracleTreeProposer
 
@@ -123,7 +123,7 @@ class _Exploding(Proposer):
         if self.calls % self.fail_every == 0:
             raise RuntimeError("drafter blew up")
         if self.calls % 3 == 0:  # garbage: ids out of vocabulary
-            from hyspec.spec.tree import DraftTree
+            from hyspec.seam.tree import DraftTree
             return [DraftTree.chain(r.seq.last_token, [10**6, 5]) for r in requests]
         return self.inner.propose(requests, sampling)
 

@@ -22,7 +22,7 @@ from typing import Callable, Generic, TypeVar
 
 import torch
 
-from hyspec.engine.model_runner import BatchInputs, Feed, build_inputs
+from hyspec.seam.forward import BatchInputs, Feed, build_inputs
 
 
 class HiddenBuffer:

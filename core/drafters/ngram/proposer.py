@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree
 
 
 def match_length(tokens: np.ndarray, n_min: int, n_max: int) -> int:

@@ -33,8 +33,8 @@ from typing import Sequence
 
 from hyspec.drafters.suffix.store import TokenStore
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree, NodeScores
+from hyspec.seam.proposer import DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree, NodeScores
 
 #: where a draft came from (NodeScores.source): the request's own tokens, the cache of earlier responses,
 #: or the corpus shipped with the target
