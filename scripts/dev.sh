@@ -43,6 +43,9 @@ case "${1:-}" in
     test)
         setup dev
         shift
+        # vLLM's CPU build in a venv of its own, for the tests that start a real vLLM (tests/inside_vllm)
+        HYSPEC_VLLM_PYTHON=${HYSPEC_VLLM_PYTHON:-$(bash scripts/vllm_venv.sh)}
+        export HYSPEC_VLLM_PYTHON
         # TORCH_DEVICE_BACKEND_AUTOLOAD=0: a torch_npu installed by hand must not load into the tests.
         TORCH_DEVICE_BACKEND_AUTOLOAD=0 exec .venv/bin/python -m pytest -n 2 -q "$@"
         ;;

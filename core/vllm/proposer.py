@@ -8,72 +8,31 @@ vLLM builds the class with its ``VllmConfig``, calls ``load_model`` once, then e
 drafts itself with its own rejection sampler: whatever is proposed here, the output is vLLM's.  Drafts
 are chains (the hook has no trees), so a suffix tree is cut to its likeliest path.
 
-hyspec's own options come from the JSON file that ``HYSPEC_VLLM_CONFIG`` names (unset: suffix decoding
-with vLLM's suffix defaults).  This first step proposes with ``suffix`` (the request's own tokens) or
-``ngram``, and keeps no state between steps: the hook passes batch rows, not request ids, and a row's
-context is rebuilt from ``token_ids_cpu`` each step, so nothing can follow the wrong request.  Not yet
-here (issue 46): the cache of finished responses and the corpus, remote drafting, the hybrid, metrics.
+hyspec's own options come from the JSON file that ``HYSPEC_VLLM_CONFIG`` names (core/vllm/options.py; unset:
+suffix decoding with vLLM's suffix defaults).  It proposes with ``suffix`` (the request's own tokens and the
+responses of finished requests) or ``ngram``.  What it keeps follows requests, not rows
+(core/vllm/requests.py): a request's indexed tokens, its last draft (vLLM reports the acceptance back as the
+row's sampled tokens, accepted drafts + 1), and its response when it leaves the batch.  Not yet here
+(issue 46): the read-only corpus, remote drafting, the hybrid and exported metrics.
 """
 from __future__ import annotations
 
-import json
+import itertools
+import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from hyspec.drafters.ngram.proposer import find_continuation
 from hyspec.drafters.suffix.proposer import MAX_PER_KEY, Draft, SuffixProposer, SuffixSettings
 from hyspec.drafters.suffix.store import TokenStore
-from hyspec.errors import ConfigError
+from hyspec.vllm.options import OPTIONS_ENV, VllmOptions, load_options
+from hyspec.vllm.requests import LiveRequest, RequestTable, identify_rows
 
-OPTIONS_ENV = "HYSPEC_VLLM_CONFIG"
-METHODS = ("suffix", "ngram")
-
-
-@dataclass(frozen=True)
-class VllmOptions:
-    """What a vLLM user sets for hyspec's proposer (the JSON file ``HYSPEC_VLLM_CONFIG`` names)."""
-
-    method: str = "suffix"
-    prompt_lookup_min: int = 2  # ngram: vLLM's own ngram bounds
-    prompt_lookup_max: int = 5
-    suffix_max_tree_depth: int = 24  # suffix: vLLM's suffix_decoding_* defaults
-    suffix_max_spec_factor: float = 1.0
-    suffix_min_token_prob: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError("method", f"{self.method!r} is not one of {', '.join(METHODS)} ({OPTIONS_ENV})")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ConfigError("prompt_lookup_min", f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                                                   f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
-
-
-def load_options(path: str | None) -> VllmOptions:
-    """The options in the JSON file at ``path`` (None: the defaults); a clear error for a bad file or key."""
-    if not path:
-        return VllmOptions()
-    file = Path(path)
-    try:
-        raw = json.loads(file.read_text())
-    except OSError as exc:
-        raise ConfigError(OPTIONS_ENV, f"cannot read {path} ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(OPTIONS_ENV, f"{path} is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(OPTIONS_ENV, f"{path} must hold a JSON object of options")
-    known = VllmOptions.__dataclass_fields__
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(unknown[0], f"unknown option in {path} ({OPTIONS_ENV}); known: {', '.join(known)}")
-    for name, value in raw.items():
-        expected = type(getattr(VllmOptions(), name))
-        if isinstance(value, bool) or not isinstance(value, (expected, int) if expected is float else expected):
-            raise ConfigError(name, f"must be a {expected.__name__}, got {value!r} (in {path})")
-    return VllmOptions(**raw)
+__all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "likeliest_path", "load_options"]
+log = logging.getLogger(__name__)
 
 
 class HyspecProposer:
@@ -87,6 +46,12 @@ class HyspecProposer:
         o = self.options
         self._suffix = SuffixProposer(SuffixSettings(o.suffix_max_tree_depth, 0, o.suffix_max_spec_factor,
                                                      o.suffix_min_token_prob), self.k, vocab_size=1 << 31)
+        self.requests = RequestTable()
+        self.cache = TokenStore(MAX_PER_KEY)  # responses of requests that left the batch, oldest evicted first
+        self._serials = itertools.count()
+        # drafted/accepted: tokens proposed, and accepted as vLLM reports it (a row's sampled tokens - 1)
+        self.stats = {"drafts_own": 0, "drafts_cache": 0, "drafted_tokens": 0, "accepted_tokens": 0,
+                      "cached_responses": 0, "steps_without_request_ids": 0}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: suffix and ngram draft from the tokens."""
@@ -94,6 +59,14 @@ class HyspecProposer:
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
         """One draft chain per batch row (``[]``: none), at most ``num_speculative_tokens`` long."""
+        identity = identify_rows(len(sampled_token_ids))
+        if identity is None:
+            if not self.stats["steps_without_request_ids"]:
+                log.warning("hyspec: the caller passed no request ids; drafting from each row's tokens alone")
+            self.stats["steps_without_request_ids"] += 1
+        else:
+            for finished in self.requests.follow(identity):
+                self._remember_response(finished)
         drafts: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[row])
@@ -102,18 +75,48 @@ class HyspecProposer:
                 drafts.append([])
                 continue
             context = token_ids_cpu[row, :n]
-            drafts.append(self.draft(context, budget))
+            live = None
+            if identity is not None:
+                live = self.requests.row(identity.request_ids[row], identity.prompt_lengths[row], context)
+                if live.last_draft:
+                    self.stats["accepted_tokens"] += len(sampled) - 1
+            draft = self.draft(context, budget, live)
+            self.stats["drafted_tokens"] += len(draft)
+            if live is not None:
+                live.last_draft = len(draft)
+            drafts.append(draft)
         return drafts
 
-    def draft(self, context: np.ndarray, budget: int) -> list[int]:
-        """A chain of at most ``budget`` tokens to follow ``context`` (a request's prompt and output so far)."""
+    def draft(self, context: np.ndarray, budget: int, live: LiveRequest | None = None) -> list[int]:
+        """A chain of at most ``budget`` tokens to follow ``context`` (a request's prompt and output so far);
+        ``live``: the request's indexed tokens (None: index ``context`` for this call alone)."""
         o = self.options
         if o.method == "ngram":
             return find_continuation(np.asarray(context), o.prompt_lookup_min, o.prompt_lookup_max, budget)
-        tokens = [int(t) for t in context]
-        store = TokenStore(MAX_PER_KEY)
-        store.extend(0, tokens)
-        return likeliest_path(self._suffix.draft(store, tokens, budget, exclude_end=(0, len(tokens) - 1)))
+        tokens = live.tokens if live is not None else [int(t) for t in context]
+        if live is not None:
+            store = live.store
+        else:
+            store = TokenStore(MAX_PER_KEY)
+            store.extend(0, tokens)
+        best = self._suffix.draft(store, tokens, budget, exclude_end=(0, len(tokens) - 1))
+        own = True
+        if o.suffix_max_cached_requests and len(self.cache):
+            cached = self._suffix.draft(self.cache, tokens, budget)
+            if cached.score >= best.score and cached.tokens:  # ties: a re-run request's earlier answer
+                best, own = cached, False
+        if best.tokens:
+            self.stats["drafts_own" if own else "drafts_cache"] += 1
+        return likeliest_path(best)
+
+    def _remember_response(self, finished: LiveRequest) -> None:
+        response = finished.tokens[finished.prompt_length:]
+        if not self.options.suffix_max_cached_requests or not response:
+            return
+        self.cache.extend(next(self._serials), response)
+        self.stats["cached_responses"] += 1
+        while len(self.cache) > self.options.suffix_max_cached_requests:
+            self.cache.evict_oldest()
 
 
 def likeliest_path(draft: Draft) -> list[int]:
