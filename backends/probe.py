@@ -21,7 +21,6 @@ from hyspec.backends.probe_dist import probe_dist
 from hyspec.backends.probe_npu import DEFAULT_TIMEOUT_S as NPU_TIMEOUT_S
 from hyspec.backends.probe_npu import probe_npu
 from hyspec.backends.records import (
-    DRAFTING_METHODS,
     BackendReport,
     CpuCapabilities,
     CudaCapabilities,
@@ -29,6 +28,7 @@ from hyspec.backends.records import (
     NpuCapabilities,
     SELECTION_ORDER,
     ProbeReport,
+    drafting_methods,
 )
 from hyspec.backends.selection import requested_backend, select_backend
 from hyspec.errors import HyspecError
@@ -157,7 +157,7 @@ def _backend_report(name: str, capabilities) -> BackendReport:
     backend = backend_for(name, capabilities)
     sources = backend.ops.sources
     # every method runs on the reference ops, so each runs wherever a backend does
-    return BackendReport(name=name, capabilities=capabilities, methods=tuple(DRAFTING_METHODS),
+    return BackendReport(name=name, capabilities=capabilities, methods=drafting_methods(),
                          op_sources=tuple(sources.items()), ops_note=getattr(backend, "ops_note", None),
                          quantization=tuple(backend.quantization_kernels()))
 

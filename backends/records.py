@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-from hyspec.spec.registry import ALL_METHODS
+from hyspec.spec.registry import method_names
 
 #: Bump when a field is renamed, removed or changes meaning (adding one does not).
 SCHEMA_VERSION = 1
@@ -21,8 +21,11 @@ BACKEND_NAMES = ("cpu", "cuda", "npu")
 #: "Ascend first": the order ``auto`` tries backends in.
 SELECTION_ORDER = ("npu", "cuda", "cpu")
 
-#: Every drafting method hyspec knows, hybrid included: the method registry's (a live view).
-DRAFTING_METHODS = ALL_METHODS
+
+def drafting_methods() -> tuple[str, ...]:
+    """Every drafting method hyspec knows, hybrid included, read from the method table now."""
+    return method_names()
+
 
 X86_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 ARM_ISA_FLAGS = ("neon", "sve", "sve2", "bf16")

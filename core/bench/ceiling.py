@@ -82,7 +82,7 @@ def _build_oracle(answers: Answers):
                 out.append(DraftTree.chain(seq.last_token, follow, vocab_size=self.vocab_size) if follow else None)
             return out
 
-    def factory(target, spec) -> OracleProposer:
+    def factory(target, spec, weights) -> OracleProposer:  # weights: None, the oracle has none
         return OracleProposer(spec.num_speculative_tokens, target.vocab_size)
 
     return factory

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 from hyspec.bench.machine import MemoryPeak, PeakMemory
 from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, acceptance_from_totals, timed_passes
-from hyspec.bench.settings import DRAFTER_METHODS, NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
+from hyspec.bench.settings import NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
+from hyspec.spec.registry import drafter_methods
 from hyspec.bench.stats import Spread
 
 #: suffix's draft-size ceiling in the bench: vLLM's default (suffix_decoding_max_tree_depth, 24)
@@ -38,7 +39,7 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     elif method == "suffix":
         # a ceiling, not a length: suffix sizes each draft from its match (vLLM's default ceiling, the tree depth)
         config["num_speculative_tokens"] = suffix_ceiling
-    elif method in DRAFTER_METHODS:
+    elif method in drafter_methods():
         config["model"] = str(drafters[method])
     elif method == "hybrid":
         # the learned policy over every method that can run: the built-in rules name methods the default model
@@ -48,7 +49,7 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
                                           "prompt_lookup_max": NGRAM_MAX, "num_speculative_tokens": k},
                                          {"method": "suffix"}]  # suffix at the top-level ceiling, as alone
         choices += [{"method": m, "model": str(drafters[m]), "num_speculative_tokens": k}
-                    for m in DRAFTER_METHODS if m in drafters]
+                    for m in drafter_methods() if m in drafters]
         config["num_speculative_tokens"] = suffix_ceiling
         # EAGLE trees as alone (and as in a bare hybrid), not suffix_ceiling deep; within the default budget (32)
         config["tree"] = {"depth": min(k, 32)}

@@ -21,7 +21,8 @@ from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info,
 from hyspec.bench.measure import Measurement, Workload
 from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
-from hyspec.bench.settings import DRAFTER_METHODS, METHODS, PLAIN, BenchSettings
+from hyspec.bench.settings import PLAIN, BenchSettings, bench_methods
+from hyspec.spec.registry import drafter_methods
 from hyspec.errors import HyspecError
 
 
@@ -35,7 +36,7 @@ def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[d
     from hyspec.assets import default_drafter
 
     found, missing = {}, {}
-    for method in DRAFTER_METHODS:
+    for method in drafter_methods():
         if method in settings.drafters:
             path = settings.drafters[method]
             if (path / "config.json").is_file():
@@ -114,7 +115,7 @@ class BenchRunner:
         drafters, missing = resolve_drafters(s, is_default)
         backend = get_backend(None if s.backend in (None, "auto") else s.backend)
         self.peak = PeakMemory(backend.device)
-        methods = s.methods or METHODS
+        methods = s.methods or bench_methods()
         workloads = [Workload.build(prompts.token_ids, bs, t, s.max_tokens, s.seed)
                      for bs in s.batch_sizes for t in s.temperatures]
         self.bar = tqdm(total=(len(methods) + len(s.ceiling) + len(s.peers)) * len(workloads), desc="hyspec bench",
@@ -140,7 +141,7 @@ class BenchRunner:
                     command=self.command, machine=machine_info(backend), model=model_info,
                     dataset=prompts.summary(), settings=s.to_dict(), bandwidth=bandwidth_doc,
                     drafters={m: {"path": str(drafters[m]) if m in drafters else None, "reason": missing.get(m)}
-                              for m in DRAFTER_METHODS},
+                              for m in drafter_methods()},
                     memory_method=self.peak.read().method, rows=rows, complete=complete).to_dict()
 
             self._save(doc, rows)
@@ -215,7 +216,7 @@ class BenchRunner:
         """``method``'s engine, or no engine and the rows that say why it did not start."""
         from hyspec.bench.hyspec_runs import build_llm, speculative_config
 
-        if method in DRAFTER_METHODS and method not in loaded:
+        if method in drafter_methods() and method not in loaded:
             return None, self._skip(HYSPEC, method, workloads, missing[method])
         self._tick(f"hyspec {method}: loading")
         try:

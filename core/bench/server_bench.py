@@ -40,10 +40,8 @@ from typing import Any
 
 import httpx
 from hyspec.bench.serve_process import free_port, wait_until_healthy
-from hyspec.bench.server_load import percentile
-from hyspec.spec.registry import (
-    DRAFTER_METHODS,  # torch-free: the methods with drafter weights
-)
+from hyspec.bench.server_load import percentile, stream_once
+from hyspec.spec.registry import drafter_methods  # torch-free: the methods with drafter weights
 
 PLAIN, HYBRID = "plain", "hybrid"
 GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
@@ -66,34 +64,9 @@ class Sample:
 
 
 async def stream_request(client: httpx.AsyncClient, index: int, prompt: list[int], max_tokens: int) -> Sample:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
-    sample, sent = Sample(index, []), time.perf_counter()
-    first = last = None
-    try:
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                sample.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return sample
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    sample.error = f"error event: {chunk['error']}"
-                    continue
-                ids = [t for c in chunk["choices"] for t in c.get("token_ids") or []]
-                if ids:
-                    last = time.perf_counter()
-                    first = first or last
-                    sample.token_ids += ids
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
-        sample.error = f"{type(exc).__name__}: {exc}"
-    if first is not None:
-        sample.ttft = first - sent
-        if len(sample.token_ids) > 1:
-            sample.tpot = (last - first) / (len(sample.token_ids) - 1)
-    return sample
+    """One greedy streamed completion of ``prompt`` (token ids), as the load test sends it."""
+    r = await stream_once(client, None, prompt, max_tokens)
+    return Sample(index, r.token_ids, ttft=r.ttft, tpot=r.tpot, error=r.error)
 
 
 async def run_clients(url: str, prompts: list[list[int]], clients: int, duration: float,
@@ -296,7 +269,7 @@ def method_config(method: str, k: int, drafters: dict[str, str]) -> dict[str, An
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         config.update(prompt_lookup_min=1, prompt_lookup_max=3)
-    elif method in DRAFTER_METHODS:
+    elif method in drafter_methods():
         if method not in drafters:
             raise SystemExit(f"hyspec bench-server: no drafter weights for {method!r} (found: {', '.join(drafters) or 'none'})"
                              f"; pass --config {method}=JSON with a model")
@@ -333,7 +306,7 @@ def embedded_drafters() -> dict[str, str]:
     from hyspec.errors import CheckpointError
 
     found = {}
-    for method in DRAFTER_METHODS:
+    for method in drafter_methods():
         try:
             found[method] = str(default_drafter(method))
         except CheckpointError:

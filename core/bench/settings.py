@@ -13,11 +13,13 @@ from hyspec.errors import ConfigError
 from hyspec.spec import registry
 
 PLAIN = registry.NONE
-#: hyspec's methods in table order (the method registry's, a live view); "none" is plain
-#: autoregressive decoding (the baseline, always run)
-METHODS = registry.MethodNames(prefix=(PLAIN,))
-#: methods that load drafter weights (ngram has none; hybrid combines the others)
-DRAFTER_METHODS = registry.DRAFTER_METHODS
+
+
+def bench_methods() -> tuple[str, ...]:
+    """What ``--methods`` accepts, in table order, read from the method table now: "none" is plain
+    autoregressive decoding (the baseline, always run), then every method, hybrid last."""
+    return (PLAIN, *registry.method_names())
+
 #: the transformers peers: plain generate, prompt-lookup and draft-model assisted generation
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 #: the llama.cpp peers (llama-cpp-python, optional: hyspec.bench.llamacpp_peer): plain and prompt lookup
@@ -111,19 +113,20 @@ class BenchSettings:
             if self.prompts_file is not None:
                 raise ConfigError("--workload", "give --workload or --prompts, not both")
         if self.methods is not None:
-            unknown = [m for m in self.methods if m not in METHODS]
+            known = bench_methods()
+            unknown = [m for m in self.methods if m not in known]
             if unknown:
-                raise ConfigError("--methods", f"unknown method {unknown[0]!r}; one of {', '.join(METHODS)}")
+                raise ConfigError("--methods", f"unknown method {unknown[0]!r}; one of {', '.join(known)}")
             if PLAIN not in self.methods:  # plain decoding is the reference for speed-ups and identity
                 object.__setattr__(self, "methods", (PLAIN, *self.methods))
-            object.__setattr__(self, "methods", tuple(m for m in METHODS if m in self.methods))
+            object.__setattr__(self, "methods", tuple(m for m in known if m in self.methods))
         unknown = [p for p in self.peers if p not in ALL_PEERS]
         if unknown:
             raise ConfigError("--peers", f"unknown peer {unknown[0]!r}; one of {', '.join(ALL_PEERS)} or 'none'")
         for method in self.drafters:
-            if method not in DRAFTER_METHODS:
+            if method not in registry.drafter_methods():  # those with weights: not ngram, suffix, hybrid
                 raise ConfigError("--drafter", f"{method!r} has no drafter weights; "
-                                               f"one of {', '.join(DRAFTER_METHODS)}")
+                                               f"one of {', '.join(registry.drafter_methods())}")
         if not isinstance(self.speculative_config_extra, Mapping):
             raise ConfigError("--speculative-config-extra", "expected a JSON object")
         if "method" in self.speculative_config_extra:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 # no torch at import: `hyspec --help` must stay fast (settings is torch-free)
-from hyspec.bench.settings import ALL_PEERS, METHODS, QUICK
+from hyspec.bench.settings import ALL_PEERS, QUICK, bench_methods
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="drafter weights for a method (repeatable); default: the drafters in assets/ "
                         "(for the default model only)")
     w.add_argument("--methods", default=None, metavar="LIST",
-                   help=f"comma list of {', '.join(METHODS)} (plain 'none' always runs); default: all, "
+                   help=f"comma list of {', '.join(bench_methods())} (plain 'none' always runs); default: all, "
                         f"those without a drafter shown as skipped; --quick: {','.join(QUICK.methods or ())}")
     w.add_argument("--peers", default=None, metavar="LIST",
                    help=f"comma list of {', '.join(ALL_PEERS)}, or 'none' (default: all; the llama.cpp ones "

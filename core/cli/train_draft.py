@@ -22,12 +22,12 @@ from pathlib import Path
 
 # nothing here imports torch at module level: `hyspec --help` must stay light
 from hyspec.errors import ConfigError
-from hyspec.train.registry import METHODS
+from hyspec.spec.registry import trainable_methods
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--method", required=True, choices=METHODS, help="drafting method to train")
+    parser.add_argument("--method", required=True, choices=trainable_methods(), help="drafting method to train")
     parser.add_argument("--target", type=Path, default=None,
                         help="target model: HF directory or GGUF file (default: the default model, SmolLM2-135M-Instruct)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH",

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hyspec.backends.records import DRAFTING_METHODS
+from hyspec.backends.records import drafting_methods
 from hyspec.conformance.report import CaseResult, CheckResult
 from hyspec.conformance.targets import INTERPRETER, Target, engine_backend
 from hyspec.conformance.tiny import make_tiny_target, prompts
@@ -343,7 +343,7 @@ def method_config(method: str, ws: Workspace) -> dict[str, Any]:
                                                   {"method": "draft_model", "model": other}]}}
     from hyspec.spec import registry
 
-    if not registry.get(method).weights:  # suffix, and any other weightless method: nothing to train
+    if method not in registry.drafter_methods():  # suffix, and any other weightless method: nothing to train
         return {"method": method, "num_speculative_tokens": SPEC_TOKENS}
     return {"method": method, "model": str(ws.drafter(method)), "num_speculative_tokens": SPEC_TOKENS}
 
@@ -408,7 +408,7 @@ def _near_tie_rate_case(report, plain) -> CaseResult:
 
 def methods_to_check() -> list[str]:
     """Every method docs/architecture.md §5 lists, plus the self-drafting run; discovery happens when each is built."""
-    methods = list(DRAFTING_METHODS)
+    methods = list(drafting_methods())
     methods.insert(methods.index("draft_model") + 1, SELF_DRAFT)
     return methods
 

@@ -2,7 +2,7 @@
 
 Each package has ``proposer`` (inference), ``model``/``checkpoint`` where it
 has weights, ``recipe`` (imported only by ``hyspec train-draft``) and, in its
-``__init__``, the factory ``hyspec.spec.registry`` names for it
-(``build(target, spec) -> Proposer``).  Importing a package loads nothing
-heavy: each factory imports its proposer when it runs.
+``__init__``, the factory the method table (``methods.py``) names for it
+(``build(target, spec, weights) -> Proposer``).  Importing a package loads
+nothing heavy: each factory imports its proposer, and torch, when it runs.
 """

@@ -45,7 +45,7 @@ from hyspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
     from hyspec.engine.target import TargetContext
-    from hyspec.spec.methods import MethodSpec
+    from hyspec.drafters.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class RemoteProposer(Proposer):
                  handles: list[WorkerHandle], options: RemoteOptions | None = None,
                  metrics: RemoteMetrics | None = None):
         options = options or RemoteOptions()
-        rc = spec.config.remote
+        rc = spec.remote
         self.method = spec.method
         self.vocab_size = target.vocab_size
         self.max_tokens = spec.num_speculative_tokens

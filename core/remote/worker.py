@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hyspec.remote.transport import RayHandle
@@ -49,7 +48,7 @@ class WorkerInit:
     prompt_lookup_max: int
     target_vocab_size: int
     max_model_len: int
-    config: Any  # the SpeculativeConfig (drafter sections), placement forced to local on the worker
+    config: Any  # the method's section (hyspec.drafters.methods.MethodSpec), placed locally on the worker
     dtype: str = "float32"  # CPU drafting: fp32 unless the node has fast bf16 (AMX)
     kv_cache_bytes: int = DEFAULT_WORKER_KV_BYTES
 
@@ -75,17 +74,19 @@ def build_host(init: WorkerInit):
     from hyspec.model.config import ModelConfig, parse_dtype
     from hyspec.model.tokenizer import Tokenizer
     from hyspec.remote.host import DraftHost
-    from hyspec.spec.methods import MethodSpec, build_proposer, draft_dir
+    from hyspec.drafters.build import build_local, resolve_weights
+    from hyspec.drafters.methods import get
 
     backend = backend_for("cpu", probe_cpu())
     dtype = parse_dtype(init.dtype)
-    local = dataclasses.replace(init.config, draft_placement="local", ray_address=None)
     # One token more than the target asks for: the pipelined step's guess of the bonus token.
-    spec = MethodSpec(init.method, init.model, init.num_speculative_tokens + 1, init.prompt_lookup_min,
-                      init.prompt_lookup_max, local)
-    model_dir, tokenizer, pool = None, None, None
-    if init.method != "ngram":
-        model_dir = Path(draft_dir(spec))
+    spec = dataclasses.replace(init.config, method=init.method, model=init.model,
+                               num_speculative_tokens=init.num_speculative_tokens + 1,
+                               prompt_lookup_min=init.prompt_lookup_min, prompt_lookup_max=init.prompt_lookup_max,
+                               remote=None, ray_address=None)
+    tokenizer, pool = None, None
+    model_dir = resolve_weights(get(init.method), spec, None)  # a worker has no target checkpoint
+    if model_dir is not None:
         tokenizer = Tokenizer(model_dir)
         cfg = ModelConfig.from_pretrained(model_dir)
         page = KVPool.page_bytes_for(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, dtype, 16)
@@ -95,7 +96,7 @@ def build_host(init: WorkerInit):
     target = TargetContext(backend=backend, pool=pool, vocab_size=init.target_vocab_size,
                            max_model_len=init.max_model_len + 2 * init.num_speculative_tokens + 2, dtype=dtype,
                            model_path=None, tokenizer=None)
-    proposer = build_proposer(target, spec)
+    proposer = build_local(target, spec)
     fingerprint = vocab_fingerprint(tokenizer) if tokenizer is not None else None
     log.info("draft worker ready: %s from %s", init.method, model_dir)
     return DraftHost(proposer, init.target_vocab_size, fingerprint)

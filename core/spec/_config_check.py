@@ -118,23 +118,24 @@ def _adapter(cls: type) -> TypeAdapter:
 
 # ---------------------------------------------------------------- pydantic's report -> ConfigError
 
-_MESSAGES: dict[str, Callable[[Any, dict], str]] = {
-    "int_type": lambda v, c: f"expected an integer, got {v!r}",
-    "int_from_float": lambda v, c: f"expected an integer, got {v!r}",
-    "float_type": lambda v, c: f"expected a finite number, got {v!r}",
-    "finite_number": lambda v, c: f"expected a finite number, got {v!r}",
-    "bool_type": lambda v, c: f"expected true or false, got {v!r}",
-    "string_type": lambda v, c: f"expected a non-empty string, got {v!r}",
-    "string_pattern_mismatch": lambda v, c: f"expected a non-empty string, got {v!r}",
-    "greater_than_equal": lambda v, c: f"must be >= {c['ge']}, got {v}",
-    "greater_than": lambda v, c: f"must be > {c['gt']}, got {v}",
-    "less_than_equal": lambda v, c: f"must be <= {c['le']}, got {v}",
-    "less_than": lambda v, c: f"must be < {c['lt']}, got {v}",
-    "dataclass_type": lambda v, c: f"expected an object (JSON mapping), got {type(v).__name__}",
-    "dataclass_exact_type": lambda v, c: f"expected an object (JSON mapping), got {type(v).__name__}",
-    "tuple_type": lambda v, c: f"expected a list, got {type(v).__name__}",
-    "missing_argument": lambda v, c: "required",
-    "missing": lambda v, c: "required",
+# pydantic's error type -> hyspec's wording ({input}: the value; {type}: its JSON-ish type; the rest: pydantic's ctx)
+_MESSAGES = {
+    "int_type": "expected an integer, got {input!r}",
+    "int_from_float": "expected an integer, got {input!r}",
+    "float_type": "expected a finite number, got {input!r}",
+    "finite_number": "expected a finite number, got {input!r}",
+    "bool_type": "expected true or false, got {input!r}",
+    "string_type": "expected a non-empty string, got {input!r}",
+    "string_pattern_mismatch": "expected a non-empty string, got {input!r}",
+    "greater_than_equal": "must be >= {ge}, got {input}",
+    "greater_than": "must be > {gt}, got {input}",
+    "less_than_equal": "must be <= {le}, got {input}",
+    "less_than": "must be < {lt}, got {input}",
+    "dataclass_type": "expected an object (JSON mapping), got {type}",
+    "dataclass_exact_type": "expected an object (JSON mapping), got {type}",
+    "tuple_type": "expected a list, got {type}",
+    "missing_argument": "required",
+    "missing": "required",
 }
 
 
@@ -162,7 +163,7 @@ def config_error(error: ValidationError, cls: type, root: str,
         return ConfigError(_dotted(root, loc), f"must be one of {', '.join(choices)}; got {value!r}"
                                                f"{did_you_mean(value, choices)}")
     if kind in _MESSAGES:
-        return ConfigError(_dotted(root, loc), _MESSAGES[kind](value, ctx))
+        return ConfigError(_dotted(root, loc), _MESSAGES[kind].format(input=value, type=type(value).__name__, **ctx))
     return ConfigError(_dotted(root, loc), e["msg"])
 
 

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BeforeValidator, WithJsonSchema
 
+from hyspec.drafters.methods import MAX_TREE_BUDGET
 from hyspec.errors import ConfigError
 from hyspec.policy.load import LOAD_SIGNALS
 from hyspec.spec import _config_check as chk
@@ -36,10 +37,6 @@ from hyspec.spec.ops_config import MemoryPressureConfig, MemoryPressureSection, 
 from hyspec.spec.registry import UNSUPPORTED_METHODS
 
 MAX_SPECULATIVE_TOKENS = 64
-# Largest draft tree per sequence: the verification query length is budget + 1 and
-# the tree mask is [budget + 1]^2 per sequence; 256 bounds that at 66k entries.
-# Backends with a tighter kernel limit check their own at start-up.
-MAX_TREE_BUDGET = 256
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 # vLLM's ngram default when neither bound is given ("arbitrarily chosen" upstream).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -196,7 +193,7 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _canonical_method(self.method))
-        if registry.get(self.method).meta:
+        if self.method == registry.HYBRID:
             chk.invalid("method", f"a hybrid cannot contain another {self.method}")
         _check_model_allowed(self)
         _resolve_prompt_lookup(self)
@@ -358,7 +355,7 @@ class SpeculativeConfig:
         if (self.method == "suffix" and self.num_speculative_tokens is None) or bare_hybrid_default:
             # vLLM's default for suffix: the tree depth (a ceiling; the drafter sizes each draft itself).  A bare
             # hybrid loads suffix too, so its ceiling is suffix's; its other methods draft up to the tree depth,
-            # DEFAULT_NUM_SPECULATIVE_TOKENS (_resolve_tree_section, hyspec.spec.decoder._default_hybrid_specs)
+            # DEFAULT_NUM_SPECULATIVE_TOKENS (_resolve_tree_section, hyspec.spec.methods.default_hybrid_specs)
             object.__setattr__(self, "num_speculative_tokens",
                                min(self.suffix_decoding_max_tree_depth, MAX_SPECULATIVE_TOKENS))
 
@@ -367,7 +364,7 @@ class SpeculativeConfig:
             if self.num_speculative_tokens is None:
                 object.__setattr__(self, "num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS)
             return
-        if not registry.get(self.method).builds_trees:
+        if self.method == registry.HYBRID or not registry.get(self.method).builds_trees:
             trees = registry.tree_methods()
             chk.invalid("speculative_token_tree", f"method {self.method!r} drafts chains; a static tree "
                                                   f"applies to {', '.join(trees[:-1])} and {trees[-1]}")
@@ -504,13 +501,14 @@ def _canonical_method(value: Any) -> str:
 
 
 def _check_model_allowed(obj: Any) -> None:
-    info = registry.get(obj.method)
-    if not info.weights and obj.model in (info.name, f"[{info.name}]"):
+    hybrid = obj.method == registry.HYBRID
+    info = None if hybrid else registry.get(obj.method)
+    if (hybrid or not info.weights) and obj.model in (obj.method, f"[{obj.method}]"):
         object.__setattr__(obj, "model", None)  # vLLM writes the method name into `model` for ngram
     if obj.model is None:
         return
-    if info.meta:
-        chk.invalid("model", f"a {info.name} has no model of its own; set it per method in {info.name}.methods")
+    if hybrid:
+        chk.invalid("model", f"a {obj.method} has no model of its own; set it per method in {obj.method}.methods")
     if not info.weights:
         chk.invalid("model", f"{info.name} ({info.summary}) has no weights; remove the key")
 

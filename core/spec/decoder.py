@@ -25,7 +25,7 @@ from hyspec.errors import KVOwnershipError
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.spec.config import SpeculativeConfig
 from hyspec.policy.controller import GoodputController
-from hyspec.spec.methods import MethodSpec, build_proposer
+from hyspec.spec.methods import MethodSpec, build_proposer, method_specs
 from hyspec.spec.metrics import SpecMetrics
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.quality import DraftQualityMonitor
@@ -82,7 +82,7 @@ class SpecDecoder(Speculation):
             cfg = SpeculativeConfig.from_json(speculative_config)
         else:
             cfg = SpeculativeConfig.from_dict(speculative_config)
-        specs = _method_specs(cfg)
+        specs = method_specs(cfg)
         proposers = {s.method: build_proposer(target, s) for s in specs}
         for method, proposer in proposers.items():
             _optimize_modules(target, proposer, cfg.quantization, method)
@@ -434,38 +434,6 @@ def _optimize_modules(target: TargetContext, proposer: Proposer, quantization: s
             if kinds:
                 log.info("%s drafter %s: linear layers %s", method, name, describe(kinds))
             target.backend.optimize_model(value)
-
-
-def _method_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
-    top_k = cfg.num_speculative_tokens
-    if cfg.method != "hybrid":
-        return [MethodSpec(cfg.method, cfg.model, top_k, cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg)]
-    specs = []
-    if not cfg.hybrid.methods:
-        return _default_hybrid_specs(cfg)
-    for m in cfg.hybrid.methods:
-        lookup_min = m.prompt_lookup_min or m.prompt_lookup_max or 5  # vLLM's rule: one given -> both
-        lookup_max = m.prompt_lookup_max or m.prompt_lookup_min or 5
-        specs.append(MethodSpec(m.method, m.model, m.num_speculative_tokens or top_k, lookup_min, lookup_max, cfg))
-    return specs
-
-
-def _default_hybrid_specs(cfg: SpeculativeConfig) -> list[MethodSpec]:
-    """A bare {"method": "hybrid"}: ngram and suffix (no weights) plus the registry's default methods whose
-    embedded drafter exists.  Suffix drafts up to the top-level ceiling (its drafts size themselves); the
-    others up to the tree depth, which is DEFAULT_NUM_SPECULATIVE_TOKENS unless num_speculative_tokens or
-    tree.depth was given (config.py resolves both)."""
-    from hyspec.assets import DRAFTER_DIRS, assets_dir
-    from hyspec.spec.registry import default_hybrid_methods
-
-    k = min(cfg.num_speculative_tokens, cfg.tree.depth)
-    specs = [MethodSpec("ngram", None, k, 1, 3, cfg),
-             MethodSpec("suffix", None, cfg.num_speculative_tokens, 1, 3, cfg)]
-    for method in default_hybrid_methods():
-        if (assets_dir() / DRAFTER_DIRS[method] / "config.json").is_file():
-            specs.append(MethodSpec(method, None, k, 1, 3, cfg))
-    log.info("hybrid with no methods listed: loading %s", [s.method for s in specs])
-    return specs
 
 
 def _check_tree(tree: DraftTree, req: DraftRequest, vocab: int) -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hyspec.spec import _config_check as chk
 from hyspec.spec._config_check import ROOT, Bool, Float, Int, key, section, section_field
 
 

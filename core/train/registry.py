@@ -16,11 +16,6 @@ from hyspec.spec import registry
 if TYPE_CHECKING:
     from hyspec.train.base import DrafterRecipe
 
-#: method -> recipe module (live views of the method registry)
-RECIPE_MODULES = registry.RECIPE_MODULES
-METHODS = registry.TRAINABLE_METHODS
-
-
 def resolve_recipe(method: str) -> "DrafterRecipe":
     """The registered recipe for ``method``, importing its module first if needed."""
     from hyspec.train.base import RECIPES

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyspec.assets import DRAFTER_DIRS
+from hyspec.drafters.methods import drafter_dirs
 from hyspec.conformance.distribution import compare, exact_law, power, sample_through_generate
 
 SAMPLES = 2000  # SmolLM2 steps cost ~50x the tiny target's: power() below states what this detects
@@ -41,7 +41,7 @@ def law_and_prompt(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(DRAFTER_DIRS))
+@pytest.mark.parametrize("method", sorted(drafter_dirs()))
 def test_trained_drafter_emits_the_target_law(model, law_and_prompt, method):
     from hyspec.assets import default_drafter
 

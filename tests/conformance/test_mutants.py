@@ -90,7 +90,7 @@ def bf16_identity(workspace, monkeypatch, mutant: bool):
 
     reference = workspace.reference_model("bfloat16")
     monkeypatch.setitem(registry.METHODS, "ngram", dataclasses.replace(
-        registry.METHODS["ngram"], factory=lambda target, spec: RunnerUpProposer(reference, 320)))
+        registry.METHODS["ngram"], factory=lambda target, spec, weights: RunnerUpProposer(reference, 320)))
     if mutant:
         monkeypatch.setattr(verify, "verify_greedy", eps_verify_greedy)
     batch = prompts(NUM_PROMPTS)

@@ -70,7 +70,7 @@ def remote_placement(make_handles=None, options=None):
     original = decoder.build_proposer
 
     def build(engine, spec):
-        if getattr(spec.config, "draft_placement", "local") == "remote":
+        if spec.remote is not None:  # draft_placement "remote"
             handles = make_handles(engine, spec) if make_handles is not None else None
             return build_remote_proposer(engine, spec, options=options, handles=handles)
         return original(engine, spec)

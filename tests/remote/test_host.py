@@ -153,9 +153,10 @@ def test_garbage_bytes_and_delay():
 def draft_model_host(target_dir, draft_dir):
     from hyspec.remote.worker import WorkerInit, build_host
     from hyspec.spec.config import SpeculativeConfig
+    from hyspec.spec.methods import method_specs
 
     cfg = SpeculativeConfig.from_dict({"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 3})
-    return lambda: build_host(WorkerInit("draft_model", str(draft_dir), 3, 5, 5, V, 256, cfg))
+    return lambda: build_host(WorkerInit("draft_model", str(draft_dir), 3, 5, 5, V, 256, method_specs(cfg)[0]))
 
 
 def test_sampled_drafts_carry_valid_q_and_are_reproducible_with_a_seed(draft_model_host):

@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from hyspec.assets import DRAFTER_DIRS
+from hyspec.drafters.methods import drafter_dirs
 from tests.model.test_default_model import needs_default
 
 PROMPT = "def fibonacci(n):\n    "
@@ -60,7 +60,7 @@ def _drafter_config(method: str):
 
 
 @needs_default
-@pytest.mark.parametrize("method", ["plain", "ngram", *sorted(DRAFTER_DIRS)])
+@pytest.mark.parametrize("method", ["plain", "ngram", *sorted(drafter_dirs())])
 def test_greedy_logprobs_are_transformers_log_softmax(oracle, method):
     server = _serve(_drafter_config(method))
     try:

@@ -2,8 +2,8 @@
 
 It drafts the sequence's last token repeated (no weights, one chain per step).
 ``tests/spec/test_method_registry.py`` registers it with one ``MethodInfo``
-whose factory string points here, the way a real method's entry points at
-``hyspec.drafters.<method>:build``.
+whose factory is :func:`build`, the way a real method's entry names
+``hyspec.drafters.<method>.build``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hyspec.spec.tree import DraftTree
 if TYPE_CHECKING:
     from hyspec.engine.target import TargetContext
     from hyspec.ops.sampling import SamplingTensors
-    from hyspec.spec.methods import MethodSpec
+    from hyspec.drafters.methods import MethodSpec
 
 NAME = "repeat_last"
 
@@ -36,8 +36,8 @@ class RepeatLastProposer(Proposer):
                                 vocab_size=self.vocab_size) for req in requests]
 
 
-def build(target: "TargetContext", spec: "MethodSpec") -> RepeatLastProposer:
-    """The factory the registry entry names ("tests.spec.repeat_last:build")."""
+def build(target: "TargetContext", spec: "MethodSpec", weights: None) -> RepeatLastProposer:
+    """The factory the table entry names (no weights: ``weights`` is None)."""
     proposer = RepeatLastProposer(spec.num_speculative_tokens, target.vocab_size)
     proposer.built_for.append(spec.method)
     return proposer

@@ -1,4 +1,4 @@
-"""The method registry: one entry per method, read by everything that lists methods.
+"""The method table: one entry (name -> factory and facts) per method, read by everything that lists methods.
 
 A new method is one ``register(MethodInfo(...))`` plus its package: here a
 test-only method (``tests/spec/repeat_last.py``) becomes a valid config,
@@ -8,6 +8,7 @@ registry too.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -23,13 +24,12 @@ from hyspec.spec import registry
 from hyspec.spec.config import SpeculativeConfig
 from hyspec.spec.registry import MethodInfo
 from tests.spec.conftest import PROMPTS
-from tests.spec.repeat_last import NAME, RepeatLastProposer
+from tests.spec.repeat_last import NAME, RepeatLastProposer, build
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_tokens=60)
 FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
-REPEAT_LAST = MethodInfo(NAME, "the last token repeated (test only)", "tests.spec.repeat_last:build",
-                         weights=False, chain_only=True)
+REPEAT_LAST = MethodInfo(NAME, "the last token repeated (test only)", build, weights=False, chain_only=True)
 
 
 @contextmanager
@@ -80,16 +80,16 @@ def test_the_dispatcher_accepts_a_registered_method(repeat_last, tmp_path):
 
 
 def test_bench_probe_and_conformance_list_a_registered_method(repeat_last):
-    from hyspec.backends.records import DRAFTING_METHODS
+    from hyspec.backends.records import drafting_methods
     from hyspec.bench.hyspec_runs import speculative_config
-    from hyspec.bench.settings import DRAFTER_METHODS, METHODS, BenchSettings
+    from hyspec.bench.settings import BenchSettings, bench_methods
     from hyspec.conformance.methods import methods_to_check
 
-    assert NAME in METHODS and NAME not in DRAFTER_METHODS  # no weights: nothing to look for in assets/
+    assert NAME in bench_methods() and NAME not in registry.drafter_methods()  # no weights: nothing in assets/
     settings = BenchSettings(methods=(NAME, "ngram"))
     assert settings.methods == ("none", "ngram", NAME)
     assert speculative_config(NAME, settings, {}) == {"method": NAME, "num_speculative_tokens": 4}
-    assert NAME in tuple(DRAFTING_METHODS) and NAME in methods_to_check()
+    assert NAME in drafting_methods() and NAME in methods_to_check()
 
 
 def test_a_registered_method_decodes_exactly_as_plain(repeat_last, target_dir, plain_outputs):
@@ -118,7 +118,7 @@ def test_hybrid_switches_to_a_registered_method(repeat_last, target_dir, plain_o
 def test_registering_is_undone():
     with registered(REPEAT_LAST):
         assert NAME in registry.method_names()
-    assert NAME not in registry.METHODS and NAME not in registry.ALL_METHODS
+    assert NAME not in registry.METHODS and NAME not in registry.method_names()
     with pytest.raises(ConfigError, match=f"unknown method '{NAME}'"):
         SpeculativeConfig.from_dict({"method": NAME})
     from hyspec.policy.signals import StepSignals
@@ -133,49 +133,50 @@ def test_entries_are_checked():
     with pytest.raises(HyspecError, match="already registered"):
         registry.register(registry.METHODS["ngram"])
     with pytest.raises(HyspecError, match="lower-case identifier"):
-        MethodInfo("Eagle-4", "x", "m:f")
-    with pytest.raises(HyspecError, match="lower-case identifier"):
-        MethodInfo("none", "x", "m:f")
-    with pytest.raises(HyspecError, match="'package.module:function'"):
-        MethodInfo("x", "x", "hyspec.drafters.x")
+        MethodInfo("Eagle-4", "x", build)
+    for reserved in ("none", "hybrid"):
+        with pytest.raises(HyspecError, match="lower-case identifier other than"):
+            MethodInfo(reserved, "x", build)
+    with pytest.raises(HyspecError, match="needs a factory"):
+        MethodInfo("x", "x", "hyspec.drafters.x:build")  # a callable, not a name to import
     with pytest.raises(HyspecError, match="no weights"):
-        MethodInfo("x", "x", "m:f", weights=False, drafter_dir="x")
-    with pytest.raises(HyspecError, match="meta-method"):
-        MethodInfo("x", "x", "m:f", meta=True)
+        MethodInfo("x", "x", build, weights=False, drafter_dir="x")
 
 
-def test_a_method_whose_package_is_missing_is_not_available(target_dir):
-    from hyspec.spec.methods import MethodSpec, build_proposer
+def test_a_factory_gets_its_section_and_resolved_weights(tmp_path):
+    from hyspec.spec.methods import build_proposer, method_specs
 
-    spec = MethodSpec("ghost", None, 2, 1, 1, SpeculativeConfig(method="ngram"))
-    with registered(MethodInfo("ghost", "x", "hyspec.drafters.ghost:build", weights=False)):
-        with pytest.raises(ConfigError, match="'ghost' is not available in this build: its module "
-                                              "hyspec.drafters.ghost is missing"):
-            build_proposer(None, spec)
+    seen = []
+    factory = lambda target, spec, weights: seen.append((spec, weights)) or RepeatLastProposer(2, 10)  # noqa: E731
+    with registered(MethodInfo("ghost", "x", factory, weights=False)):
+        [spec] = method_specs(SpeculativeConfig(method="ghost", num_speculative_tokens=2))
+        build_proposer(None, spec)
+    assert seen == [(spec, None)] and (spec.method, spec.num_speculative_tokens) == ("ghost", 2)
+    with registered(MethodInfo("ghost", "x", factory, drafter_dir="nowhere")):
+        [spec] = method_specs(SpeculativeConfig(method="ghost", model=str(tmp_path)))
+        build_proposer(None, spec)
+    assert seen[-1] == (spec, tmp_path)  # the configured model, as a path
     with pytest.raises(ConfigError, match="unknown method 'ghost'"):
         build_proposer(None, spec)
     with pytest.raises(ConfigError, match="builds no proposer"):
-        build_proposer(None, MethodSpec("hybrid", None, 2, 1, 1, SpeculativeConfig(method="ngram")))
+        build_proposer(None, dataclasses.replace(spec, method="hybrid"))
 
 
 def test_builtin_entries_resolve():
     import importlib.util
 
     for info in registry.METHODS.values():
-        if info.meta:
-            continue
-        assert callable(info.load_factory()), info.name
+        assert callable(info.factory), info.name
         if info.recipe:
             assert importlib.util.find_spec(info.recipe) is not None, info.recipe
     assert registry.default_hybrid_methods() == ("dflash", "mtp", "eagle", "eagle3", "dspark", "draft_model")
-    assert tuple(registry.DEFAULT_HYBRID_METHODS) == registry.default_hybrid_methods()
     assert registry.method_names()[-1] == "hybrid"
 
 
 def test_registry_and_its_readers_import_no_torch():
     code = ("import sys\n"
             "import hyspec.spec.registry, hyspec.spec.config, hyspec.backends.records, hyspec.bench.settings\n"
-            "import hyspec.assets, hyspec.train.registry, hyspec.policy, hyspec.drafters.eagle\n"
+            "import hyspec.assets, hyspec.train.registry, hyspec.policy, hyspec.drafters.eagle, hyspec.drafters.methods\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": ""})

@@ -36,7 +36,7 @@ from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from hyspec.spec.methods import MethodSpec
+    from hyspec.drafters.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +87,15 @@ class DFlashProposer(Proposer):
         self.pool.add_reclaimer(self.states.reclaim)
 
     @classmethod
-    def from_spec(cls, target: TargetContext, spec: "MethodSpec") -> "DFlashProposer":
-        from hyspec.spec.methods import draft_dir
-
+    def from_spec(cls, target: TargetContext, spec: "MethodSpec", weights: Path) -> "DFlashProposer":
+        """The proposer for ``spec`` with the drafter in ``weights`` (the dflash / dspark factories)."""
         model = target.require_model(cls.method)
 
         def build(config: DFlashConfig, section: dict[str, Any]):
             return cls.build_drafter(config, section, model.embed_tokens.weight, model.lm_head_weight,
                                      target.ops, target.max_model_len + config.block_size + 8)
 
-        drafter = load_drafter(Path(draft_dir(spec)), cls.method, model.config, build, target.dtype, target.device)
+        drafter = load_drafter(Path(weights), cls.method, model.config, build, target.dtype, target.device)
         return cls(target, drafter, spec.num_speculative_tokens)
 
     @staticmethod

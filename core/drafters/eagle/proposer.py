@@ -38,7 +38,7 @@ from hyspec.errors import CheckpointError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.config import MAX_TREE_BUDGET, SpeculativeConfig
+from hyspec.drafters.methods import MAX_TREE_BUDGET, MethodSpec
 from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
@@ -112,10 +112,10 @@ class EagleProposer(Proposer):
     needs_hidden = True
     builds_trees = True
 
-    def __init__(self, target: TargetContext, head_dir: str | Path, config: SpeculativeConfig):
-        if config.speculative_token_tree is not None:
+    def __init__(self, target: TargetContext, head_dir: str | Path, spec: MethodSpec):
+        if spec.speculative_token_tree is not None:
             log.warning("%s builds EAGLE-2 dynamic trees; speculative_token_tree only sizes them "
-                        "(tree.budget/depth/topk = %s)", self.method, config.tree)
+                        "(tree.budget/depth/topk = %s)", self.method, spec.tree)
         model = target.require_model(self.method)
         self.vocab_size = target.vocab_size
         self.dtype = target.dtype
@@ -128,7 +128,7 @@ class EagleProposer(Proposer):
         if missing:
             raise CheckpointError(f"the EAGLE-3 head reads target layers {list(missing)}, beyond the target's "
                                   f"{model.config.num_hidden_layers}")
-        self.tree = config.tree
+        self.tree = spec.tree
         self.pool = target.pool
         lc = cfg.layer
         self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, target.dtype)

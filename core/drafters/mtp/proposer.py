@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
-from hyspec.drafters.mtp.checkpoint import is_mtp_checkpoint, load_mtp
+from hyspec.drafters.mtp.checkpoint import load_mtp
 from hyspec.drafters.mtp.model import MTPDrafter
 from hyspec.engine.model_runner import NO_LOGITS, Feed
 from hyspec.engine.sequence import Sequence
@@ -40,7 +40,7 @@ from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from hyspec.spec.methods import MethodSpec
+    from hyspec.drafters.methods import MethodSpec
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +101,13 @@ class MTPProposer(Proposer):
         self.pool.add_reclaimer(self.states.reclaim)
 
     @classmethod
-    def from_spec(cls, target: TargetContext, spec: "MethodSpec") -> "MTPProposer":
-        from hyspec.spec.methods import draft_dir
-
-        if spec.config.speculative_token_tree is not None:
+    def from_spec(cls, target: TargetContext, spec: "MethodSpec", weights: Path) -> "MTPProposer":
+        """The proposer for ``spec`` with the modules in ``weights`` (the ``mtp`` factory)."""
+        if spec.speculative_token_tree is not None:
             raise ConfigError("speculative_token_tree", "hyspec's mtp drafts chains; static token trees are "
                                                         "not implemented for it (remove the key)")
         model = target.require_model(cls.method)
-        path = spec.model
-        if path is None and is_mtp_checkpoint(target.model_path):
-            path = target.model_path  # DeepSeek layout: the modules live in the target's checkpoint
-        path = Path(path if path is not None else draft_dir(spec))
-        drafter = load_mtp(path, model.config, model.embed_tokens.weight, model.lm_head_weight, target.dtype,
+        drafter = load_mtp(Path(weights), model.config, model.embed_tokens.weight, model.lm_head_weight, target.dtype,
                            target.device, ops=target.ops, max_positions=target.max_model_len + 64)
         return cls(target, drafter, spec.num_speculative_tokens)
 

@@ -1,33 +1,33 @@
 """suffix: suffix decoding over the prompt and previous responses (no weights)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from hyspec.drafters.suffix.corpus import SuffixCorpus, default_corpus_dir, load_corpus
+from hyspec.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
+    from hyspec.drafters.methods import MethodSpec
     from hyspec.drafters.suffix.proposer import SuffixProposer
-    from hyspec.engine.target import TargetContext
-    from hyspec.spec.methods import MethodSpec
+    from hyspec.seam.target import TargetContext
 
 
-def build(target: "TargetContext", spec: "MethodSpec") -> "SuffixProposer":
-    """The ``suffix`` factory (hyspec.spec.registry): vLLM's suffix_decoding_* keys from the config."""
-    from hyspec.drafters.suffix.proposer import SuffixProposer, SuffixSettings
+def build(target: "TargetContext", spec: "MethodSpec", weights: Optional[Path]) -> "SuffixProposer":
+    """The ``suffix`` factory (hyspec.drafters.methods): vLLM's suffix_decoding_* keys (``spec.suffix``)."""
+    from hyspec.drafters.suffix.proposer import SuffixProposer, SuffixSettings  # torch: loaded when used
 
-    c = spec.config
-    settings = SuffixSettings(c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,
-                              c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob)
-    corpus = _corpus(target, c.suffix_decoding_corpus)
+    o = spec.suffix
+    settings = SuffixSettings(o.max_tree_depth, o.max_cached_requests, o.max_spec_factor, o.min_token_prob)
+    corpus = _corpus(target, o.corpus)
     return SuffixProposer(settings, spec.num_speculative_tokens, target.vocab_size,
                           corpus=corpus.sequences if corpus is not None else None)
 
 
-def _corpus(target: "TargetContext", setting: str | None):
+def _corpus(target: "TargetContext", setting: Optional[str]) -> Optional[SuffixCorpus]:
     """``suffix_decoding_corpus``: null or "none" = no corpus; "default" = the one shipped in assets/ for the
     default model (refused for a target with another vocabulary); else a directory, which must fit the
     target (errors name both vocabularies)."""
-    from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
-    from hyspec.errors import CheckpointError, ConfigError
-
     if setting is None or setting.strip().lower() == "none":
         return None
     path = default_corpus_dir() if setting.strip().lower() == "default" else setting
