@@ -100,7 +100,7 @@ def remote_placement(transport: str, options=None):
     original = decoder.build_proposer
 
     def build(engine, spec):
-        if getattr(spec.config, "draft_placement", "local") != "remote":
+        if spec.remote is None:  # draft_placement "local"
             return original(engine, spec)
         handles = None
         if transport == "inprocess":
