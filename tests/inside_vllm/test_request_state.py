@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from hyspec.vllm import HyspecProposer, VllmOptions
 
@@ -104,3 +105,23 @@ def test_the_response_cache_is_bounded_and_can_be_off():
     runner.propose_draft_token_ids([("A", 1, [50, 60, 61, 62], [62])])
     runner.propose_draft_token_ids([("B", 1, [70, 60, 61], [61])])
     assert off.stats["cached_responses"] == 0 and len(off.cache) == 0
+
+
+def test_counters_are_scrapeable_from_the_drafting_process():
+    import urllib.request
+
+    from hyspec.bench.vllm_server import free_port
+
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    proposer = HyspecProposer(vllm_config(k=4), VllmOptions(metrics_port=port))
+    proposer.load_model(None)
+    runner = FakeRunner(proposer)
+    a = PROMPT_A + ANSWER
+    runner.propose_draft_token_ids([("A", 3, a, [a[-1]])])
+    runner.propose_draft_token_ids([("B", 2, [40, 41, 30, 31, 32], [32])])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'hyspec_vllm_drafts_total{source="cache"} 1.0' in text
+    assert "hyspec_vllm_draft_tokens_total 3.0" in text
+    assert "hyspec_vllm_cached_responses_total 1.0" in text

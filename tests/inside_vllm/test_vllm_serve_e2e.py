@@ -8,13 +8,16 @@ two server start-ups dominate the time.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import urllib.request
 
 import pytest
 import torch
 
-from hyspec.bench.vllm_server import PYTHON_ENV, VllmServer, hyspec_speculative_config
+from hyspec.bench.vllm_server import PYTHON_ENV, VllmServer, free_port, hyspec_speculative_config
+from hyspec.vllm.options import OPTIONS_ENV
 from tests.model.tiny_checkpoint import write_tokenizer
 
 openai = pytest.importorskip("openai")
@@ -55,14 +58,19 @@ def test_vllm_runs_and_imports_hyspec():
 
 def test_hyspec_inside_vllm_serve_equals_vllm_plain(tiny_llama, tmp_path):
     model = str(tiny_llama)
+    hyspec_port = free_port()  # hyspec's own counters, served from vLLM's drafting process
+    (tmp_path / "hyspec.json").write_text(json.dumps({"metrics_port": hyspec_port}))
     with VllmServer(VLLM_PYTHON, model, max_model_len=512, memory_fraction=0.05,
                     log_path=tmp_path / "plain.log") as plain:
         reference = _complete(plain, model, 0.0)
     with VllmServer(VLLM_PYTHON, model, max_model_len=512, memory_fraction=0.05,
-                    speculative_config=hyspec_speculative_config(4), log_path=tmp_path / "hyspec.log") as spec:
+                    speculative_config=hyspec_speculative_config(4), log_path=tmp_path / "hyspec.log",
+                    env={OPTIONS_ENV: str(tmp_path / "hyspec.json")}) as spec:
         got = _complete(spec, model, 0.0)
         sampled = _complete(spec, model, 0.8)
         counters = spec.metrics()
+        with urllib.request.urlopen(f"http://127.0.0.1:{hyspec_port}/metrics", timeout=10) as r:
+            ours = r.read().decode()
     assert plain.returncode == 0 and spec.returncode == 0, ((tmp_path / "hyspec.log").read_text()[-3000:])
     assert all(len(t) == MAX_TOKENS for t in reference + got + sampled)
     mismatched = [i for i, (a, b) in enumerate(zip(reference, got)) if a != b]
@@ -70,3 +78,6 @@ def test_hyspec_inside_vllm_serve_equals_vllm_plain(tiny_llama, tmp_path):
     # hyspec did draft, and vLLM verified its drafts: the counters are vLLM's own
     assert counters.get("vllm:spec_decode_num_draft_tokens_total", 0) > 0
     assert counters.get("vllm:spec_decode_num_accepted_tokens_total", 0) > 0
+    drafted = [line for line in ours.splitlines() if line.startswith("hyspec_vllm_draft_tokens_total ")]
+    # vLLM verifies what it schedules: drafts past a request's last token are proposed but never verified
+    assert drafted and float(drafted[0].split()[1]) >= counters["vllm:spec_decode_num_draft_tokens_total"]
