@@ -104,8 +104,13 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
         lines.append("ceiling_kK: an oracle drafting K tokens of plain decoding's own answer every step (always "
                      "accepted, free to draft): the most any method reaches with K drafts on this machine")
     lines += _acceptance_lines(doc)
-    lines += _goal_lines(doc)
+    demo = doc["settings"].get("demo")
+    if not demo:  # the goals are the full comparison's: the demo runs one method and no peers
+        lines += _goal_lines(doc)
     lines += _identity_lines(doc, red, reset)
+    if demo:
+        lines += ["", ("tok/s: generated tokens over wall time, prefill included. The full comparison (every "
+                       "method with a drafter, transformers beside it, the goals): hyspec bench --quick")]
     return "\n".join(lines) + "\n"
 
 

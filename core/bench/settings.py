@@ -1,4 +1,4 @@
-"""What one ``hyspec bench`` run measures: validated settings, the ``--quick`` preset, the method list.
+"""What one ``hyspec bench`` run measures: validated settings, the ``--quick`` and ``--demo`` presets, the method list.
 
 Torch-free, so the CLI can parse and check its arguments before anything heavy loads.
 """
@@ -47,6 +47,11 @@ class Preset:
 # --quick is the README's main job: a few minutes on a 2-core box with the default model.
 QUICK = Preset(num_prompts=4, max_tokens=48, batch_sizes=(1,), temperatures=(0.0,), repeats=3,
                bandwidth_bytes=256 << 20, methods=(PLAIN, "ngram", "draft_model", "eagle3", "hybrid"))
+# --demo is the end of `bash scripts/dev.sh demo`: plain decoding beside one method, seconds of decoding.  suffix is
+# the default model's fastest method at batch 1 on HumanEval at T=0 (the README's table: 1.32x plain).
+DEMO_METHOD = "suffix"
+DEMO = Preset(num_prompts=3, max_tokens=48, batch_sizes=(1,), temperatures=(0.0,), repeats=3,
+              bandwidth_bytes=256 << 20, methods=(PLAIN, DEMO_METHOD))
 FULL = Preset(num_prompts=32, max_tokens=128, batch_sizes=(1, 4, 16, 32), temperatures=(0.0,), repeats=3,
               bandwidth_bytes=1 << 30, methods=None)
 
@@ -91,8 +96,11 @@ class BenchSettings:
     bandwidth_bytes: int = FULL.bandwidth_bytes
     seed: int = 0
     quick: bool = False
+    demo: bool = False
 
     def __post_init__(self) -> None:
+        if self.quick and self.demo:
+            raise ConfigError("--demo", "give --demo or --quick, not both")
         for name in ("num_prompts", "max_tokens", "repeats", "num_speculative_tokens", "bandwidth_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -158,6 +166,7 @@ class BenchSettings:
             "prefix_caching": self.prefix_caching, "batching": self.batching, "interleave": self.interleave,
             "ceiling": list(self.ceiling),
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
+            "demo": self.demo,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
                    "transformers with no eos_token_id, llama.cpp generating past it)",
         }
@@ -168,8 +177,8 @@ def _opt(name: str) -> str:
 
 
 def with_preset(settings: BenchSettings, given: set[str]) -> BenchSettings:
-    """Fill the options the user did not give from the --quick or full preset."""
-    preset = QUICK if settings.quick else FULL
+    """Fill the options the user did not give from the --demo, --quick or full preset."""
+    preset = DEMO if settings.demo else QUICK if settings.quick else FULL
     values = {name: getattr(preset, name) for name in ("num_prompts", "max_tokens", "batch_sizes", "temperatures",
                                                        "repeats", "bandwidth_bytes", "methods")
               if name not in given}

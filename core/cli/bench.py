@@ -1,6 +1,7 @@
 """Benchmark hyspec's methods side by side with transformers generate on the same weights, in one run.
 
-    hyspec bench --quick                              # the README's run: a couple of minutes on a CPU
+    hyspec bench --demo                               # plain beside suffix decoding on 3 prompts: under a minute
+    hyspec bench --quick                              # the README's run: a few minutes on a CPU
     hyspec bench --json result.json --plot plots/     # every method, batch sizes 1,4,16,32
     hyspec bench --readme-table result.json           # the README's benchmark section from a saved run
 
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 # no torch at import: `hyspec --help` must stay fast (settings is torch-free)
-from hyspec.bench.settings import ALL_PEERS, QUICK, bench_methods
+from hyspec.bench.settings import ALL_PEERS, DEMO, QUICK, bench_methods
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--workload", default=None, metavar="NAME",
                    help="humaneval, chat, agentic (edits of embedded standard-library code, each request sent "
                         "twice as agents re-run steps) or mixed (the three interleaved); instead of --prompts")
-    w.add_argument("--num-prompts", type=int, default=None, help="prompts per configuration (default 32; quick 6)")
+    w.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts per configuration (default 32; quick 4, demo 3)")
     w.add_argument("--batch-sizes", default=None, metavar="LIST", help="e.g. 1,4,16,32 (the default; quick 1)")
     w.add_argument("--temperatures", default=None, metavar="LIST", help="e.g. 0,0.8 (default 0)")
     w.add_argument("--max-tokens", type=int, default=None, help="generated tokens per request (default 128; quick 48)")
     w.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (default 3)")
     w.add_argument("--quick", action="store_true", help="few prompts and methods, batch size 1, short outputs")
+    w.add_argument("--demo", action="store_true",
+                   help=f"the shortest side-by-side: plain decoding and {DEMO.methods[-1]} on {DEMO.num_prompts} "
+                        "HumanEval prompts, batch size 1, T=0, passes interleaved, no peers, tokens compared; "
+                        "the full comparison is --quick")
     e = parser.add_argument_group("engine")
     e.add_argument("--backend", default="auto", help="cpu, cuda, npu or auto")
     e.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (peers use the same)")
@@ -114,7 +120,7 @@ def _settings(args: argparse.Namespace):
     if args.methods is not None:
         given.add("methods")
         values["methods"] = parse_list(args.methods, str, "--methods")
-    peers = ALL_PEERS
+    peers = () if args.demo else ALL_PEERS  # the demo is hyspec against itself: no transformers to load
     if args.peers is not None:
         peers = () if args.peers.strip() == "none" else parse_list(args.peers, str, "--peers")
     base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, quantization=args.quantization,
@@ -124,8 +130,10 @@ def _settings(args: argparse.Namespace):
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),
                          price_per_hour=args.price_per_hour, kv_cache_bytes=args.kv_cache_bytes, seed=args.seed,
-                         quick=args.quick, prefix_caching=not args.no_prefix_caching, batching=args.batching,
-                         interleave=args.interleave,
+                         quick=args.quick, demo=args.demo, prefix_caching=not args.no_prefix_caching,
+                         batching=args.batching,
+                         # the demo's two engines take their passes in turn, so a busy machine slows both alike
+                         interleave=args.interleave or args.demo,
                          ceiling=() if args.ceiling is None else parse_list(args.ceiling, int, "--ceiling"))
     return with_preset(replace(base, **values), given)
 

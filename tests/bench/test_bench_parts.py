@@ -105,6 +105,20 @@ def test_quick_preset_fills_only_what_was_not_given():
     assert full.batch_sizes == (1, 4, 16, 32) and full.methods is None
 
 
+def test_demo_preset_is_plain_beside_suffix_interleaved_without_peers(capsys):
+    import argparse
+
+    from hyspec.cli import bench as bench_cli
+
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    s = bench_cli._settings(parser.parse_args(["--demo"]))
+    assert s.demo and s.methods == ("none", "suffix") and s.peers == () and s.interleave
+    assert (s.num_prompts, s.max_tokens, s.batch_sizes, s.temperatures, s.repeats) == (3, 48, (1,), (0.0,), 3)
+    assert main(["bench", "--demo", "--quick", "--no-progress"]) == 2
+    assert "give --demo or --quick, not both" in capsys.readouterr().err
+
+
 def test_bad_options_exit_2(capsys):
     assert main(["bench", "--methods", "ngram,bogus", "--no-progress"]) == 2
     assert "unknown method 'bogus'" in capsys.readouterr().err
