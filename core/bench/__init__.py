@@ -16,6 +16,13 @@ Module map (the flow of a run, top to bottom):
     readme       the README's benchmark section from a saved result
     plots        speedup.png, acceptance.png, bandwidth.png
 
+A server under load (``hyspec bench-server``, ``load-test``, ``soak``; httpx, the serve extra):
+
+    serve_process  a ``hyspec serve`` child on a free port and the wait for its /health (the tests' too)
+    server_load    concurrent streaming clients, every stream checked against the request run alone
+    server_bench   tokens/s, TTFT, TPOT per configuration and client count, servers side by side
+    soak           the load test for a long time, a remote draft worker killed midway, RSS sampled
+
     from hyspec.bench.runner import run_bench
     from hyspec.bench.settings import BenchSettings
     doc = run_bench(BenchSettings(methods=("ngram",), batch_sizes=(1, 4)))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from hyspec.bench.serve_process import free_port, wait_until_healthy
 from hyspec.bench.server_load import percentile, stream_once
 from hyspec.spec.registry import drafter_methods  # torch-free: the methods with drafter weights

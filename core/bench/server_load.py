@@ -27,14 +27,15 @@ import httpx
 
 @dataclass
 class StreamResult:
-    prompt: str
+    prompt: str | list[int]  # text, or token ids
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage_completion_tokens: int | None = None
     saw_done: bool = False
     error: str | None = None
-    ttft: float | None = None
+    ttft: float | None = None  # request sent -> first token id
+    tpot: float | None = None  # first -> last token id, per token after the first
     latency: float = 0.0
 
 
@@ -68,12 +69,15 @@ def make_prompts(count: int) -> list[str]:
     return [f"def f{i}(x):\n" + "    x = x + 1\n" * (i % 5) + f"    return x * {i}" for i in range(count)]
 
 
-async def stream_once(client: httpx.AsyncClient, model: str | None, prompt: str, max_tokens: int) -> StreamResult:
+async def stream_once(client: httpx.AsyncClient, model: str | None, prompt: str | list[int],
+                      max_tokens: int) -> StreamResult:
+    """One greedy streamed completion; what went wrong is in ``error`` (the stream is read no further)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
     if model:
         body["model"] = model
     result, t0 = StreamResult(prompt), time.perf_counter()
+    last_token_at = None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -99,14 +103,18 @@ async def stream_once(client: httpx.AsyncClient, model: str | None, prompt: str,
                 if chunk.get("usage"):
                     result.usage_completion_tokens = chunk["usage"]["completion_tokens"]
                 for choice in chunk["choices"]:
-                    if result.ttft is None and choice.get("token_ids"):
-                        result.ttft = time.perf_counter() - t0
+                    if choice.get("token_ids"):
+                        last_token_at = time.perf_counter()
+                        if result.ttft is None:
+                            result.ttft = last_token_at - t0
                     result.text += choice["text"]
                     result.token_ids += choice.get("token_ids") or []
                     result.finish_reason = choice.get("finish_reason") or result.finish_reason
     except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     result.latency = time.perf_counter() - t0
+    if last_token_at is not None and len(result.token_ids) > 1:
+        result.tpot = (last_token_at - t0 - result.ttft) / (len(result.token_ids) - 1)
     return result
 
 
