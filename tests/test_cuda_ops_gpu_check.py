@@ -14,7 +14,8 @@ pytest.importorskip("triton")
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
-#: Runs the script as a GPU machine would: torch and triton installed, hyspec not (its editable finder dropped).
+#: Runs the script as a GPU machine would: torch and triton installed, hyspec not (its editable finder dropped), the
+#: file run by path as `python scripts/gpu_check.py` runs it -- what the script's own fallback import must survive.
 WITHOUT_INSTALL = """
 import runpy, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
@@ -59,12 +60,9 @@ def test_rejects_bad_arguments() -> None:
 def test_a_sticky_cuda_error_skips_the_rest_and_keeps_what_was_measured(tmp_path: Path) -> None:
     """After an illegal address every CUDA call raises, empty_cache() too: the run records it, skips the
     remaining cases, and the JSON on disk holds every result before it (scripts/gpu_check.py, guarded)."""
-    import importlib.util
     import types
 
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from scripts import gpu_check as module  # the repository root is on sys.path under pytest (tests/ is a package)
 
     class FakeCuda:
         broken = False
