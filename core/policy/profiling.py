@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import logging
 import time
+
 import torch
 
-from hyspec.engine.model_runner import NO_LOGITS, Feed
-from hyspec.engine.target import TargetContext
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.policy.cost_model import CostModel
+from hyspec.seam.forward import NO_LOGITS, Feed
+from hyspec.seam.target import TargetContext
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,15 @@
 
 :class:`SpecDecoder` implements :class:`~hyspec.spec.strategy.Speculation`;
 the step order and what crosses the seam are documented there and in
-``LLMEngine.step``.  Here: the dispatcher (hybrid) or the configured method
-picks the method, the goodput controller the budget; the proposer drafts;
-:func:`hyspec.spec.verify.verify` accepts losslessly; accepted nodes' KV is
-compacted into place; committed hidden states go back to every proposer.
+``LLMEngine.step``.  Here: the policy (:mod:`hyspec.policy`, one chain of
+gates run once per step) decides whether the step speculates, with which
+method and how deep; the proposer drafts; :func:`hyspec.spec.verify.verify`
+accepts losslessly; accepted nodes' KV is compacted into place; committed
+hidden states go back to every proposer, and the step's cost to the policy.
+
+Nothing is kept on the decoder from one call for the next: the plan carries
+the step's start time, ``Drafts`` the drafting time, and ``Accepted`` both on
+to :meth:`SpecDecoder.observe`.
 
 Failures never reach a request: a proposer that raises or returns garbage
 makes that step plain for the sequences concerned, counted by cause.
@@ -14,63 +19,71 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hyspec.engine.sequence import Sequence
-from hyspec.engine.step import RowKind, TargetRun
-from hyspec.engine.target import TargetContext
 from hyspec.errors import KVOwnershipError
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.config import SpeculativeConfig
+from hyspec.policy.build import Policy, build_policy
+from hyspec.policy.chain import StepState, remote_health
 from hyspec.policy.controller import GoodputController
+from hyspec.policy.residency import holds_memory, release_proposer
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.step import RowKind, TargetRun
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree, TreeBatch
+from hyspec.spec.config import SpeculativeConfig
 from hyspec.spec.methods import MethodSpec, build_proposer, method_specs
 from hyspec.spec.metrics import SpecMetrics
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.spec.quality import DraftQualityMonitor
-from hyspec.policy.residency import DrafterResidency, holds_memory, release_proposer
-from hyspec.policy.slo import TTFTGuard
 from hyspec.spec.strategy import NONE, Accepted, Drafts, Speculation, StepPlan
-from hyspec.spec.tree import DraftTree, TreeBatch
 from hyspec.spec.verify import ACCEPTED, verify
 
 if TYPE_CHECKING:
     from hyspec.policy.dispatcher import HybridDispatcher
-    from hyspec.engine.model_runner import Feed
-    from hyspec.engine.scheduler import Scheduler, SchedulerOutput
+    from hyspec.policy.residency import DrafterResidency
+    from hyspec.policy.slo import TTFTGuard
+    from hyspec.seam.forward import Feed
+    from hyspec.seam.views import EngineSequenceView as Sequence
+    from hyspec.seam.views import SchedulerView, ScheduleView
 
 log = logging.getLogger(__name__)
 
 
 class SpecDecoder(Speculation):
     def __init__(self, target: TargetContext, config: SpeculativeConfig, proposers: dict[str, Proposer],
-                 controller: GoodputController, dispatcher: "HybridDispatcher | None",
-                 specs: dict[str, MethodSpec] | None = None):
+                 policy: Policy, metrics: SpecMetrics, specs: dict[str, MethodSpec] | None = None):
         self.target = target
         self.config = config
         self.proposers = proposers
         self.specs = specs or {}  # how to rebuild a proposer released under memory pressure
-        self.controller = controller
-        self.dispatcher = dispatcher
-        self._step_started = time.perf_counter()
-        self._draft_seconds = 0.0  # this step's drafting wall time (the controller's host time excludes it)
-        self.metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
+        self.policy = policy
+        self.metrics = metrics
         self.quality = DraftQualityMonitor(config, self.metrics)
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
         self.needs_hidden = any(p.needs_hidden for p in proposers.values())
-        self.residency = DrafterResidency(config.memory_pressure, self.metrics,
-                                          remote=config.draft_placement == "remote")
         for method, p in proposers.items():
             if holds_memory(p):
                 self.metrics.ops.register_drafter(method)
-        self.slo = TTFTGuard(config.slo, self.metrics.ops)
-        canary_fraction = config.hybrid.speculative_fraction
-        self._canary = None
-        if canary_fraction < 1.0:
-            from hyspec.policy.canary import Canary
 
-            self._canary = Canary(canary_fraction)
+    # the policy's mechanisms, under the names tests and metrics read them by
+    @property
+    def controller(self) -> GoodputController:
+        return self.policy.controller
+
+    @property
+    def dispatcher(self) -> "HybridDispatcher | None":
+        return self.policy.dispatcher
+
+    @property
+    def residency(self) -> "DrafterResidency":
+        return self.policy.residency
+
+    @property
+    def slo(self) -> "TTFTGuard":
+        return self.policy.slo
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -86,52 +99,24 @@ class SpecDecoder(Speculation):
         proposers = {s.method: build_proposer(target, s) for s in specs}
         for method, proposer in proposers.items():
             _optimize_modules(target, proposer, cfg.quantization, method)
-        controller = GoodputController(cfg)
-        if cfg.controller.enabled and cfg.controller.profile_at_startup:
-            from hyspec.policy.profiling import profile_cost_model
-
-            controller = GoodputController(cfg, profile_cost_model(target))
-        for s in specs:  # a bare hybrid's methods are not in cfg.hybrid.methods: their caps come from here
-            controller.cap(s.method, s.num_speculative_tokens)
-        dispatcher = None
-        if cfg.method == "hybrid":
-            from hyspec.policy.dispatcher import HybridDispatcher
-
-            h = cfg.hybrid
-            bandit = None
-            if h.policy == "bandit":
-                from hyspec.policy.bandit import BanditPolicy
-                from hyspec.spec.registry import NONE as PLAIN
-
-                bandit = BanditPolicy([*proposers, PLAIN], h.bandit_explore_fraction, h.bandit_warmup,
-                                      h.bandit_discount, plain_margin=h.bandit_plain_margin,
-                                      max_backoff=h.bandit_max_backoff)
-            dispatcher = HybridDispatcher(
-                h.rules_path, list(proposers), load_threshold=h.load_threshold,
-                load_resume_threshold=h.load_resume_threshold,
-                load_signal=h.load_signal, max_batch_size=target.max_num_seqs, bandit=bandit)
-        return cls(target, cfg, proposers, controller, dispatcher, {s.method: s for s in specs})
+        metrics = SpecMetrics(model_name=target.model_path.name if target.model_path else "unknown")
+        caps = [(s.method, s.num_speculative_tokens) for s in specs]
+        policy = build_policy(cfg, target, proposers, caps, metrics)
+        return cls(target, cfg, proposers, policy, metrics, {s.method: s for s in specs})
 
     # -- request lifecycle ------------------------------------------------------------------------
 
-    def admit(self, seq: Sequence) -> None:
-        if self._canary is not None:
-            seq.arm = self._canary.arm(seq.request_id)
+    def admit(self, seq: "Sequence") -> None:
+        seq.arm = self.policy.arm(seq.request_id)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: "Sequence") -> None:
         for p in self.proposers.values():
             p.on_finish(seq)
-        self.slo.observe(seq.metrics.ttft)
+        self.policy.request_finished(seq.metrics.ttft)
 
-    # -- memory pressure --------------------------------------------------------------------------
+    # -- memory pressure: the policy decides, the decoder owns the drafters ------------------------
 
-    def _check_memory(self, scheduler: "Scheduler") -> None:
-        pool = self.target.pool
-        self.residency.step(self.residency.under_pressure(scheduler, pool), self.proposers,
-                            release=lambda m: self._release_drafter(m, scheduler),
-                            reload=self._reload_drafter)
-
-    def _release_drafter(self, method: str, scheduler: "Scheduler") -> None:
+    def _release_drafter(self, method: str, scheduler: "SchedulerView") -> None:
         proposer = self.proposers.pop(method)
         release_proposer(proposer, self.target.pool, [*scheduler.running, *scheduler.waiting])
         self.needs_hidden = any(p.needs_hidden for p in self.proposers.values())
@@ -144,102 +129,37 @@ class SpecDecoder(Speculation):
 
     # -- planning ---------------------------------------------------------------------------------
 
-    def plan(self, scheduler: "Scheduler") -> StepPlan:
-        self._step_started = time.perf_counter()  # the step's wall time teaches the dispatcher's bandit
+    def plan(self, scheduler: "SchedulerView") -> StepPlan:
+        started = time.perf_counter()  # the step's wall time teaches the controller and the bandit (observe)
         running = scheduler.running
-        decoding = [s for s in running if not s.in_prefill and s.arm == "spec"]
-        batch = max(1, len(running))
-        self._check_memory(scheduler)
-        if self.slo.speculation_off():
-            return self._remember(StepPlan(NONE, 0, 0, batch, "ttft_slo"), count=len(decoding))
-        if self.dispatcher is not None:
-            if not decoding:  # only prefills or control-arm requests: nothing to decide
-                return self._remember(StepPlan(NONE, 0, 0, batch))
-            method = self.dispatcher.choose(self._signals(scheduler, decoding))
-            if method == NONE:
-                return self._remember(StepPlan(NONE, 0, 0, batch, "dispatcher"))
-        else:
-            method = self.config.method
-        if not decoding:
-            return self._remember(StepPlan(method, 0, 0, batch))
-        if method not in self.proposers:  # released under memory pressure: plain until it is back
-            return self._remember(StepPlan(NONE, 0, 0, batch, "memory_pressure"), method, len(decoding))
-        limit = self.config.disable_by_batch_size
-        if limit is not None and batch >= limit:
-            return self._remember(StepPlan(method, 0, 0, batch, "budget_zero"))
-        proposer = self.proposers[method]
-        if proposer.scores_drafts:  # drafts sized after drafting (_propose)
-            budget = self.controller.choose_scored_budget(method, batch)
-        elif proposer.builds_trees:
-            budget = self.controller.choose_tree_budget(method, batch)
-        else:
-            budget = self.controller.choose(method, batch)
-        budget = min(budget, proposer.max_budget())
-        return self._remember(StepPlan(method, budget, budget, batch, "" if budget else "budget_zero"))
-
-    def _remember(self, plan: StepPlan, method: str | None = None, count: int = 1) -> StepPlan:
-        if plan.reason == "budget_zero":
-            self.metrics.record_rejection("budget_zero", plan.method)
-        elif plan.reason in ("memory_pressure", "ttft_slo") and count:
-            self.metrics.record_rejection(plan.reason, method or self.config.method, count=count)
-        return plan
-
-    def _signals(self, scheduler, decoding: list[Sequence]):
-        from hyspec.policy.signals import MATCH_LENGTH_CAP, StepSignals
-
-        running = scheduler.running
-        lengths = [len(s.token_ids) for s in running] or [0]
-        accept = {}
-        for m in self.proposers:
-            a = self.controller.acceptance(m)
-            if a:
-                accept[m] = float(a[0])
-        return StepSignals(
-            context_length=sum(lengths) / len(lengths),
-            batch_size=len(running),
-            mem_usage=self.target.pool.usage(),
-            load=len(running) / scheduler.config.max_num_seqs,
-            queue_depth=len(scheduler.waiting),
-            remote_health=self.remote_health(),
-            max_context_length=float(max(lengths)),
-            accept_rate=accept,
-            match_length=self._match_length(decoding, MATCH_LENGTH_CAP) if self.dispatcher.needs_match_length else None,
+        step = StepState(
+            scheduler=scheduler,
+            decoding=[s for s in running if not s.in_prefill and s.arm == "spec"],
+            batch=max(1, len(running)),
+            proposers=self.proposers,
+            release=lambda method: self._release_drafter(method, scheduler),
+            reload=self._reload_drafter,
         )
-
-    def _match_length(self, decoding: list[Sequence], cap: int) -> int | None:
-        """The longest copy the model-free drafter finds for any decoding sequence (suffix, which also
-        searches earlier responses, else ngram); None without one."""
-        for method in MATCHING_METHODS:
-            proposer = self.proposers.get(method)
-            if proposer is not None:
-                best = 0
-                for seq in decoding:
-                    best = max(best, proposer.match_length(seq, cap) or 0)
-                    if best >= cap:
-                        break
-                return best
-        return None
+        return replace(self.policy.plan(step), started=started)
 
     def remote_health(self) -> float:
-        return min((p.health() for p in self.proposers.values()), default=1.0)
+        return remote_health(self.proposers)
 
     # -- drafting ---------------------------------------------------------------------------------
 
-    def draft(self, plan: StepPlan, scheduled: "SchedulerOutput") -> Drafts:
+    def draft(self, plan: StepPlan, scheduled: "ScheduleView") -> Drafts:
         for seq in scheduled.preempted:
             for p in self.proposers.values():
                 p.on_preempt(seq)
         prefilling = [seq for seq, _ in scheduled.prefills if seq.arm == "spec"]
         for p in self.proposers.values():  # every step, empty too: what a proposer holds is this step's
             p.on_prefill(prefilling)
-        self._draft_seconds = 0.0
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
         trees, seconds = self._propose(plan, scheduled.decodes)
-        self._draft_seconds = seconds
         return Drafts(plan, trees, seconds)
 
-    def _propose(self, plan: StepPlan, decodes: list[Sequence]) -> tuple[dict[str, DraftTree], float]:
+    def _propose(self, plan: StepPlan, decodes: "list[Sequence]") -> tuple[dict[str, DraftTree], float]:
         max_len = self.target.max_model_len
         requests = []
         for seq in decodes:
@@ -297,7 +217,7 @@ class SpecDecoder(Speculation):
 
     def abandon(self, drafts: Drafts, cause: str) -> Drafts:
         self.metrics.record_rejection(cause, drafts.plan.method, count=len(drafts.trees))
-        return Drafts(drafts.plan)
+        return Drafts(drafts.plan, seconds=drafts.seconds)  # the drafting time was spent all the same
 
     # -- verification and commit ------------------------------------------------------------------
 
@@ -305,7 +225,7 @@ class SpecDecoder(Speculation):
         """Verify every tree of the step in one call; commit accepted KV; return emitted tokens."""
         index = run.indices(RowKind.TREE)
         if not index:
-            return Accepted()
+            return Accepted(plan=drafts.plan, draft_seconds=drafts.seconds)
         seqs = [run.rows[i].seq for i in index]
         trees = [drafts.trees[s.request_id] for s in seqs]
         logits = torch.cat([run.result.feed_logits(i) for i in index])
@@ -319,9 +239,10 @@ class SpecDecoder(Speculation):
             self._commit_kv(seq, tree.num_nodes, kept)
             kept_rows[seq.request_id] = kept
         self._record(out, batch, seqs, drafts, run.seconds)
-        return Accepted({s.request_id: toks for s, toks in zip(seqs, emitted)}, kept_rows)
+        return Accepted({s.request_id: toks for s, toks in zip(seqs, emitted)}, kept_rows,
+                        plan=drafts.plan, draft_seconds=drafts.seconds)
 
-    def _commit_kv(self, seq: Sequence, num_nodes: int, kept: list[int]) -> None:
+    def _commit_kv(self, seq: "Sequence", num_nodes: int, kept: list[int]) -> None:
         """Move the kept nodes' KV into depth order after the context; drop the rest.
 
         Node ``i`` of the tree was written at KV index ``start + i``; the kept
@@ -338,7 +259,7 @@ class SpecDecoder(Speculation):
                 self.target.ops.compact_kv(k_cache, v_cache, src, dst)
         seq.kv.truncate(start + len(kept))
 
-    def _record(self, out, batch: TreeBatch, seqs: list[Sequence], drafts: Drafts, verify_seconds: float) -> None:
+    def _record(self, out, batch: TreeBatch, seqs: "list[Sequence]", drafts: Drafts, verify_seconds: float) -> None:
         plan = drafts.plan
         method = plan.method
         outcome = out.position_outcome
@@ -365,7 +286,7 @@ class SpecDecoder(Speculation):
     # -- after the forward ------------------------------------------------------------------------
 
     def observe(self, run: TargetRun, accepted: Accepted) -> None:
-        """Hand committed hidden states to every proposer; feed the cost model."""
+        """Hand committed hidden states to every proposer; the step's costs to the policy."""
         if self.needs_hidden:
             for i, (row, feed) in enumerate(zip(run.rows, run.feeds)):
                 first, n = run.result.inputs.token_rows[i]
@@ -386,12 +307,13 @@ class SpecDecoder(Speculation):
         if run.rows and all(row.kind.decodes for row in run.rows):
             self.controller.observe_step_time(len(run.feeds), mean_tokens_per_seq(run.feeds), run.seconds)
             # the rest of the step so far (plan, tree building, verification, KV commit): see controller.py
-            host = time.perf_counter() - self._step_started - run.seconds - self._draft_seconds
+            started = accepted.plan.started
+            host = time.perf_counter() - started - run.seconds - accepted.draft_seconds
             self.controller.observe_host_time(len(run.feeds), any(r.kind is RowKind.TREE for r in run.rows), host)
             if self.dispatcher is not None:  # committed tokens over the whole step: plan, draft, forward, verify
                 committed = sum(len(accepted.tokens.get(row.seq.request_id, ())) if row.kind is RowKind.TREE else 1
                                 for row in run.rows)
-                self.dispatcher.observe_step(committed, time.perf_counter() - self._step_started)
+                self.policy.observe_step(committed, time.perf_counter() - started)
 
     # -- metrics ----------------------------------------------------------------------------------
 
@@ -412,12 +334,7 @@ class SpecDecoder(Speculation):
     def close(self) -> None:
         for p in self.proposers.values():
             p.close()
-        if self.dispatcher is not None:
-            self.dispatcher.close()
-
-
-#: drafters whose match length is the hybrid's ``match_length`` signal, in order of preference
-MATCHING_METHODS = ("suffix", "ngram")
+        self.policy.close()
 
 
 def _optimize_modules(target: TargetContext, proposer: Proposer, quantization: str | None = None,
