@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyspec.drafters.checkpoint_io import STORAGE
+from hyspec.drafters.eagle.checkpoint import load_head, save_head
 from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHead, EagleHeadBase, build_head,
-                                   default_aux_layer_ids)
-from hyspec.drafters.eagle.checkpoint import save_head
+                                         default_aux_layer_ids)
 from hyspec.errors import ConfigError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
@@ -84,8 +85,6 @@ def layer_config(method: str, target_cfg: ModelConfig, opts: dict[str, Any]) -> 
 
 def _storage(method: str, opts: dict[str, Any]) -> str | None:
     """``storage``: how the saved file holds the weights (None: as trained; bfloat16; int8 per row)."""
-    from hyspec.drafters.checkpoint_io import STORAGE
-
     value = opts["storage"]
     if value is not None and value not in STORAGE:
         raise ConfigError(f"{method}.storage", f"must be one of {', '.join(STORAGE)}, got {value!r}")
@@ -104,8 +103,6 @@ def _init(head: nn.Module, std: float) -> None:
 
 def load_saved_head(method: str, drafter: EagleHeadBase, target: CausalLM, folder: Path) -> None:
     """``--init-from``: the saved head's weights (and, for EAGLE-3, its draft vocabulary) into ``drafter``."""
-    from hyspec.drafters.eagle.checkpoint import load_head
-
     saved = load_head(folder, target, method, dtype=torch.float32, device="cpu")  # checks the target's shapes
     if saved.config.layer.hidden_size != drafter.config.layer.hidden_size or \
             saved.config.layer.intermediate_size != drafter.config.layer.intermediate_size or \

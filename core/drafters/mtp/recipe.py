@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from hyspec.drafters.checkpoint_io import STORAGE
-from hyspec.drafters.mtp.checkpoint import save_deepseek_layout, save_mtp
+from hyspec.drafters.mtp.checkpoint import load_mtp, save_deepseek_layout, save_mtp
 from hyspec.drafters.mtp.model import MTPConfig, MTPDrafter
 from hyspec.errors import ConfigError
+from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
 from hyspec.train.base import DrafterRecipe, TargetBatch, register_recipe
 
@@ -104,8 +105,6 @@ class MTPRecipe(DrafterRecipe):
         return loss, metrics
 
     def load_weights(self, drafter: nn.Module, target: CausalLM, folder: Path) -> None:
-        from hyspec.drafters.mtp.checkpoint import load_mtp
-
         assert isinstance(drafter, MTPDrafter)
         saved = load_mtp(folder, target.config, target.embed_tokens.weight, target.lm_head_weight, torch.float32,
                          device="cpu")  # checks the saved modules against the target
@@ -120,8 +119,6 @@ class MTPRecipe(DrafterRecipe):
         if getattr(drafter, "save_layout", "hyspec") == "deepseek":
             save_deepseek_layout(drafter, target_dir, out_dir)
         else:
-            from hyspec.model.config import ModelConfig
-
             save_mtp(drafter, out_dir, ModelConfig.raw_dict(target_dir),  # a directory or a GGUF file
                      storage=getattr(drafter, "storage", "float32"))
 
