@@ -62,8 +62,8 @@ class Answers:
 
 
 def _build_oracle(answers: Answers):
-    from hyspec.spec.proposer import DraftRequest, Proposer
-    from hyspec.spec.tree import DraftTree
+    from hyspec.seam.proposer import DraftRequest, Proposer
+    from hyspec.seam.tree import DraftTree
 
     class OracleProposer(Proposer):
         method = ORACLE

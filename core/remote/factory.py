@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Callable
 from hyspec.drafters.build import build_local as build_here
 from hyspec.drafters.methods import MethodSpec
 from hyspec.errors import ConfigError
+from hyspec.remote import cluster
 from hyspec.remote.metrics import RemoteMetrics
 from hyspec.remote.proposer import RemoteOptions, RemoteProposer
 from hyspec.remote.transport import RemoteUnavailable, WorkerHandle
-from hyspec.spec.proposer import Proposer
+from hyspec.remote.worker import WorkerInit, spawn_ray_workers
+from hyspec.seam.proposer import Proposer
 
 if TYPE_CHECKING:
-    from hyspec.engine.target import TargetContext
-    from hyspec.remote.worker import WorkerInit
+    from hyspec.seam.target import TargetContext
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,8 @@ def build_remote_proposer(target: "TargetContext", spec: MethodSpec, build_local
     return RemoteProposer(target, spec, fallback, handles, options, metrics)
 
 
-def worker_init(target: "TargetContext", spec: MethodSpec, options: RemoteOptions | None = None) -> "WorkerInit":
+def worker_init(target: "TargetContext", spec: MethodSpec, options: RemoteOptions | None = None) -> WorkerInit:
     """The WorkerInit that builds ``spec``'s drafter on a worker for ``target``."""
-    from hyspec.remote.worker import WorkerInit
-
     options = options or RemoteOptions()
     return WorkerInit(spec.method, spec.model, spec.num_speculative_tokens,
                       spec.prompt_lookup_min or DEFAULT_LOOKUP, spec.prompt_lookup_max or DEFAULT_LOOKUP,
@@ -68,9 +67,6 @@ def worker_init(target: "TargetContext", spec: MethodSpec, options: RemoteOption
 
 def _spawn(target: "TargetContext", spec: MethodSpec, options: RemoteOptions,
            metrics: RemoteMetrics) -> list[WorkerHandle]:
-    from hyspec.remote import cluster
-    from hyspec.remote.worker import spawn_ray_workers
-
     address = spec.ray_address
     try:
         cluster.connect(address)

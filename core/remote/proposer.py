@@ -40,11 +40,11 @@ from hyspec.remote.scheduler import BusyMeter, ThreadPolicy, ThreadScheduler
 from hyspec.remote.transport import Pending, WorkerGone, WorkerHandle, runtime_up
 from hyspec.remote.wire import WireError
 from hyspec.remote.worker import DEFAULT_WORKER_KV_BYTES, vocab_fingerprint
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree
 
 if TYPE_CHECKING:
-    from hyspec.engine.target import TargetContext
+    from hyspec.seam.target import TargetContext
     from hyspec.drafters.methods import MethodSpec
 
 log = logging.getLogger(__name__)

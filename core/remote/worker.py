@@ -1,7 +1,7 @@
 """The draft worker process: a Ray actor hosting a drafter on a CPU node.
 
 The actor builds the drafter with the ordinary method registry, against a
-:class:`~hyspec.engine.target.TargetContext` that holds no target model: the
+:class:`~hyspec.seam.target.TargetContext` that holds no target model: the
 CPU backend, a private KV pool for the drafter's own cache, and the target's
 vocabulary size and context length (the target's vocabulary itself is
 compared through a fingerprint at the handshake).  Weights are read from the worker node's disk (the
@@ -68,12 +68,12 @@ def vocab_fingerprint(tokenizer: Any) -> str:
 def build_host(init: WorkerInit):
     """Load the drafter described by ``init`` on this process's CPU; return its DraftHost."""
     from hyspec.backends.probe import probe_cpu
-    from hyspec.engine.target import TargetContext
     from hyspec.backends.registry import backend_for
     from hyspec.kv.pool import KVPool
     from hyspec.model.config import ModelConfig, parse_dtype
     from hyspec.model.tokenizer import Tokenizer
     from hyspec.remote.host import DraftHost
+    from hyspec.seam.target import TargetContext
     from hyspec.drafters.build import build_local, resolve_weights
     from hyspec.drafters.methods import get
 

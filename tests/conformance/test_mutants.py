@@ -25,8 +25,8 @@ from hyspec.conformance.identity import excess_near_ties, judge_outputs, measure
 from hyspec.conformance.methods import CONTROLLER_OFF, MethodSettings, check_method
 from hyspec.conformance.tiny import prompts
 from hyspec.numerics import tolerance_for
-from hyspec.spec.proposer import Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import Proposer
+from hyspec.seam.tree import DraftTree
 from tests.conformance.conftest import assert_passed
 
 NUM_PROMPTS, MAX_TOKENS = 8, 32

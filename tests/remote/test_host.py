@@ -6,12 +6,12 @@ import time
 import pytest
 import torch
 
+from hyspec.drafters.ngram.proposer import NgramProposer
 from hyspec.remote.host import DraftHost, Fault
 from hyspec.remote.protocol import (DraftCall, ProtocolError, SamplingSpec, SeqUpdate, decode_reply, draft_to_tree,
                                     encode_call)
 from hyspec.remote.wire import WireError
-from hyspec.drafters.ngram.proposer import NgramProposer
-from hyspec.spec.proposer import Proposer
+from hyspec.seam.proposer import Proposer
 
 V = 320
 GREEDY = SamplingSpec(0.0)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.proposer import DraftRequest, Proposer
+from hyspec.seam.tree import DraftTree
 
 if TYPE_CHECKING:
-    from hyspec.engine.target import TargetContext
     from hyspec.ops.sampling import SamplingTensors
+    from hyspec.seam.target import TargetContext
     from hyspec.drafters.methods import MethodSpec
 
 NAME = "repeat_last"

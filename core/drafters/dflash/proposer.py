@@ -25,15 +25,15 @@ import torch
 from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
 from hyspec.drafters.dflash.checkpoint import load_drafter
 from hyspec.drafters.dflash.model import DFlashConfig, DFlashDrafter
-from hyspec.engine.model_runner import NO_LOGITS, Feed
-from hyspec.engine.sequence import Sequence
-from hyspec.engine.target import TargetContext
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops import OpTable
 from hyspec.ops.sampling import SamplingTensors, draw_uniforms
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.forward import NO_LOGITS, Feed
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
+from hyspec.seam.views import SequenceView
 
 if TYPE_CHECKING:
     from hyspec.drafters.methods import MethodSpec
@@ -107,7 +107,7 @@ class DFlashProposer(Proposer):
 
     # -- committed hidden states ----------------------------------------------------------------
 
-    def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
+    def on_commit(self, seq: SequenceView, hidden: CommittedHidden | None) -> None:
         if hidden is None or hidden.final.shape[0] == 0:
             return
         rows = torch.cat([hidden.aux[layer] for layer in self.aux_layers], dim=-1)  # [n, len(layers) * H]
@@ -117,7 +117,7 @@ class DFlashProposer(Proposer):
             self.states.put(seq.request_id, st)
         st.pending.append(rows)
 
-    def on_finish(self, seq: Sequence) -> None:
+    def on_finish(self, seq: SequenceView) -> None:
         self.states.drop(seq.request_id)
 
     # -- drafting -------------------------------------------------------------------------------

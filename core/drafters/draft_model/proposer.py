@@ -15,17 +15,17 @@ from pathlib import Path
 
 import torch
 
-from hyspec.engine.model_runner import LAST_LOGITS, Feed, ModelRunner
-from hyspec.engine.sequence import Sequence
-from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import KVPool, OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import Tokenizer
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.proposer import DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.forward import LAST_LOGITS, Feed, ModelRunner
+from hyspec.seam.proposer import DraftRequest, Proposer
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
+from hyspec.seam.views import SequenceView
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,14 @@ class DraftModelProposer(Proposer):
     def max_budget(self) -> int:
         return self.max_tokens
 
-    def _state(self, seq: Sequence) -> _DraftState:
+    def _state(self, seq: SequenceView) -> _DraftState:
         st = self._states.get(seq.request_id)
         if st is None:
             st = self._states[seq.request_id] = _DraftState(SequenceKV(self.pool, self.layout))
         self._states.move_to_end(seq.request_id)
         return st
 
-    def _sync(self, st: _DraftState, seq: Sequence) -> list[int]:
+    def _sync(self, st: _DraftState, seq: SequenceView) -> list[int]:
         """Keep the longest valid cached prefix; return the tokens still to feed (ends with the last token)."""
         history = seq.token_ids
         valid = min(st.kv.num_tokens, len(history) - 1)
@@ -154,10 +154,10 @@ class DraftModelProposer(Proposer):
             st.fed.clear()
         return freed
 
-    def on_finish(self, seq: Sequence) -> None:
+    def on_finish(self, seq: SequenceView) -> None:
         st = self._states.pop(seq.request_id, None)
         if st is not None:
             st.kv.release()
 
-    def on_preempt(self, seq: Sequence) -> None:
+    def on_preempt(self, seq: SequenceView) -> None:
         self.on_finish(seq)

@@ -28,19 +28,19 @@ from pathlib import Path
 
 import torch
 
-from hyspec.drafters.eagle.model import EAGLE, EAGLE3
 from hyspec.drafters.eagle.checkpoint import load_head
+from hyspec.drafters.eagle.model import EAGLE, EAGLE3
 from hyspec.drafters.eagle.tree import DynamicTrees, draft_logprobs
-from hyspec.engine.model_runner import NO_LOGITS, Feed, build_inputs
-from hyspec.engine.sequence import Sequence
-from hyspec.engine.target import TargetContext
 from hyspec.errors import CheckpointError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors
+from hyspec.seam.forward import NO_LOGITS, Feed, build_inputs
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
+from hyspec.seam.views import SequenceView
 from hyspec.drafters.methods import MAX_TREE_BUDGET, MethodSpec
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class EagleProposer(Proposer):
     def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, H]
         return hidden.final  # EAGLE-1/2 read the target's hidden state after its final norm
 
-    def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
+    def on_commit(self, seq: SequenceView, hidden: CommittedHidden | None) -> None:
         if hidden is None or hidden.final.shape[0] == 0 or seq.arm != "spec":
             return  # canary "control" requests are never drafted: buffering their features would only grow
         feats = self._raw_features(hidden).detach()
@@ -155,12 +155,12 @@ class EagleProposer(Proposer):
         if st.kv.num_tokens > st.fed:  # verification is over: the draft entries are dead, free their pages
             st.kv.truncate(st.fed)
 
-    def on_finish(self, seq: Sequence) -> None:
+    def on_finish(self, seq: SequenceView) -> None:
         st = self._states.pop(seq.request_id, None)
         if st is not None:
             st.kv.release()
 
-    def on_preempt(self, seq: Sequence) -> None:
+    def on_preempt(self, seq: SequenceView) -> None:
         self.on_finish(seq)  # the target re-prefills and re-sends every feature
 
     def _reclaim(self, pages_wanted: int) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,15 +28,15 @@ import torch
 from hyspec.drafters.dflash.cache import DraftStates, HiddenBuffer, shifted_inputs
 from hyspec.drafters.mtp.checkpoint import load_mtp
 from hyspec.drafters.mtp.model import MTPDrafter
-from hyspec.engine.model_runner import NO_LOGITS, Feed
-from hyspec.engine.sequence import Sequence
-from hyspec.engine.target import TargetContext
 from hyspec.errors import ConfigError
 from hyspec.kv.pool import OutOfKVBlocks
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.ops.sampling import SamplingTensors
-from hyspec.spec.proposer import CommittedHidden, DraftRequest, Proposer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.forward import NO_LOGITS, Feed
+from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
+from hyspec.seam.target import TargetContext
+from hyspec.seam.tree import DraftTree
+from hyspec.seam.views import SequenceView
 
 if TYPE_CHECKING:
     from hyspec.drafters.methods import MethodSpec
@@ -116,7 +115,7 @@ class MTPProposer(Proposer):
 
     # -- committed hidden states ----------------------------------------------------------------
 
-    def on_commit(self, seq: Sequence, hidden: CommittedHidden | None) -> None:
+    def on_commit(self, seq: SequenceView, hidden: CommittedHidden | None) -> None:
         if hidden is None or hidden.final.shape[0] == 0:
             return
         st = self.states.get(seq.request_id)
@@ -128,7 +127,7 @@ class MTPProposer(Proposer):
             self.states.put(seq.request_id, st)
         st.inputs[0].append(hidden.final)
 
-    def on_finish(self, seq: Sequence) -> None:
+    def on_finish(self, seq: SequenceView) -> None:
         self.states.drop(seq.request_id)
 
     # -- drafting -------------------------------------------------------------------------------
