@@ -55,6 +55,13 @@ def holds(condition: str, **signals) -> bool:
     ("accept_rate.eagle > 0.6", dict(accept_rate={"eagle": 0.7}), True),
     ("goodput.mtp > 1.1 * goodput.eagle", dict(goodput={"mtp": 120.0, "eagle": 100.0}), True),
     ("goodput.mtp > 1.1 * goodput.eagle", dict(goodput={"mtp": 105.0, "eagle": 100.0}), False),
+    # sums of several signals (the hand-written parser's closures called themselves: RecursionError mid-step)
+    ("load + mem_usage + load > 1", dict(load=0.5, mem_usage=0.1), True),
+    ("load + mem_usage + load > 1", dict(load=0.4, mem_usage=0.1), False),
+    ("context_length - batch_size * 2 - queue_depth / 2 == 93", dict(context_length=100, batch_size=3, queue_depth=2), True),
+    # line breaks and leading spaces are white space, and leading zeros do not make a number octal
+    ("\n  load > 0.5\n  and mem_usage < 0.9", dict(load=0.6, mem_usage=0.5), True),
+    ("batch_size == 007", dict(batch_size=7), True),
 ])
 def test_meaning(condition, signals, expected):
     assert holds(condition, **signals) is expected
@@ -148,6 +155,11 @@ def test_the_dispatch_package_never_evaluates_code():
                 assert node.id not in builtins, f"{path.name}:{node.lineno} uses {node.id}"
             if isinstance(node, ast.Attribute):
                 assert node.attr not in {"eval", "exec", "__import__"}, f"{path.name}:{node.lineno} uses {node.attr}"
+
+
+def test_a_long_sum_is_evaluated_in_a_loop_not_by_recursion():
+    predicate = compile_condition(" + ".join(["load"] * 500) + " > 100")  # 3,506 characters
+    assert predicate(StepSignals(load=0.5)) is True
 
 
 def test_overlong_conditions_are_refused():

@@ -1,9 +1,10 @@
-"""The rule condition language: a hand-written tokenizer and recursive-descent
-parser that compiles a condition straight into a tree of closures.
+"""The rule condition language: a whitelisted subset of Python expressions, parsed by :mod:`ast` and
+compiled straight into a tree of closures.
 
 Nothing here calls eval, exec or compile: a condition can only read the
 signals listed in ``hyspec.policy.signals`` and do arithmetic and
-comparisons on them.  Grammar (lowest precedence first)::
+comparisons on them.  The language, lowest precedence first (Python's own
+precedence, which is why Python's parser can read it)::
 
     condition  := and_expr ("or" and_expr)*
     and_expr   := not_expr ("and" not_expr)*
@@ -22,33 +23,45 @@ take numbers, ``and``/``or``/``not`` take truth values, ``==``/``!=`` take
 two of the same type, and a whole condition must be a truth value.  ``x / 0``
 gives +-inf (NaN for 0 / 0) rather than failing mid-step.  There are no
 strings, calls, subscripts or ``in``.
+
+Three passes, each reporting the 0-based offset of what it refuses: a scan of
+the characters (what Python would accept but the language does not: ``&``,
+quotes, ``[``, non-ASCII names, ``4096k``); a check of the token order
+(operand, operator, operand ..., parentheses closed, nesting bounded), which
+says what was expected where -- Python's own syntax errors do not, and their
+positions change between Python versions; then :func:`ast.parse`, whose tree
+may hold only the node types :class:`_Compiler` handles.
 """
 from __future__ import annotations
 
+import ast
 import math
 import operator
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from hyspec.policy.signals import METHODS, PER_METHOD_SIGNALS, SIGNAL_NAMES
 from hyspec.errors import HyspecError
+from hyspec.policy.signals import METHODS, PER_METHOD_SIGNALS, SIGNAL_NAMES
 
 Predicate = Callable[[Any], bool]  # takes a StepSignals
 
 MAX_CONDITION_CHARS = 4096
-MAX_NESTING = 64  # keeps a hostile '((((...' from exhausting the Python stack
+MAX_NESTING = 64  # parentheses, 'not' and '-' inside one another: keeps a hostile '((((...' cheap
 
-_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_TWO_CHAR_OPS = ("<=", ">=", "==", "!=")
-_ONE_CHAR_OPS = "<>()+-*/."
+_TOKEN = re.compile(r"(?P<space>[ \t\r\n]+)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+                    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op><=|>=|==|!=|[<>()+\-*/.])")
+_BINARY_OPS = frozenset({"<", "<=", ">", ">=", "==", "!=", "+", "-", "*", "/"})
 _KEYWORDS = ("and", "or", "not", "true", "false")
+_UNREAD = "unread"  # _check_order: the next token is not read yet
 _HINTS = {
     "&": "use 'and'", "|": "use 'or'", "!": "use 'not' (or '!=')", "=": "use '==' to compare",
     "'": "strings are not part of the condition language", '"': "strings are not part of the condition language",
     "[": "write accept_rate.eagle, not accept_rate['eagle']",
 }
 _NAME_HINTS = {"True": "true", "False": "false", "AND": "and", "OR": "or", "NOT": "not"}
+_COMPARE_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_ARITH_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
 class ConditionError(HyspecError):
@@ -63,41 +76,113 @@ class ConditionError(HyspecError):
 
 @dataclass(frozen=True, slots=True)
 class _Token:
-    kind: str  # "num", "name", "op", "end"
+    kind: str  # "num", "name", "op"
     text: str
     offset: int
 
 
-def tokenize(text: str) -> Iterator[_Token]:
-    """Yield tokens lazily, so that errors are reported in reading order."""
+def _scan(text: str) -> Iterator[_Token]:
+    """The condition's tokens, lazily (so that problems are reported in reading order); refuses
+    characters and numbers the language does not have."""
     i, n = 0, len(text)
     while i < n:
-        c = text[i]
-        if c in " \t\r\n":
-            i += 1
-        elif c.isdigit() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
-            match = _NUMBER.match(text, i)
-            end = match.end()
-            if end < n and (text[end].isalnum() or text[end] in "_."):
-                raise ConditionError(f"malformed number {text[i:end + 1]!r}", i)
-            yield _Token("num", text[i:end], i)
-            i = end
-        elif c.isascii() and (c.isalpha() or c == "_"):
-            end = i + 1
-            while end < n and text[end].isascii() and (text[end].isalnum() or text[end] == "_"):
-                end += 1
-            yield _Token("name", text[i:end], i)
-            i = end
-        elif text[i:i + 2] in _TWO_CHAR_OPS:
-            yield _Token("op", text[i:i + 2], i)
-            i += 2
-        elif c in _ONE_CHAR_OPS:
-            yield _Token("op", c, i)
-            i += 1
-        else:
+        match = _TOKEN.match(text, i)
+        if match is None:
+            c = text[i]
             hint = _HINTS.get(c)
             raise ConditionError(f"unexpected character {c!r}" + (f": {hint}" if hint else ""), i)
-    yield _Token("end", "", n)
+        end = match.end()
+        if match.lastgroup == "num" and end < n and (text[end].isalnum() or text[end] in "_."):
+            raise ConditionError(f"malformed number {text[i:end + 1]!r}", i)
+        if match.lastgroup != "space":
+            yield _Token(match.lastgroup, match.group(), i)
+        i = end
+
+
+def _describe(token: _Token | None) -> str:
+    return "the end of the condition" if token is None else repr(token.text)
+
+
+def _check_order(tokens: Iterator[_Token], end: int) -> None:
+    """Operands and operators alternate, parentheses pair up, names are signals, nesting stays under
+    MAX_NESTING.  What is refused is named with what was expected there."""
+    expect_operand = True
+    opened: list[tuple[int, int]] = []  # per open '(': its offset, and the depth its ')' returns to
+    depth = 0  # enclosing '(', 'not' and '-' (a 'not' lasts to the next and/or, a '-' to its operand)
+    nots = [0]  # per parenthesis level: the 'not's still open
+    minus = 0  # '-' prefixes waiting for their operand
+    previous: str | None = None
+    tok = next(tokens, None)
+    while tok is not None:
+        word = tok.text
+        ahead: _Token | None | str = _UNREAD
+        if expect_operand:
+            prefix_not = word == "not" and previous in (None, "(", "and", "or", "not")
+            if prefix_not or (tok.kind == "op" and word in ("-", "(")):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise ConditionError(f"the condition nests deeper than {MAX_NESTING} levels", tok.offset)
+                if prefix_not:
+                    nots[-1] += 1
+                elif word == "-":
+                    minus += 1
+                else:  # the '-'s before a '(' close with it
+                    opened.append((tok.offset, depth - 1 - minus))
+                    nots.append(0)
+                    minus = 0
+            elif tok.kind == "num" or tok.kind == "name":
+                if tok.kind == "name":  # a name is judged with the token after it read (reading order)
+                    ahead = _check_name(tok, next(tokens, None), tokens, end)
+                depth -= minus
+                minus = 0
+                expect_operand = False
+            else:
+                raise ConditionError(f"expected a number, a signal or '(', found {_describe(tok)}", tok.offset)
+        elif (tok.kind == "op" and word in _BINARY_OPS) or word in ("and", "or"):
+            if word in ("and", "or"):
+                depth -= nots[-1]
+                nots[-1] = 0
+            expect_operand = True
+        elif word == ")" and opened:
+            nots.pop()
+            depth = opened.pop()[1]
+        elif opened:
+            raise ConditionError(f"expected ')' to close the '(' at character {opened[-1][0] + 1}, "
+                                 f"found {_describe(tok)}", tok.offset)
+        else:
+            raise ConditionError(f"unexpected {_describe(tok)} after a complete condition", tok.offset)
+        # the next token is read only now, so that problems are reported in reading order
+        previous, tok = word, next(tokens, None) if ahead is _UNREAD else ahead
+    if expect_operand:
+        raise ConditionError("expected a number, a signal or '(', found the end of the condition", end)
+    if opened:
+        raise ConditionError(f"expected ')' to close the '(' at character {opened[-1][0] + 1}, "
+                             "found the end of the condition", end)
+
+
+def _check_name(tok: _Token, following: _Token | None, tokens: Iterator[_Token], end: int) -> _Token | None:
+    """A name in an operand's place must be a signal, true/false, or FAMILY.METHOD (``following``
+    the '.'; the method's name is read here); returns the token after the operand."""
+    name = tok.text
+    if name in _KEYWORDS[:3]:  # and, or, not (a 'not' that is no prefix: after an operator)
+        raise ConditionError(f"expected a number, a signal or '(', found {name!r}", tok.offset)
+    if name in PER_METHOD_SIGNALS:
+        if following is None or following.text != ".":
+            raise ConditionError(f"{name} is per method: write {name}.<method>, e.g. {name}.eagle", tok.offset)
+        method = next(tokens, None)
+        if method is None or method.kind != "name" or method.text not in METHODS:
+            raise ConditionError(f"unknown method {_describe(method)} after '{name}.'; "
+                                 f"methods are {', '.join(METHODS)}", end if method is None else method.offset)
+        return next(tokens, None)
+    if name not in SIGNAL_NAMES and name not in ("true", "false"):
+        raise ConditionError(_unknown_name(name), tok.offset)
+    return following
+
+
+def _unknown_name(name: str) -> str:
+    hint = _NAME_HINTS.get(name)
+    known = ", ".join((*SIGNAL_NAMES, *(f"{family}.<method>" for family in PER_METHOD_SIGNALS)))
+    return f"unknown name {name!r}" + (f" (did you mean {hint!r}?)" if hint else f"; signals are {known}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +224,24 @@ _CMP_FN = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator
            "!=": operator.ne}
 
 
+def _evaluate_terms(first: Callable[[Any], Any],
+                    steps: list[tuple[Callable[[Any, Any], Any], Callable[[Any], Any]]]) -> Callable[[Any], Any]:
+    """``first`` combined with each term in turn, left to right, in one loop (a closure per term would
+    nest as deep as the sum is long)."""
+    if len(steps) == 1:
+        (fn_op, g), = steps
+        return lambda s: fn_op(first(s), g(s))
+    terms = tuple(steps)
+
+    def evaluate(s: Any) -> Any:
+        value = first(s)
+        for fn_op, g in terms:
+            value = fn_op(value, g(s))
+        return value
+
+    return evaluate
+
+
 def _divide(a: float, b: float) -> float:
     if b == 0:
         return math.nan if a == 0 or a != a else math.copysign(math.inf, a)
@@ -148,188 +251,170 @@ def _divide(a: float, b: float) -> float:
 _ARITH_FN = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": _divide}
 
 
-class _Parser:
-    def __init__(self, text: str):
-        self.text = text
-        self._tokens = tokenize(text)
-        self.tok = next(self._tokens)
-        self.depth = 0
+class _Compiler:
+    """Type-checks and compiles the tree :func:`ast.parse` made of a condition that passed
+    :func:`_check_order`; any node type not handled here is refused."""
 
-    # -- token helpers -------------------------------------------------
-    def _advance(self) -> None:
-        self.tok = next(self._tokens)
+    def __init__(self, source: str, number_starts: dict[int, int]):
+        self.text = source  # the condition inside parentheses: positions here are one past the condition's
+        self.number_starts = number_starts
 
-    def _at(self, kind: str, *texts: str) -> bool:
-        tok = self.tok
-        return tok.kind == kind and (not texts or tok.text in texts)
+    @staticmethod
+    def at(position: int) -> int:
+        """The condition's offset of ``position`` in the parenthesised source."""
+        return position - 1
 
-    def _describe(self, tok: _Token) -> str:
-        return "the end of the condition" if tok.kind == "end" else repr(tok.text)
+    # -- where things are: ast positions leave out parentheses, and operators have none ------------------
+    def _skip_space(self, i: int, step: int) -> int:
+        while 0 <= i < len(self.text) and self.text[i] in " \t\r\n":
+            i += step
+        return i
 
-    def _require(self, node: _Node, kind: str, role: str) -> _Node:
+    def paren_start(self, node: ast.expr) -> int | None:
+        """The offset of the outermost parenthesis around ``node`` (the added ones aside); None: none."""
+        start, end, outer = node.col_offset, node.end_col_offset, None
+        while True:
+            before, after = self._skip_space(start - 1, -1), self._skip_space(end, 1)
+            if before < 1 or after >= len(self.text) - 1 or self.text[before] != "(" or self.text[after] != ")":
+                return outer
+            if not self._balanced(before + 1, after):
+                return outer
+            start, end, outer = before, after + 1, self.at(before)
+
+    def _balanced(self, start: int, end: int) -> bool:
+        """The parentheses in text[start:end] pair up (so '(' before and ')' after enclose it)."""
+        level = 0
+        for c in self.text[start:end]:
+            level += c == "("
+            level -= c == ")"
+            if level < 0:
+                return False
+        return level == 0
+
+    def operator_offset(self, left: ast.expr) -> int:
+        """The operator written after ``left`` (and its closing parentheses)."""
+        i = left.end_col_offset
+        while True:
+            i = self._skip_space(i, 1)
+            if self.text[i] != ")":
+                return self.at(i)
+            i += 1
+
+    def require(self, node: _Node, kind: str, role: str) -> _Node:
         if node.kind != kind:
             raise ConditionError(f"{role} must be a {kind}, but this is a {node.kind}", node.offset)
         return node
 
-    # -- grammar -------------------------------------------------------
-    def parse(self) -> _Node:
-        if not self.text.strip():
-            raise ConditionError("the condition is empty (omit \"when\" for a rule that always holds)", 0)
-        node = self._or()
-        if self.tok.kind != "end":
-            raise ConditionError(f"unexpected {self._describe(self.tok)} after a complete condition", self.tok.offset)
-        return self._require(node, "truth value", "a condition")
+    # -- the node types of the language -----------------------------------------------------------------
+    def compile(self, node: ast.expr) -> _Node:
+        """``node`` compiled; its offset is that of its first token, a parenthesis included (as
+        the error messages count)."""
+        compiled = self._compile(node)
+        start = self.paren_start(node)
+        if start is None or start == compiled.offset:
+            return compiled
+        return _Node(compiled.kind, compiled.fn, start, compiled.const, compiled.is_const)
 
-    def _or(self) -> _Node:
-        return self._junction("or", self._and)
+    def _compile(self, node: ast.expr) -> _Node:
+        if isinstance(node, ast.BoolOp):
+            word = "and" if isinstance(node.op, ast.And) else "or"
+            nodes = [self.compile(value) for value in node.values]
+            for n in nodes:
+                self.require(n, "truth value", f"each side of '{word}'")
+            return _junction_node(word, nodes, nodes[0].offset)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            return self.unary(node)
+        if isinstance(node, ast.Compare) and all(type(op) in _COMPARE_OPS for op in node.ops):
+            return self.compare(node)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH_OPS:
+            return self.arithmetic(node)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return _constant(node.value, self.number_starts.get(node.col_offset, self.at(node.col_offset)))
+        if isinstance(node, ast.Constant) and node.value in (True, False, None):  # True, False, None
+            name = self.text[node.col_offset:node.end_col_offset]
+            raise ConditionError(_unknown_name(name), self.at(node.col_offset))
+        if isinstance(node, ast.Name):
+            return self.name(node)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            family, method = node.value.id, node.attr  # _check_order let only FAMILY.METHOD through
+            return _Node("number", _per_method_getter(family, method), self.at(node.col_offset))
+        raise ConditionError(f"expected a number, a signal or '(', found "
+                             f"{self.text[node.col_offset:node.end_col_offset]!r}", self.at(node.col_offset))
 
-    def _and(self) -> _Node:
-        return self._junction("and", self._not)
-
-    def _junction(self, word: str, operand: Callable[[], _Node]) -> _Node:
-        nodes = [operand()]
-        while self._at("name", word):
-            self._advance()
-            nodes.append(operand())
-        if len(nodes) == 1:
-            return nodes[0]
-        for node in nodes:
-            self._require(node, "truth value", f"each side of '{word}'")
-        return _junction_node(word, nodes)
-
-    def _not(self) -> _Node:
-        if self._at("name", "not"):
-            offset = self.tok.offset
-            self._advance()
-            inner = self._require(self._nested(self._not, offset), "truth value", "the operand of 'not'")
+    def unary(self, node: ast.UnaryOp) -> _Node:
+        offset = self.at(node.col_offset)  # the operator's
+        if isinstance(node.op, ast.Not):
+            inner = self.require(self.compile(node.operand), "truth value", "the operand of 'not'")
             if inner.is_const:
                 return _constant(not inner.const, offset)
             f = inner.fn
             return _Node("truth value", lambda s: not f(s), offset)
-        return self._comparison()
+        inner = self.require(self.compile(node.operand), "number", "the operand of '-'")
+        if inner.is_const:
+            return _constant(-inner.const, offset)
+        f = inner.fn
+        return _Node("number", lambda s: -f(s), offset)
 
-    def _comparison(self) -> _Node:
-        operands = [self._sum()]
-        ops: list[_Token] = []
-        while self._at("op", *_MIRROR):
-            ops.append(self.tok)
-            self._advance()
-            operands.append(self._sum())
-        if not ops:
-            return operands[0]
-        links = [self._compare(op, left, right) for op, left, right in zip(ops, operands, operands[1:])]
-        return links[0] if len(links) == 1 else _junction_node("and", links)
+    def compare(self, node: ast.Compare) -> _Node:
+        operands = [node.left, *node.comparators]
+        compiled = [self.compile(operand) for operand in operands]
+        links = []
+        for i, op in enumerate(node.ops):
+            symbol = _COMPARE_OPS[type(op)]
+            links.append(self.link(symbol, self.operator_offset(operands[i]), compiled[i], compiled[i + 1]))
+        return links[0] if len(links) == 1 else _junction_node("and", links, links[0].offset)
 
-    def _compare(self, op: _Token, left: _Node, right: _Node) -> _Node:
-        if op.text in ("==", "!="):
+    def link(self, op: str, op_offset: int, left: _Node, right: _Node) -> _Node:
+        if op in ("==", "!="):
             if left.kind != right.kind:
-                raise ConditionError(f"'{op.text}' compares a {left.kind} with a {right.kind}", op.offset)
+                raise ConditionError(f"'{op}' compares a {left.kind} with a {right.kind}", op_offset)
         else:
-            self._require(left, "number", f"the left side of '{op.text}'")
-            self._require(right, "number", f"the right side of '{op.text}'")
+            self.require(left, "number", f"the left side of '{op}'")
+            self.require(right, "number", f"the right side of '{op}'")
         if left.is_const and right.is_const:
-            return _constant(_CMP_FN[op.text](left.const, right.const), left.offset)
+            return _constant(_CMP_FN[op](left.const, right.const), left.offset)
         if right.is_const:
-            fn = _CMP_WITH_CONST[op.text](left.fn, right.const)
+            fn = _CMP_WITH_CONST[op](left.fn, right.const)
         elif left.is_const:
-            fn = _CMP_WITH_CONST[_MIRROR[op.text]](right.fn, left.const)
+            fn = _CMP_WITH_CONST[_MIRROR[op]](right.fn, left.const)
         else:
-            fn = _CMP_PAIR[op.text](left.fn, right.fn)
+            fn = _CMP_PAIR[op](left.fn, right.fn)
         return _Node("truth value", fn, left.offset)
 
-    def _sum(self) -> _Node:
-        return self._arithmetic(("+", "-"), self._product)
+    def arithmetic(self, node: ast.BinOp) -> _Node:
+        chain = [node]  # a long left-associative sum is a deep tree: walk it in a loop, not by recursion
+        while isinstance(chain[-1].left, ast.BinOp) and type(chain[-1].left.op) in _ARITH_OPS:
+            chain.append(chain[-1].left)
+        result = self.compile(chain[-1].left)
+        first: Callable[[Any], Any] | None = None  # once the value is not constant: its first term,
+        steps: list[tuple[Callable[[Any, Any], Any], Callable[[Any], Any]]] = []  # then (operator, term)s
+        for step in reversed(chain):
+            op = _ARITH_OPS[type(step.op)]
+            right = self.compile(step.right)
+            self.require(result, "number", f"the left side of '{op}'")
+            self.require(right, "number", f"the right side of '{op}'")
+            if op == "/" and right.is_const and right.const == 0:
+                raise ConditionError("division by zero", self.operator_offset(step.left))
+            if result.is_const and right.is_const:
+                result = _constant(_ARITH_FN[op](result.const, right.const), result.offset)
+                continue
+            if first is None:
+                first = result.fn
+            steps.append((_ARITH_FN[op], right.fn))
+            result = _Node("number", _evaluate_terms(first, steps), result.offset)
+        return result
 
-    def _product(self) -> _Node:
-        return self._arithmetic(("*", "/"), self._unary)
-
-    def _arithmetic(self, symbols: tuple[str, ...], operand: Callable[[], _Node]) -> _Node:
-        node = operand()
-        while self._at("op", *symbols):
-            op = self.tok
-            self._advance()
-            right = operand()
-            self._require(node, "number", f"the left side of '{op.text}'")
-            self._require(right, "number", f"the right side of '{op.text}'")
-            if op.text == "/" and right.is_const and right.const == 0:
-                raise ConditionError("division by zero", op.offset)
-            fn_op = _ARITH_FN[op.text]
-            if node.is_const and right.is_const:
-                node = _constant(fn_op(node.const, right.const), node.offset)
-            else:
-                f, g = node.fn, right.fn
-                node = _Node("number", lambda s: fn_op(f(s), g(s)), node.offset)
-        return node
-
-    def _unary(self) -> _Node:
-        if self._at("op", "-"):
-            offset = self.tok.offset
-            self._advance()
-            inner = self._require(self._nested(self._unary, offset), "number", "the operand of '-'")
-            if inner.is_const:
-                return _constant(-inner.const, offset)
-            f = inner.fn
-            return _Node("number", lambda s: -f(s), offset)
-        return self._primary()
-
-    def _nested(self, rule: Callable[[], _Node], opened_at: int) -> _Node:
-        self.depth += 1
-        if self.depth > MAX_NESTING:
-            raise ConditionError(f"the condition nests deeper than {MAX_NESTING} levels", opened_at)
-        try:
-            return rule()
-        finally:
-            self.depth -= 1
-
-    def _primary(self) -> _Node:
-        tok = self.tok
-        if tok.kind == "num":
-            self._advance()
-            is_int = not any(ch in tok.text for ch in ".eE")
-            return _constant(int(tok.text) if is_int else float(tok.text), tok.offset)
-        if self._at("op", "("):
-            self._advance()
-            inner = self._nested(self._or, tok.offset)
-            if not self._at("op", ")"):
-                raise ConditionError(
-                    f"expected ')' to close the '(' at character {tok.offset + 1}, found {self._describe(self.tok)}",
-                    self.tok.offset,
-                )
-            self._advance()
-            return _Node(inner.kind, inner.fn, tok.offset, inner.const, inner.is_const)
-        if tok.kind == "name":
-            self._advance()
-            return self._name(tok)
-        raise ConditionError(f"expected a number, a signal or '(', found {self._describe(tok)}", tok.offset)
-
-    def _name(self, tok: _Token) -> _Node:
-        name = tok.text
+    def name(self, node: ast.Name) -> _Node:
+        name, offset = node.id, self.at(node.col_offset)
         if name in ("true", "false"):
-            return _constant(name == "true", tok.offset)
+            return _constant(name == "true", offset)
         if name in _OPTIONAL_SIGNALS:  # None (not measured) reads as NaN: every comparison but != is false
-            return _Node("number", _optional_getter(name), tok.offset)
+            return _Node("number", _optional_getter(name), offset)
         if name in SIGNAL_NAMES:
-            return _Node("number", operator.attrgetter(name), tok.offset)
+            return _Node("number", operator.attrgetter(name), offset)
         if name in PER_METHOD_SIGNALS:
-            if not self._at("op", "."):
-                raise ConditionError(f"{name} is per method: write {name}.<method>, e.g. {name}.eagle", tok.offset)
-            self._advance()
-            method_tok = self.tok
-            if method_tok.kind != "name" or method_tok.text not in METHODS:
-                raise ConditionError(
-                    f"unknown method {self._describe(method_tok)} after '{name}.'; methods are {', '.join(METHODS)}",
-                    method_tok.offset,
-                )
-            self._advance()
-            return _Node("number", _per_method_getter(name, method_tok.text), tok.offset)
-        if name in _KEYWORDS:
-            raise ConditionError(f"expected a number, a signal or '(', found {name!r}", tok.offset)
-        hint = _NAME_HINTS.get(name)
-        known = ", ".join((*SIGNAL_NAMES, *(f"{family}.<method>" for family in PER_METHOD_SIGNALS)))
-        raise ConditionError(
-            f"unknown name {name!r}" + (f" (did you mean {hint!r}?)" if hint else f"; signals are {known}"),
-            tok.offset,
-        )
+            raise ConditionError(f"{name} is per method: write {name}.<method>, e.g. {name}.eagle", offset)
+        raise ConditionError(_unknown_name(name), offset)
 
 
 #: scalar signals that are None when nothing measured them
@@ -353,8 +438,7 @@ def _per_method_getter(family: str, method: str) -> Callable[[Any], float]:
     return lambda s: s.goodput.get(method, nan)
 
 
-def _junction_node(word: str, nodes: list[_Node]) -> _Node:
-    offset = nodes[0].offset
+def _junction_node(word: str, nodes: list[_Node], offset: int) -> _Node:
     if all(node.is_const for node in nodes):
         values = [node.const for node in nodes]
         return _constant(all(values) if word == "and" else any(values), offset)
@@ -391,8 +475,30 @@ def compile_condition(text: str) -> Predicate:
     """
     if len(text) > MAX_CONDITION_CHARS:
         raise ConditionError(f"the condition is longer than {MAX_CONDITION_CHARS} characters", MAX_CONDITION_CHARS)
-    node = _Parser(text).parse()
+    if not text.strip():
+        raise ConditionError("the condition is empty (omit \"when\" for a rule that always holds)", 0)
+    tokens: list[_Token] = []
+    _check_order((tokens.append(tok) or tok for tok in _scan(text)), len(text))
+    # Parsed inside parentheses, on one line: to the language, leading spaces are no indentation and a
+    # line break is a space.  ast's offsets are then one more than the condition's (_Compiler.at).
+    source = list(text.translate(_LINE_BREAKS_AS_SPACES))
+    for tok in tokens:  # '007' is 7 to the language; Python refuses it (octal ambiguity): blank the zeros
+        if tok.kind == "num" and tok.text.isdigit() and tok.text[0] == "0" and tok.text.strip("0"):
+            zeros = len(tok.text) - len(tok.text.lstrip("0"))
+            source[tok.offset:tok.offset + zeros] = " " * zeros
+    source = "(" + "".join(source) + ")"
+    number_starts = {tok.offset + 1 + len(tok.text) - len(tok.text.lstrip("0")): tok.offset for tok in tokens
+                     if tok.kind == "num"}  # ast's offset of a number (past blanked zeros) -> where it is written
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError as exc:  # what _check_order lets through and Python still refuses, e.g. '01'
+        raise ConditionError(f"not a condition: {exc.msg}", max(0, (exc.offset or 2) - 2)) from None
+    compiler = _Compiler(source, number_starts)
+    node = compiler.require(compiler.compile(tree.body), "truth value", "a condition")
     if node.is_const:
         value = bool(node.const)
         return lambda s: value
     return node.fn
+
+
+_LINE_BREAKS_AS_SPACES = str.maketrans("\t\r\n", "   ")

@@ -13,17 +13,17 @@ optional ``"comment"`` string is kept for people and ignored by the dispatcher.
 Every error names the file, line and column (1-based, in characters, as
 editors count): JSON syntax errors where the JSON parser stopped, condition
 errors at the offending character inside the ``"when"`` string (escapes such
-as ``\\u0041`` are accounted for), other errors at the offending value.
+as ``\\u0041`` are accounted for), other errors at the offending value.  The
+standard decoder reads the file; where each rule, key and value starts is found
+afterwards by stepping over the (by then valid) JSON with its ``raw_decode``.
 """
 from __future__ import annotations
 
 import json
-import json.decoder
-import json.scanner
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from hyspec.policy.conditions import ConditionError, Predicate, compile_condition
 from hyspec.policy.signals import METHODS, NONE
@@ -78,7 +78,7 @@ def load_rules(path: str | os.PathLike[str]) -> tuple[Rule, ...]:
 def parse_rules(text: str, source: str = "<rules>") -> tuple[Rule, ...]:
     """Compile the rules in ``text`` (a rule file's contents)."""
     try:
-        document = _LocatingDecoder().decode(text)
+        document = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise RuleFileError(source, f"invalid JSON: {exc.msg}", exc.lineno, exc.colno) from None
     return _RuleReader(text, source).read(document)
@@ -95,52 +95,54 @@ class _RuleReader:
         return RuleFileError(self.source, message, line, column)
 
     def read(self, document: Any) -> tuple[Rule, ...]:
-        if not isinstance(document, _LocatedList):
-            first = len(self.text) - len(self.text.lstrip(" \t\r\n"))
-            raise self.error(first, f"a rule file is a JSON list of rules, not {_json_type(document)}")
+        start = _skip_space(self.text, 0)
+        if not isinstance(document, list):
+            raise self.error(start, f"a rule file is a JSON list of rules, not {_json_type(document)}")
         if not document:
-            raise self.error(document.start, "the rule list is empty; end it with a rule such as {\"method\": \"none\"}")
-        return tuple(self.rule(number, item, start)
-                     for number, (item, start) in enumerate(zip(document, document.item_starts), 1))
+            raise self.error(start, "the rule list is empty; end it with a rule such as {\"method\": \"none\"}")
+        return tuple(self.rule(number, item, item_start)
+                     for number, (item, item_start) in enumerate(zip(document, _item_starts(self.text, start)), 1))
 
     def rule(self, number: int, item: Any, start: int) -> Rule:
         where = f"rule {number}"
-        if not isinstance(item, _LocatedDict):
+        if not isinstance(item, dict):
             raise self.error(start, f"{where} must be an object like {{\"when\": ..., \"method\": ...}}, "
                                     f"not {_json_type(item)}")
-        if item.duplicates:
-            key, value_start = item.duplicates[0]
-            raise self.error(value_start, f"{where} has the key {key!r} twice")
+        key_starts: dict[str, int] = {}
+        value_starts: dict[str, int] = {}  # a key given twice: where its last value starts (json keeps that one)
+        for key, key_start, value_start in _members(self.text, start):
+            if key in value_starts:
+                raise self.error(value_start, f"{where} has the key {key!r} twice")
+            key_starts[key], value_starts[key] = key_start, value_start
         for key in item:
             if key not in RULE_KEYS:
-                raise self.error(self.key_offset(item, key), f"{where} has an unknown key {key!r}; "
-                                                             f"keys are {', '.join(RULE_KEYS)}")
+                raise self.error(key_starts[key], f"{where} has an unknown key {key!r}; "
+                                                  f"keys are {', '.join(RULE_KEYS)}")
         if "method" in item and "policy" in item:
-            raise self.error(item.value_starts["policy"], f"{where} has both \"method\" and \"policy\": a rule "
-                                                          "pins a method or hands its steps to a policy, not both")
+            raise self.error(value_starts["policy"], f"{where} has both \"method\" and \"policy\": a rule "
+                                                     "pins a method or hands its steps to a policy, not both")
         if "policy" in item:
             policy = item["policy"]
-            policy_start = item.value_starts["policy"]
             if not isinstance(policy, str) or policy not in POLICIES:
-                raise self.error(policy_start, f"{where}: unknown policy {policy!r}; policies are "
-                                               f"{', '.join(POLICIES)}")
+                raise self.error(value_starts["policy"], f"{where}: unknown policy {policy!r}; policies are "
+                                                          f"{', '.join(POLICIES)}")
             method = POLICIES[policy]
         else:
             if "method" not in item:
-                raise self.error(item.start, f"{where} has no \"method\" (nor \"policy\")")
+                raise self.error(start, f"{where} has no \"method\" (nor \"policy\")")
             method = item["method"]
-            method_start = item.value_starts["method"]
+            method_start = value_starts["method"]
             if not isinstance(method, str):
                 raise self.error(method_start, f"{where}: \"method\" must be a string, not {_json_type(method)}")
             if method not in METHODS and method != NONE:
                 raise self.error(method_start + 1, f"{where}: unknown method {method!r}; "
                                                    f"methods are {', '.join((*METHODS, NONE))}")
         if "comment" in item and not isinstance(item["comment"], str):
-            raise self.error(item.value_starts["comment"], f"{where}: \"comment\" must be a string")
+            raise self.error(value_starts["comment"], f"{where}: \"comment\" must be a string")
         when = item.get("when")
         predicate = None
         if "when" in item:
-            when_start = item.value_starts["when"]
+            when_start = value_starts["when"]
             if not isinstance(when, str):
                 raise self.error(when_start, f"{where}: \"when\" must be a condition string, not {_json_type(when)}")
             try:
@@ -148,15 +150,9 @@ class _RuleReader:
             except ConditionError as exc:
                 offset = _raw_offset(self.text, when_start, exc.offset)
                 raise self.error(offset, f"{where} \"when\": {exc.message}") from None
-        line = self.text.count("\n", 0, item.start) + 1
-        column = item.start - (self.text.rfind("\n", 0, item.start) + 1) + 1
+        line = self.text.count("\n", 0, start) + 1
+        column = start - (self.text.rfind("\n", 0, start) + 1) + 1
         return Rule(method, when, predicate, line, column)
-
-    def key_offset(self, item: _LocatedDict, key: str) -> int:
-        """Where ``key`` is written (found by its plain spelling), else where its value starts."""
-        value_start = item.value_starts[key]
-        found = self.text.rfind(json.dumps(key, ensure_ascii=False), item.start, value_start)
-        return found if found >= 0 else value_start
 
 
 def _raw_offset(text: str, literal_start: int, index: int) -> int:
@@ -192,60 +188,38 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
-# -- JSON with positions ----------------------------------------------------
-# The stdlib decoder keeps JSON's semantics and error messages; these hooks
-# into its pure-Python scanner only record where each object, list and value
-# starts, which the rule errors need.
+# -- where things are in a valid JSON text --------------------------------------------------------
+# Called only on text the decoder accepted, so between two values there is nothing but white space
+# and one ',' or ':'; raw_decode steps over each value.
+
+_DECODER = json.JSONDecoder()
+_JSON_SPACE = " \t\n\r"
 
 
-class _LocatedDict(dict):
-    start: int  # offset of '{'
-    value_starts: dict[str, int]
-    duplicates: list[tuple[str, int]]
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _JSON_SPACE:
+        i += 1
+    return i
 
 
-class _LocatedList(list):
-    start: int  # offset of '['
-    item_starts: list[int]
+def _item_starts(text: str, start: int) -> Iterator[int]:
+    """Where each item of the list whose '[' is at ``start`` begins."""
+    i = _skip_space(text, start + 1)
+    while text[i] != "]":
+        yield i
+        i = _skip_space(text, _DECODER.raw_decode(text, i)[1])
+        if text[i] == ",":
+            i = _skip_space(text, i + 1)
 
 
-def _located_object(s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
-    value_starts: list[int] = []
-
-    def scan_value(string: str, idx: int):
-        value_starts.append(idx)
-        return scan_once(string, idx)
-
-    pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_value, None, list, memo)
-    obj = _LocatedDict()
-    obj.start = s_and_end[1] - 1
-    obj.value_starts = {}
-    obj.duplicates = []
-    for (key, value), value_start in zip(pairs, value_starts):
-        if key in obj:
-            obj.duplicates.append((key, value_start))
-        obj[key] = value
-        obj.value_starts[key] = value_start
-    return obj, end
-
-
-def _located_array(s_and_end, scan_once):
-    item_starts: list[int] = []
-
-    def scan_item(string: str, idx: int):
-        item_starts.append(idx)
-        return scan_once(string, idx)
-
-    items, end = json.decoder.JSONArray(s_and_end, scan_item)
-    located = _LocatedList(items)
-    located.start = s_and_end[1] - 1
-    located.item_starts = item_starts[:len(items)]
-    return located, end
-
-
-class _LocatingDecoder(json.JSONDecoder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.parse_object = _located_object
-        self.parse_array = _located_array
-        self.scan_once = json.scanner.py_make_scanner(self)
+def _members(text: str, start: int) -> Iterator[tuple[str, int, int]]:
+    """(key, where the key starts, where its value starts) for each member of the object whose '{' is
+    at ``start``, repeated keys included, in file order."""
+    i = _skip_space(text, start + 1)
+    while text[i] != "}":
+        key, end = _DECODER.raw_decode(text, i)
+        value_start = _skip_space(text, _skip_space(text, end) + 1)  # past the ':'
+        yield key, i, value_start
+        i = _skip_space(text, _DECODER.raw_decode(text, value_start)[1])
+        if text[i] == ",":
+            i = _skip_space(text, i + 1)
