@@ -46,7 +46,7 @@ PLAIN = StepPlan(NONE, 0, 0, 1)
 class Drafts:
     """The step's drafts: one tree per sequence that speculates (request id -> tree).
 
-    The engine turns each tree into the sequence's verification feed (``LLMEngine``'s ``tree_feed``)."""
+    The engine turns each tree into its sequence's verification feed (``hyspec.engine.engine.tree_feed``)."""
 
     plan: StepPlan
     trees: dict[str, DraftTree] = field(default_factory=dict)

@@ -4,7 +4,9 @@ Speculation and drafters read requests and the scheduler but never own them:
 these protocols say what they may read, so that neither imports the engine.
 :class:`hyspec.engine.sequence.Sequence` and :class:`hyspec.engine.scheduler.Scheduler`
 are the implementations; a remote draft worker's ``ShadowSequence`` implements
-the drafting part of :class:`SequenceView` from the messages it receives.
+:class:`SequenceView` from the messages it receives.  Two proposers read a little
+more where they run beside the engine (EAGLE the canary ``arm`` in ``on_commit``,
+suffix decoding ``output_token_ids`` in ``on_finish``): :class:`EngineSequenceView`'s.
 """
 from __future__ import annotations
 
