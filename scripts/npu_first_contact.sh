@@ -13,4 +13,7 @@ if [[ " $* " != *" --dry-run"* ]]; then
         && source /usr/local/Ascend/nnal/atb/set_env.sh
 fi
 PYTHON="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3 )}"
+# hyspec's vllm-ascend plugin in vLLM's python (docs/vllm.md); HYSPEC_VLLM_MODEL=DIR also compares plain vs hyspec
+[[ " $* " != *" --dry-run"* ]] && { "${HYSPEC_VLLM_PYTHON:-$PYTHON}" -m hyspec.vllm.ascend_check \
+    ${HYSPEC_VLLM_MODEL:+--model "$HYSPEC_VLLM_MODEL"} > npu_vllm_ascend.json || echo "see npu_vllm_ascend.json" >&2; }
 exec "$PYTHON" scripts/npu_first_contact.py "$@"

@@ -421,3 +421,24 @@ def input_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     for i, row in enumerate(rows):
         ids[i, :len(row)] = row
     return np.array([len(r) for r in rows], dtype=np.int32), ids
+
+
+# ---------------------------------------------------------------- the first-contact check (hyspec.vllm.ascend_check)
+
+
+def test_the_first_contact_check_reports_the_patch_in_force(site, capsys):
+    from hyspec.vllm import ascend_check
+    assert ascend_check.patch_report()["state"] == "absent"
+    write_fake_vllm_ascend(site, SHAPES)
+    assert ascend_check.main([]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "patched" and report["vllm_ascend"] == "0.23.0"
+    assert list(report["patched"].values()) == [True, True, True]
+
+
+def test_the_first_contact_check_reports_a_mismatch_and_fails(site, capsys):
+    from hyspec.vllm import ascend_check
+    write_fake_vllm_ascend(site, renamed_dispatch_parameter(), version="0.26.0")
+    assert ascend_check.main([]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "mismatch" and "vllm-ascend==0.23.0" in report["error"]
