@@ -218,7 +218,14 @@ def register() -> None:
     root = source_root()
     if root is None:  # plain vLLM: nothing to do, nothing to say
         return
-    if check(root) == "present":
+    try:
+        state = check(root)
+    except VllmAscendMismatch as exc:
+        # Warn, never stop vLLM: most users of this vLLM do not ask for custom_class, and for those who do,
+        # vllm-ascend's own "Unknown speculative decoding method" follows this message in the log.
+        logger.warning("%s", exc)
+        return
+    if state == "present":
         logger.debug("vllm-ascend %s has custom_class: hyspec's plugin leaves it alone", installed_version())
         return
     for name, patch in PATCHES.items():
