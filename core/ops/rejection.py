@@ -63,7 +63,7 @@ _TINY = 1e-30
 class DraftTrees(Protocol):
     """What the sampler reads of a batch of draft trees: the speculative layer's ``TreeBatch`` is one.
 
-    Stated here as a protocol so that the op layer does not import the layer above it (spec/tree.py).
+    Stated here as a protocol so that the op layer does not import the layer above it (seam/tree.py).
     """
 
     tokens: torch.Tensor  # [B, N] int64 draft token of every node (node 0 = the root)
