@@ -66,8 +66,8 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from hyspec.policy.signals import NONE
 from hyspec.errors import ConfigError
+from hyspec.policy.signals import NONE
 
 #: steps' worth of the parent class's goodput in each arm's estimate (see the module docstring)
 PRIOR_STEPS = 4.0

@@ -11,17 +11,27 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hyspec.policy.bandit import BanditPolicy
 from hyspec.policy.canary import SPEC, Canary
-from hyspec.policy.chain import (BatchSizeGate, ConfiguredMethodGate, DispatcherGate, Gate, GoodputBudgetGate,
-                                 MemoryPressureGate, NothingToDraftGate, PolicyChain, ReleasedMethodGate, StepState,
-                                 TTFTGate)
+from hyspec.policy.chain import (
+    BatchSizeGate,
+    ConfiguredMethodGate,
+    DispatcherGate,
+    Gate,
+    GoodputBudgetGate,
+    MemoryPressureGate,
+    NothingToDraftGate,
+    PolicyChain,
+    ReleasedMethodGate,
+    StepState,
+    TTFTGate,
+)
 from hyspec.policy.controller import GoodputController
 from hyspec.policy.dispatcher import HybridDispatcher
 from hyspec.policy.profiling import profile_cost_model
 from hyspec.policy.residency import DrafterResidency
 from hyspec.policy.signals import NONE
 from hyspec.policy.slo import TTFTGuard
+from hyspec.seam.step import StepPlan
 from hyspec.spec.config import SpeculativeConfig
-from hyspec.spec.strategy import StepPlan
 
 if TYPE_CHECKING:
     from hyspec.seam.proposer import Proposer

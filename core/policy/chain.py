@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 from hyspec.errors import HyspecError
 from hyspec.policy.signals import MATCH_LENGTH_CAP, NONE, StepSignals
-from hyspec.spec.strategy import StepPlan
+from hyspec.seam.step import StepPlan
 
 if TYPE_CHECKING:
     from hyspec.kv.pool import KVPool

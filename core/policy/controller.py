@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from hyspec.errors import HyspecError
-from hyspec.spec.config import SpeculativeConfig
 from hyspec.policy.cost_model import CostModel, StepSample
 from hyspec.policy.draft_sizing import DraftSizer
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.tree import DraftTree
+from hyspec.spec.config import SpeculativeConfig
 
 __all__ = ["GoodputController", "CostModel", "StepSample", "DraftCost"]
 

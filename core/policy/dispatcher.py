@@ -38,6 +38,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Iterable
 
+from hyspec.errors import ConfigError
 from hyspec.policy.bandit import BanditPolicy, BanditSnapshot, step_class
 from hyspec.policy.conditions import Predicate
 from hyspec.policy.latency import LatencyRing
@@ -45,7 +46,6 @@ from hyspec.policy.load import LoadFallback
 from hyspec.policy.rules import BANDIT, Rule, RuleFileError, default_rules_path, load_rules
 from hyspec.policy.signals import METHODS, NONE, StepSignals
 from hyspec.policy.watch import FileStamp, PollingThread, file_stamp
-from hyspec.errors import ConfigError
 
 log = logging.getLogger("hyspec.policy")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Mapping
 
-from hyspec.spec.tree import DraftTree
+from hyspec.seam.tree import DraftTree
 
 #: match-length bucket edges: [0, 2), [2, 4), [4, 8), [8, 16), [16, 32), [32, ...)
 MATCH_EDGES = (2, 4, 8, 16, 32)

@@ -22,12 +22,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
+from hyspec.seam.proposer import Proposer
 from hyspec.spec.ops_config import MemoryPressureConfig
-from hyspec.spec.proposer import Proposer
 
 if TYPE_CHECKING:
-    from hyspec.engine.scheduler import Scheduler
     from hyspec.kv.pool import KVPool
+    from hyspec.seam.views import SchedulerView
     from hyspec.spec.metrics import SpecMetrics
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class DrafterResidency:
         self._calm_since: float | None = None
         self._said_remote = False
 
-    def under_pressure(self, scheduler: "Scheduler", pool: "KVPool") -> bool:
+    def under_pressure(self, scheduler: "SchedulerView", pool: "KVPool") -> bool:
         blocked = getattr(scheduler, "admission_blocked", False) or getattr(scheduler, "preempted_last", 0) > 0
         return blocked or pool.num_free < self.config.free_floor * pool.num_pages
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from hyspec.errors import HyspecError
 from hyspec.policy.conditions import ConditionError, Predicate, compile_condition
 from hyspec.policy.signals import METHODS, NONE
-from hyspec.errors import HyspecError
 
 RULE_KEYS = ("when", "method", "policy", "comment")
 #: the target of a rule that hands its steps to the bandit policy (never a method name: see signals.METHODS)

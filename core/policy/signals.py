@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hyspec.drafters.methods import NAMES, NONE  # noqa: F401  (NONE: re-exported, plain decoding)
 from hyspec.errors import HyspecError
-from hyspec.spec import registry
 
-#: Drafting methods a rule may name: the method registry's (hyspec.spec.registry) less the
-#: meta-method hybrid, a live view; "none" means plain decoding.
-METHODS = registry.PROPOSER_METHODS
-NONE = registry.NONE
+#: Drafting methods a rule may name: the keys of the methods' table (hyspec.drafters.methods), a live
+#: view, so a method registered later is in it; "none" means plain decoding.
+METHODS = NAMES
 
 #: Scalar signals a condition may name.
 SIGNAL_NAMES = (

@@ -106,10 +106,10 @@ class SpecDecoder(Speculation):
 
     # -- request lifecycle ------------------------------------------------------------------------
 
-    def admit(self, seq: "Sequence") -> None:
+    def admit(self, seq: Sequence) -> None:
         seq.arm = self.policy.arm(seq.request_id)
 
-    def release(self, seq: "Sequence") -> None:
+    def release(self, seq: Sequence) -> None:
         for p in self.proposers.values():
             p.on_finish(seq)
         self.policy.request_finished(seq.metrics.ttft)
@@ -159,7 +159,7 @@ class SpecDecoder(Speculation):
         trees, seconds = self._propose(plan, scheduled.decodes)
         return Drafts(plan, trees, seconds)
 
-    def _propose(self, plan: StepPlan, decodes: "list[Sequence]") -> tuple[dict[str, DraftTree], float]:
+    def _propose(self, plan: StepPlan, decodes: list[Sequence]) -> tuple[dict[str, DraftTree], float]:
         max_len = self.target.max_model_len
         requests = []
         for seq in decodes:
@@ -242,7 +242,7 @@ class SpecDecoder(Speculation):
         return Accepted({s.request_id: toks for s, toks in zip(seqs, emitted)}, kept_rows,
                         plan=drafts.plan, draft_seconds=drafts.seconds)
 
-    def _commit_kv(self, seq: "Sequence", num_nodes: int, kept: list[int]) -> None:
+    def _commit_kv(self, seq: Sequence, num_nodes: int, kept: list[int]) -> None:
         """Move the kept nodes' KV into depth order after the context; drop the rest.
 
         Node ``i`` of the tree was written at KV index ``start + i``; the kept
@@ -259,7 +259,7 @@ class SpecDecoder(Speculation):
                 self.target.ops.compact_kv(k_cache, v_cache, src, dst)
         seq.kv.truncate(start + len(kept))
 
-    def _record(self, out, batch: TreeBatch, seqs: "list[Sequence]", drafts: Drafts, verify_seconds: float) -> None:
+    def _record(self, out, batch: TreeBatch, seqs: list[Sequence], drafts: Drafts, verify_seconds: float) -> None:
         plan = drafts.plan
         method = plan.method
         outcome = out.position_outcome
