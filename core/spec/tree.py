@@ -1,4 +1,0 @@
-"""Moved to :mod:`hyspec.seam.tree` (issue 49's seam); this re-export keeps the old name working until the
-modules that still import it (listed in pyproject.toml's import-linter ignore_imports) move to the new one.
-Delete it then: nothing else may import it."""
-from hyspec.seam.tree import DraftTree, NodeScores, TreeBatch  # noqa: F401
