@@ -119,7 +119,7 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float) -> None:
         try:
-            wait_until_healthy(self.url, self.proc, timeout, self.log_tail, interval_s=0.25)
+            wait_until_healthy(self.url, self.proc, timeout, lambda: ":\n" + self.log_tail(), interval_s=0.25)
         except TimeoutError:
             self.stop()
             raise

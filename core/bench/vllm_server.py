@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
+
+from hyspec.bench.serve_process import free_port, wait_until_healthy
 
 PYTHON_ENV = "HYSPEC_VLLM_PYTHON"
 #: hyspec's proposer as vLLM's third-party ("custom_class") speculative method
@@ -28,12 +27,6 @@ HYSPEC_METHOD = "hyspec.vllm.HyspecProposer"
 
 def hyspec_speculative_config(num_speculative_tokens: int = 4) -> dict[str, Any]:
     return {"method": "custom_class", "model": HYSPEC_METHOD, "num_speculative_tokens": num_speculative_tokens}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServer:
@@ -74,20 +67,12 @@ class VllmServer:
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                         start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with status {self.process.returncode} while starting"
-                                   f"{self._log_hint()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"vLLM did not answer /health within {self.startup_timeout:.0f} s{self._log_hint()}")
+        try:
+            wait_until_healthy(self.base_url, self.process, self.startup_timeout, self._log_hint, interval_s=1.0,
+                               name="vLLM")
+        except TimeoutError:
+            self.stop()
+            raise
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM (vLLM's graceful shutdown), then SIGKILL to the whole group after ``timeout``; the status."""

@@ -78,8 +78,8 @@ def test_serve_process_answers_and_exits_cleanly_on_sigterm(tiny_model_dir):
     url = f"http://127.0.0.1:{port}"
     try:
         # the log is read only once the process has ended: reading a live process's pipes would block
-        wait_until_healthy(url, proc, 90, log_tail=lambda: proc.communicate()[1][-3000:] if proc.poll() is not None
-                           else "")
+        wait_until_healthy(url, proc, 90,
+                           log_tail=lambda: ":\n" + proc.communicate()[1][-3000:] if proc.poll() is not None else "")
         assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 401
         client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         out = client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=3, temperature=0,

@@ -58,7 +58,7 @@ def serve(model: Path, log_path: Path, shutdown_timeout: float) -> Iterator[tupl
             stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, proc, 120, log_tail=lambda: log_path.read_text()[-3000:])
+        wait_until_healthy(url, proc, 120, log_tail=lambda: ":\n" + log_path.read_text()[-3000:])
         yield proc, url
     finally:
         if proc.poll() is None:
