@@ -52,7 +52,7 @@ MAX_NESTING = 64  # parentheses, 'not' and '-' inside one another: keeps a hosti
 _TOKEN = re.compile(r"(?P<space>[ \t\r\n]+)|(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
                     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op><=|>=|==|!=|[<>()+\-*/.])")
 _BINARY_OPS = frozenset({"<", "<=", ">", ">=", "==", "!=", "+", "-", "*", "/"})
-_KEYWORDS = ("and", "or", "not", "true", "false")
+_WORDS = ("and", "or", "not")  # the language's keywords besides true and false
 _UNREAD = "unread"  # _check_order: the next token is not read yet
 _HINTS = {
     "&": "use 'and'", "|": "use 'or'", "!": "use 'not' (or '!=')", "=": "use '==' to compare",
@@ -164,7 +164,7 @@ def _check_name(tok: _Token, following: _Token | None, tokens: Iterator[_Token],
     """A name in an operand's place must be a signal, true/false, or FAMILY.METHOD (``following``
     the '.'; the method's name is read here); returns the token after the operand."""
     name = tok.text
-    if name in _KEYWORDS[:3]:  # and, or, not (a 'not' that is no prefix: after an operator)
+    if name in _WORDS:  # 'not' too here: a prefix 'not' never gets here, one after an operator does
         raise ConditionError(f"expected a number, a signal or '(', found {name!r}", tok.offset)
     if name in PER_METHOD_SIGNALS:
         if following is None or following.text != ".":
@@ -330,9 +330,6 @@ class _Compiler:
             return self.arithmetic(node)
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return _constant(node.value, self.number_starts.get(node.col_offset, self.at(node.col_offset)))
-        if isinstance(node, ast.Constant) and node.value in (True, False, None):  # True, False, None
-            name = self.text[node.col_offset:node.end_col_offset]
-            raise ConditionError(_unknown_name(name), self.at(node.col_offset))
         if isinstance(node, ast.Name):
             return self.name(node)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
@@ -405,16 +402,12 @@ class _Compiler:
         return result
 
     def name(self, node: ast.Name) -> _Node:
-        name, offset = node.id, self.at(node.col_offset)
+        name, offset = node.id, self.at(node.col_offset)  # _check_order let signals and true/false through
         if name in ("true", "false"):
             return _constant(name == "true", offset)
         if name in _OPTIONAL_SIGNALS:  # None (not measured) reads as NaN: every comparison but != is false
             return _Node("number", _optional_getter(name), offset)
-        if name in SIGNAL_NAMES:
-            return _Node("number", operator.attrgetter(name), offset)
-        if name in PER_METHOD_SIGNALS:
-            raise ConditionError(f"{name} is per method: write {name}.<method>, e.g. {name}.eagle", offset)
-        raise ConditionError(_unknown_name(name), offset)
+        return _Node("number", operator.attrgetter(name), offset)
 
 
 #: scalar signals that are None when nothing measured them
