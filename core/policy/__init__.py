@@ -1,6 +1,13 @@
-"""hyspec.policy: the hybrid dispatcher (per-step method choice from live signals).
+"""hyspec.policy: whether a step speculates, with which method and how deep (docs/policy.md).
 
-Stdlib only at import time, so the engine and server may import it freely.
+One chain of gates, run once per step in the order ``chain.GATE_ORDER`` declares (``build.build_policy``
+assembles it from the speculative config): drafter residency under KV pressure, the TTFT guard, the
+method (the hybrid dispatcher -- load fallback, JSON rules, bandit -- or the configured one), and the
+goodput controller's budget; the canary splits requests once, at admission.
+
+This package's front imports no torch (the dispatcher, rules, signals and canary below), so the
+server and the config may import it freely; ``build``, ``chain``, ``controller`` and ``profiling``
+are imported by name.
 """
 from hyspec.policy.canary import CONTROL, SPEC, Canary, request_share
 from hyspec.policy.conditions import ConditionError, compile_condition
