@@ -67,7 +67,7 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
     red, bold, reset = (RED, BOLD, RESET) if color else ("", "", "")
     lines = [line.replace(BOLD, bold).replace(RESET, reset) for line in _header(doc)]
     priced = doc["settings"].get("price_per_hour") is not None
-    asked = set(doc["settings"].get("peers") or PEER_SHORT)
+    asked = set(doc["settings"].get("peers", PEER_SHORT))  # --peers none (and --demo): no peer columns
     shown = [p for p in PEER_SHORT if p in asked]  # a column per peer that was asked for
     columns = ["configuration", "bs", "T", "tok/s (min-max)", "×plain", *(PEER_SHORT[p] for p in shown), "acc.len",
                "TTFT ms", "peak MiB", "of BW limit", *(["$/Mtok"] if priced else []), "identical"]
