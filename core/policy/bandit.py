@@ -37,8 +37,9 @@ exploration).  Choice:
    Why: with nine arms, seven of which never paid (the default model's drafters on a 2-core CPU),
    one step in ten went to a loser committing about one token where suffix decoding committed 3.5,
    about 7 % of the tokens by that arithmetic, and the hybrid trailed suffix alone by 8.5 % on
-   HumanEval (171.9 vs 187.8 tok/s).  Backed off, each loser is tried once in ``max_backoff``
-   intervals, and a method that starts to pay is still found: its next exploring step resets it;
+   HumanEval (171.9 vs 187.8 tok/s; docs/results/2026-12-05/drafters/ at commit ff8cba3).  Backed off,
+   each loser is tried once in ``max_backoff`` intervals, and a method that starts to pay is still
+   found: its next exploring step resets it;
 3. the discount (``discount`` per observation of that arm; 0.99 remembers about a hundred steps)
    lets old measurements fade;
 4. at batch sizes above 1, a method is exploited only while its estimate beats plain decoding's by
