@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from hyspec.conformance.identity import judge_outputs
+from hyspec.conformance.identity import measure_rule
+from hyspec.model.loader import load_model
+from hyspec.numerics import classify_divergence, first_divergence
 
 IDENTICAL, NEAR_TIE, MISMATCH, NOT_APPLICABLE = "identical", "near_tie", "mismatch", "not_applicable"
 MAX_DETAILS = 5
@@ -53,7 +57,6 @@ class ReferenceLogits:
 
     def __call__(self, prefix: Sequence[int]) -> torch.Tensor:  # -> [V]
         if self._model is None:
-            from hyspec.model.loader import load_model
 
             if self.backend is None:
                 self._model = load_model(self.model_path, dtype=self.dtype)
@@ -73,14 +76,12 @@ class TeacherForcedJudge:
 
     def __init__(self, llm: Any, prompts: Sequence[Sequence[int]], plain_outputs: Sequence[Sequence[int]],
                  chunk: int):
-        from hyspec.conformance.identity import measure_rule
 
         self.llm = llm
         self.rule = measure_rule(llm.engine, prompts, plain_outputs, chunk=chunk)
 
     def __call__(self, prompts: Sequence[Sequence[int]], expected: Sequence[Sequence[int]],
                  actual: Sequence[Sequence[int]]) -> IdentityVerdict:
-        from hyspec.conformance.identity import judge_outputs
 
         if not len(prompts) == len(expected) == len(actual):
             raise ValueError(f"{len(prompts)} prompts, {len(expected)} expected and {len(actual)} actual outputs")
@@ -93,6 +94,27 @@ class TeacherForcedJudge:
         return verdict
 
 
+class LazyJudge:
+    """A :class:`TeacherForcedJudge` built the first time an output differs from plain decoding's.
+
+    An output equal to plain decoding's tokens is identical by definition; teacher forcing matters where they
+    differ (was the flip a near-tie?).  Building the judge costs a plain engine and a pass that measures the
+    near-tie rule, so a run whose methods all match plain decoding (the usual case, and ``--demo``) skips it.
+    """
+
+    def __init__(self, build: Callable[[], TeacherForcedJudge]):
+        self._build = build
+        self._judge: TeacherForcedJudge | None = None
+
+    def __call__(self, prompts: Sequence[Sequence[int]], expected: Sequence[Sequence[int]],
+                 actual: Sequence[Sequence[int]]) -> IdentityVerdict:
+        if len(prompts) == len(expected) == len(actual) and all(list(a) == list(e) for a, e in zip(actual, expected)):
+            return IdentityVerdict(IDENTICAL, sequences=len(actual))
+        if self._judge is None:
+            self._judge = self._build()
+        return self._judge(prompts, expected, actual)
+
+
 def check_identity(
     prompts: Sequence[Sequence[int]],
     expected: Sequence[Sequence[int]],
@@ -101,7 +123,6 @@ def check_identity(
     dtype: torch.dtype,
 ) -> IdentityVerdict:
     """Compare every sequence of ``actual`` with ``expected`` (plain decoding) for the same prompts."""
-    from hyspec.numerics import classify_divergence, first_divergence
 
     if not len(prompts) == len(expected) == len(actual):
         raise ValueError(f"check_identity: {len(prompts)} prompts, {len(expected)} expected and "

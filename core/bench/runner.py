@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, ReferenceLogits, TeacherForcedJudge,
-                                   check_identity)
+from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, LazyJudge, ReferenceLogits,
+                                   TeacherForcedJudge, check_identity)
 from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
                                   unique_parameter_count)
 from hyspec.bench.measure import Measurement, Workload
@@ -293,23 +293,29 @@ class BenchRunner:
         ordered = {m: pending[m] for m in methods if m in pending}
         return plain_rows, reference, info, self._judge(model, workloads, reference), ordered
 
-    def _judge(self, model: Path, workloads: list[Workload], reference: dict) -> TeacherForcedJudge | None:
-        """A plain engine with a small KV pool, kept to judge every method by teacher forcing (bench/identity.py).
+    def _judge(self, model: Path, workloads: list[Workload], reference: dict) -> LazyJudge | None:
+        """A plain engine with a small KV pool, to judge by teacher forcing every output that differs from plain
+        decoding's (bench/identity.py); built at the first such output.
 
         Small, so it does not take the memory the engines under test are measured with: 1 GiB of KV on
         the CPU, a tenth of free memory on an accelerator.
         """
-        from hyspec import LLM
-
         greedy = [w for w in workloads if not w.temperature]
         if not greedy:
             return None
-        self._tick("hyspec plain: measuring the near-tie rule")
-        s = self.settings
-        llm = LLM(str(model), backend=s.backend, dtype=s.dtype, quantization=s.quantization, kv_cache_bytes=1 << 30,
-                  memory_fraction=0.1)
-        widest = max(greedy, key=lambda w: w.batch_size)
-        return TeacherForcedJudge(llm, widest.prompts, reference[widest.key()], chunk=s.num_speculative_tokens + 1)
+
+        def build() -> TeacherForcedJudge:
+            from hyspec import LLM
+
+            self._tick("hyspec plain: measuring the near-tie rule")
+            s = self.settings
+            llm = LLM(str(model), backend=s.backend, dtype=s.dtype, quantization=s.quantization,
+                      kv_cache_bytes=1 << 30, memory_fraction=0.1)
+            widest = max(greedy, key=lambda w: w.batch_size)
+            return TeacherForcedJudge(llm, widest.prompts, reference[widest.key()],
+                                      chunk=s.num_speculative_tokens + 1)
+
+        return LazyJudge(build)
 
     def _method(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
                 missing: Mapping[str, str], reference: dict, logits: ReferenceLogits, dtype) -> list[Row]:

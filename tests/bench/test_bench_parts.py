@@ -264,3 +264,20 @@ def test_readme_table_rejects_files_that_are_not_results(tmp_path, capsys):
     path.write_text(json.dumps({"kind": "hyspec-bench", "schema_version": 99}))
     assert main(["bench", "--readme-table", str(path)]) == 2
     assert "schema version 99" in capsys.readouterr().err
+
+
+def test_the_teacher_forcing_judge_is_built_only_when_an_output_differs_from_plain_decoding():
+    from hyspec.bench.identity import IDENTICAL, MISMATCH, IdentityVerdict, LazyJudge
+
+    built = []
+
+    def build():
+        built.append(1)
+        return lambda prompts, expected, actual: IdentityVerdict(MISMATCH, sequences=len(actual), mismatches=1)
+
+    judge = LazyJudge(build)
+    verdict = judge([[1, 2]], [[3, 4, 5]], [[3, 4, 5]])
+    assert verdict.status == IDENTICAL and verdict.sequences == 1 and not built
+    assert judge([[1, 2]], [[3, 4, 5]], [[3, 4, 6]]).status == MISMATCH and built == [1]
+    judge([[1, 2]], [[3, 4, 5]], [[3, 9, 9]])
+    assert built == [1]  # built once, kept
