@@ -5,11 +5,13 @@ import itertools
 from pathlib import Path
 from typing import Any, Mapping
 
+from hyspec import LLM, SamplingParams
 from hyspec.bench.machine import MemoryPeak, PeakMemory
 from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, acceptance_from_totals, timed_passes
 from hyspec.bench.settings import NGRAM_MAX, NGRAM_MIN, PLAIN, BenchSettings, deep_merge
-from hyspec.spec.registry import drafter_methods
 from hyspec.bench.stats import Spread
+from hyspec.spec.config import MAX_SPECULATIVE_TOKENS
+from hyspec.spec.registry import drafter_methods
 
 #: suffix's draft-size ceiling in the bench: vLLM's default (suffix_decoding_max_tree_depth, 24)
 SUFFIX_CEILING = 24
@@ -29,8 +31,6 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
     if method == PLAIN:
         return None
     # suffix's ceiling follows its tree depth, as vLLM's default num_speculative_tokens for suffix does
-    from hyspec.spec.config import MAX_SPECULATIVE_TOKENS
-
     depth = settings.speculative_config_extra.get("suffix_decoding_max_tree_depth", SUFFIX_CEILING)
     suffix_ceiling = min(max(settings.num_speculative_tokens, int(depth)), MAX_SPECULATIVE_TOKENS)
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
@@ -58,8 +58,6 @@ def speculative_config(method: str, settings: BenchSettings, drafters: Mapping[s
 
 
 def build_llm(model: Path, settings: BenchSettings, spec: dict[str, Any] | None):
-    from hyspec import LLM
-
     extra = {} if settings.kv_cache_bytes is None else {"kv_cache_bytes": settings.kv_cache_bytes}
     extra["enable_prefix_caching"] = settings.prefix_caching
     return LLM(str(model), speculative_config=spec, backend=settings.backend, dtype=settings.dtype,
@@ -72,8 +70,6 @@ def close_llm(llm: Any) -> None:
 
 
 def _params(workload: Workload, index: int, max_tokens: int):
-    from hyspec import SamplingParams
-
     return SamplingParams(temperature=workload.temperature, max_tokens=max_tokens, ignore_eos=True,
                           seed=workload.request_seed(index))
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from hyspec.conformance.identity import judge_outputs
-from hyspec.conformance.identity import measure_rule
+from hyspec.conformance.identity import measure_rule, judge_outputs
 from hyspec.model.loader import load_model
 from hyspec.numerics import classify_divergence, first_divergence
 

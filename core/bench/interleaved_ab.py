@@ -12,6 +12,9 @@ import json
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
+from hyspec.assets import default_model
+from hyspec.bench.workloads import workload_requests
+from hyspec.model.tokenizer import Tokenizer
 
 
 def interleaved_rates(engines: Mapping[str, Any], waves: Sequence[Sequence[Any]], params: Any, rounds: int,
@@ -46,10 +49,6 @@ def interleaved_rates(engines: Mapping[str, Any], waves: Sequence[Sequence[Any]]
 def workload_prompts(workload: str, num_prompts: int) -> list[list[int]]:
     """The default model's token ids of ``workload``'s first ``num_prompts`` requests (hyspec.bench.workloads), the
     chat-template ones without a second set of special tokens."""
-    from hyspec.assets import default_model
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.tokenizer import Tokenizer
-
     tok = Tokenizer(default_model())
     return [tok.encode(text, add_special_tokens=not templated)
             for text, templated in workload_requests(workload, tok.apply_chat_template, num_prompts)]

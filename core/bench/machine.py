@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hyspec import __version__
+from hyspec.backends.cpuinfo import read_cpu_facts, usable_cores
+from hyspec.backends.meminfo import host_memory
 
 PROC_STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -36,10 +39,6 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 
 def machine_info(backend: Any) -> dict[str, Any]:
     """CPU, cores, memory, accelerator, library versions and the backend, for the JSON and table header."""
-    from hyspec import __version__
-    from hyspec.backends.cpuinfo import read_cpu_facts, usable_cores
-    from hyspec.backends.meminfo import host_memory
-
     cpu = read_cpu_facts()
     mem = host_memory()
     info: dict[str, Any] = {

@@ -27,6 +27,7 @@ import torch
 from hyspec.bench.machine import PeakMemory, synchronize
 from hyspec.bench.measure import WARMUP_TOKENS, Measurement, Workload, timed_passes
 from hyspec.bench.stats import Spread
+from hyspec.bench.vs_transformers import load_transformers
 
 ASSISTED = ("hf_prompt_lookup", "hf_assisted")
 PROMPT_LOOKUP_NGRAM = 3
@@ -88,8 +89,6 @@ class HFModels:
 
     def _load(self, path: Path, dtype: torch.dtype, what: str) -> Any:
         try:
-            from hyspec.bench.vs_transformers import load_transformers
-
             model = load_transformers(path, dtype, self.device)
         except Exception as exc:  # a checkpoint transformers cannot read: the column says why
             raise PeerUnavailable(f"transformers cannot load {what} ({path}): {type(exc).__name__}: {exc}") from None

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from hyspec import __version__
 from hyspec.bench.ceiling import is_ceiling
 from hyspec.bench.identity import MISMATCH, NEAR_TIE, IdentityVerdict
+from hyspec.bench.machine import machine_label
 from hyspec.bench.measure import Measurement
 from hyspec.bench.settings import ALL_PEERS, LLAMACPP_PEERS, PEER_LABELS, PLAIN
 from hyspec.bench.stats import cost_per_million_tokens, ratio
@@ -207,8 +209,6 @@ class Document:
     def to_dict(self) -> dict[str, Any]:
         from datetime import datetime, timezone
 
-        from hyspec import __version__
-        from hyspec.bench.machine import machine_label
 
         rows = [r.to_dict() for r in self.rows]
         copy_rate = self.bandwidth.get("copy", {}).get("bytes_per_s")

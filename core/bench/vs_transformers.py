@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hyspec.bench.prompts import CHAT_PROMPTS  # chat turns: what the default model is asked in practice
+from hyspec import LLM, SamplingParams
 
 #: Code heads (not HumanEval, the benchmark).
 CODE_PROMPTS = (
@@ -65,8 +66,6 @@ def prompt_ids(tokenizer, num_chat: int, num_code: int) -> list[tuple[str, list[
 
 def compare(path: str | Path, num_chat: int = 4, num_code: int = 4, max_tokens: int = 256) -> dict[str, Any]:
     """Greedy tokens and logits of hyspec vs transformers in fp32; a JSON-ready report."""
-    from hyspec import LLM, SamplingParams
-
     path = Path(path)
     t0 = time.perf_counter()
     llm = LLM(str(path), dtype="float32")

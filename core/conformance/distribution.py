@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+from hyspec import SamplingParams
+from hyspec.conformance.identity import reference_logits
+from hyspec.ops.sampling import process_logits
 
 if TYPE_CHECKING:
     from hyspec.engine.engine import LLMEngine
@@ -57,8 +60,6 @@ def power(law: ExactLaw, n: int) -> float:
 
 
 def _processed(logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V] fp64 probabilities
-    from hyspec.ops.sampling import process_logits
-
     r = logits.shape[0]
     probs = process_logits(logits.float(), torch.full((r,), PARAMS["temperature"]),
                            torch.full((r,), PARAMS["top_k"], dtype=torch.int64), torch.full((r,), PARAMS["top_p"]),
@@ -68,8 +69,6 @@ def _processed(logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V] fp64 p
 
 def exact_law(engine: "LLMEngine", prompt: Sequence[int]) -> ExactLaw:
     """The law of the first three tokens, from ``engine``'s plain logits on every prefix in the support."""
-    from hyspec.conformance.identity import reference_logits
-
     prompt = list(prompt)
     p1 = _processed(reference_logits(engine, [prompt], [[0]])[0])[0]
     firsts = p1.nonzero().flatten().tolist()
@@ -94,8 +93,6 @@ def sample_through_generate(llm: Any, prompt: Sequence[int], n: int, seed: int =
                             max_tokens: int = 3) -> list[list[int]]:
     """``n`` seeded requests for ``prompt`` through ``LLM.generate``; the first three tokens of each.
     ``max_tokens`` > 3 lets drafts reach past the third token (the law is still the first three's)."""
-    from hyspec import SamplingParams
-
     params = [SamplingParams(**PARAMS, seed=seed * 1_000_003 + i, max_tokens=max(3, max_tokens), ignore_eos=True)
               for i in range(n)]
     return [o.outputs[0].token_ids[:3] for o in llm.generate([list(prompt)] * n, params)]
@@ -150,8 +147,6 @@ def lookup_prompt(engine: "LLMEngine", base: Sequence[int], rounds: int = 4) -> 
 
     The support of y1 depends on the prompt, so the appended set grows until it covers it.
     """
-    from hyspec.conformance.identity import reference_logits
-
     covered: list[int] = []
     prompt = list(base)
     for _ in range(rounds):

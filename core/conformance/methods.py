@@ -31,11 +31,18 @@ from typing import Any
 
 import torch
 
+from hyspec import LLM, SamplingParams
 from hyspec.backends.records import drafting_methods
+from hyspec.conformance.identity import excess_near_ties, judge_outputs, measure_rule
 from hyspec.conformance.report import CaseResult, CheckResult
 from hyspec.conformance.targets import INTERPRETER, Target, engine_backend
 from hyspec.conformance.tiny import make_tiny_target, prompts
 from hyspec.errors import HyspecError
+from hyspec.model.loader import load_model
+from hyspec.model.tokenizer import Tokenizer
+from hyspec.numerics import classify_divergence
+from hyspec.spec import registry
+from hyspec.train.registry import resolve_recipe
 
 SPEC_TOKENS = 4
 CONTROLLER_OFF = {"controller": {"enabled": False, "profile_at_startup": False}}
@@ -110,8 +117,6 @@ class Workspace:
         """Ragged prompts: byte-id motifs for the tiny target, real text through a real target's tokenizer."""
         if self.model is None:
             return prompts(count)
-        from hyspec.model.tokenizer import Tokenizer
-
         tokenizer = Tokenizer(self.target_dir)
         return [tokenizer.encode(REAL_PROMPTS[i % len(REAL_PROMPTS)]) for i in range(count)]
 
@@ -121,8 +126,6 @@ class Workspace:
     def reference_model(self, dtype: str = "float32"):
         """The tiny target in ``dtype`` on the CPU with the reference ops."""
         if dtype not in self._reference_models:
-            from hyspec.model.loader import load_model
-
             self._reference_models[dtype] = load_model(self.target_dir, dtype=dtype)
         return self._reference_models[dtype]
 
@@ -139,8 +142,6 @@ class Workspace:
         return found
 
     def _build_drafter(self, method: str) -> Path:
-        from hyspec.train.registry import resolve_recipe
-
         recipe = resolve_recipe(method)  # "not available in this build" when the method's module is absent
         out = self.root / f"drafter-{method}"
         out.mkdir(exist_ok=True)
@@ -185,8 +186,6 @@ MAX_MODEL_LEN = 256
 
 
 def _llm(target: Target, ws: Workspace, spec: dict[str, Any] | None):
-    from hyspec import LLM
-
     with engine_backend(target) as backend:
         return LLM(str(ws.target_dir), backend=backend, dtype=engine_dtype(target, ws), kv_cache_bytes=32 << 20,
                    max_model_len=MAX_MODEL_LEN,
@@ -202,8 +201,6 @@ def plain_llm(target: Target, ws: Workspace):
 
 
 def _generate(llm, batch: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from hyspec import SamplingParams
-
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate([list(p) for p in batch], params)]
 
@@ -216,8 +213,6 @@ def _compare(ws: Workspace, target: Target, label: str, expected: list[list[int]
     comparison keeps the a-priori ceiling of hyspec.numerics; every comparison on one backend uses
     the measured rule (``_identity_case``).
     """
-    from hyspec.numerics import classify_divergence
-
     dtype = getattr(torch, engine_dtype(target, ws))
     near_ties = []
     for prompt, exp, act in zip(batch, expected, actual):
@@ -237,8 +232,6 @@ def _compare(ws: Workspace, target: Target, label: str, expected: list[list[int]
 def _identity_case(target: Target, ws: Workspace, label: str, batch: list[list[int]], outputs: list[list[int]],
                    max_tokens: int, rule):
     """Teacher-forced identity of ``outputs`` on the backend's plain engine; (case, report)."""
-    from hyspec.conformance.identity import judge_outputs
-
     report = judge_outputs(plain_llm(target, ws).engine, batch, outputs, rule,
                            expected_lengths=[max_tokens] * len(batch))
     return CaseResult(label=label, status="pass" if report.passed else "fail", detail=report.describe()), report
@@ -272,8 +265,6 @@ def plain_outputs(target: Target, ws: Workspace, settings: MethodSettings) -> li
 
 def near_tie_rule(target: Target, ws: Workspace, settings: MethodSettings):
     """The measured rule (hyspec.numerics.NearTieRule) for this backend, dtype and target."""
-    from hyspec.conformance.identity import measure_rule
-
     key = _key(target, settings)
     if key not in ws.rules:
         batch = ws.prompts(settings.num_prompts)
@@ -286,8 +277,6 @@ def plain_vs_plain(target: Target, ws: Workspace, settings: MethodSettings):
     """Plain decoding one sequence at a time, judged like a method: the near-tie rate rounding alone gives."""
     key = _key(target, settings)
     if key not in ws.plain_identity:
-        from hyspec.conformance.identity import judge_outputs
-
         batch = ws.prompts(settings.num_prompts)
         llm = plain_llm(target, ws)
         alone = [_generate(llm, [p], settings.max_tokens)[0] for p in batch]
@@ -341,8 +330,6 @@ def method_config(method: str, ws: Workspace) -> dict[str, Any]:
         return {"method": "hybrid", "num_speculative_tokens": SPEC_TOKENS, "hybrid": {
             "rules_path": str(rules), "methods": [{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3},
                                                   {"method": "draft_model", "model": other}]}}
-    from hyspec.spec import registry
-
     if method not in registry.drafter_methods():  # suffix, and any other weightless method: nothing to train
         return {"method": method, "num_speculative_tokens": SPEC_TOKENS}
     return {"method": method, "model": str(ws.drafter(method)), "num_speculative_tokens": SPEC_TOKENS}
@@ -398,8 +385,6 @@ def check_method(target: Target, ws: Workspace, method: str, settings: MethodSet
 
 def _near_tie_rate_case(report, plain) -> CaseResult:
     """A method may not find more near-ties than plain decoding does at another batch size, beyond noise."""
-    from hyspec.conformance.identity import excess_near_ties
-
     excess = excess_near_ties(report, plain)
     detail = (f"{len(report.near_ties)} near-ties in {report.positions} positions vs plain-vs-plain "
               f"{len(plain.near_ties)} in {plain.positions} ({excess:+.1f} sd beyond, limit 3)")

@@ -5,11 +5,18 @@ import logging
 import time
 from typing import Callable
 
+from hyspec.assets import default_model
 from hyspec.conformance.methods import Workspace, check_methods
 from hyspec.conformance.op_checks import check_ops
 from hyspec.conformance.report import BackendResult, CaseResult, CheckResult, ConformanceReport
 from hyspec.conformance.stats import check_statistics
 from hyspec.conformance.targets import Target, Unavailable, resolve
+from hyspec.conformance.tiny import prompts
+from hyspec.cpu_ops.onnx_check import check_against_torch
+from hyspec.cpu_ops.onnx_drafter import OnnxDraftModel, export_draft_model
+from hyspec.cpu_ops.onnx_runtime import OnnxUnavailableError
+from hyspec.model.config import ModelConfig
+from hyspec.model.loader import load_model
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +59,7 @@ def _model_path(model: str | None) -> str | None:
     if model is None:
         return None
     if model == "default":
-        from hyspec.assets import default_model
-
         return str(default_model())
-    from hyspec.model.config import ModelConfig
-
     ModelConfig.from_pretrained(model)  # CheckpointError naming the missing directory, file or config
     return model
 
@@ -84,20 +87,12 @@ def check_target(target: Target, quick: bool, parts: tuple[str, ...], ws: Worksp
 
 def check_onnx_drafter(ws: Workspace | None) -> CheckResult:
     """The exported draft_model drafter in ONNX Runtime against the torch drafter (hyspec.cpu_ops.onnx_check)."""
-    from hyspec.cpu_ops.onnx_runtime import OnnxUnavailableError
-
     try:
-        from hyspec.cpu_ops.onnx_check import check_against_torch
-        from hyspec.cpu_ops.onnx_drafter import OnnxDraftModel, export_draft_model
-        from hyspec.model.loader import load_model
-
         owned = ws is None
         ws = ws or Workspace.create()
         try:
             drafter_dir = ws.drafter("draft_model")
             onnx = OnnxDraftModel(export_draft_model(drafter_dir), num_threads=1)
-            from hyspec.conformance.tiny import prompts
-
             check = check_against_torch(load_model(drafter_dir, dtype="float32"), onnx, prompts(3), steps=6)
         finally:
             if owned:

@@ -28,6 +28,13 @@ from typing import Any, Iterator
 import torch
 
 from hyspec.backend import Backend
+from hyspec.backends import registry
+from hyspec.backends.cpu import CPUBackend
+from hyspec.backends.probe import probe, probe_cpu
+from hyspec.backends.registry import backend_for
+from hyspec.errors import ConfigError
+from hyspec.graph_capture import ReexecutingCapturer
+from hyspec.npu_ops import npu_op_report
 from hyspec.ops import OP_NAMES, OpTable
 
 NAMES = ("cpu", "cuda", "npu")
@@ -65,11 +72,7 @@ class Unavailable:
 def resolve(requested: str) -> list[Target | Unavailable]:
     """The targets for ``requested`` ("cpu", "cuda", "npu" or "all")."""
     if requested not in (*NAMES, "all"):
-        from hyspec.errors import ConfigError
-
         raise ConfigError("backend", f"{requested!r} is not a conformance target; choose cpu, cuda, npu or all")
-    from hyspec.backends.probe import probe
-
     report = probe(backend="auto")  # records of every backend, whatever HYSPEC_BACKEND says
     names = NAMES if requested == "all" else (requested,)
     return [_resolve_one(name, report.backend(name)) for name in names]
@@ -81,8 +84,6 @@ def _resolve_one(name: str, record: Any) -> Target | Unavailable:
         return _triton_interpreter(caps.reason)
     if not record.available:
         return Unavailable(name, caps.reason + (f"; to get it: {caps.hint}" if caps.hint else ""))
-    from hyspec.backends.registry import backend_for
-
     backend = backend_for(name, caps)
     notes = op_notes(name, backend)
     return Target(name, NATIVE, backend.device, backend, notes, getattr(backend, "ops_note", None))
@@ -92,8 +93,6 @@ def op_notes(name: str, backend: Backend) -> dict[str, str]:
     """Per op, what serves it on the NPU (and which op falls back, and why); other backends say it in ops_note."""
     if name != "npu":
         return {}
-    from hyspec.npu_ops import npu_op_report
-
     report = npu_op_report()
     return {op: report[op] for op in OP_NAMES if op in report}
 
@@ -105,8 +104,7 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
     if "triton" not in sys.modules:
         # triton.language's own @jit helpers are decorated when triton is imported: set it before (module doc)
         os.environ["TRITON_INTERPRET"] = "1"
-    from hyspec.backends.cpu import CPUBackend
-    from hyspec.backends.probe import probe_cpu
+    # hyspec.cuda_ops brings the optional triton (hyspec[cuda]): imported here, after TRITON_INTERPRET is set
     from hyspec.cuda_ops import cuda_op_overrides
 
     # The engine runs on a CPU backend here: its table (the packed ``logits`` of hyspec.cpu_ops) with the
@@ -125,7 +123,6 @@ def _triton_interpreter(cuda_reason: str) -> Target | Unavailable:
     # decode and verification steps go through the engine's captured-step path as on a GPU; a "replay" reruns
     # the forward with host reads forbidden and must launch what the capture launched (graph_capture's doc)
     from hyspec.cuda_ops.common import interpreter_launches
-    from hyspec.graph_capture import ReexecutingCapturer
 
     backend.graph_capturer = lambda: ReexecutingCapturer(interpreter_launches)
     note = (f"{cuda_reason}: the Triton kernels run under TRITON_INTERPRET=1 on CPU tensors (correctness only); "
@@ -144,8 +141,6 @@ def engine_backend(target: Target) -> Iterator[str]:
     if target.engine_backend_name is not None:
         yield target.engine_backend_name
         return
-    from hyspec.backends import registry
-
     original = registry.get_backend
     registry.get_backend = lambda name=None: target.backend
     try:

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hyspec.model.config import ModelConfig
+from hyspec.model.llama import CausalLM
+from hyspec.model.weights import write_safetensors_atomically
+from hyspec.train.export import causal_lm_tensors, llama_config_dict, write_config
 
 VOCAB = 320
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
@@ -55,11 +59,6 @@ def write_tokenizer(path: Path) -> None:
 
 def make_tiny_target(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     """Write the tiny checkpoint into ``path`` (created if needed) and return it."""
-    from hyspec.model.config import ModelConfig
-    from hyspec.model.llama import CausalLM
-    from hyspec.model.weights import write_safetensors_atomically
-    from hyspec.train.export import causal_lm_tensors, llama_config_dict, write_config
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = llama_config_dict(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from hyspec.errors import KVOwnershipError
 from hyspec.kv.pool import KVLayout, KVPool
 
 
@@ -44,8 +45,6 @@ class SequenceKV:
         bs = self.layout.block_size
         first, last = start // bs, (start + count - 1) // bs
         if last >= len(self.pages):
-            from hyspec.errors import KVOwnershipError
-
             raise KVOwnershipError(f"{self.layout.name}: write past the reserved pages")
         self.pool.check_owner(self.layout.owner, self.pages[first:last + 1], exclusive=True)
 

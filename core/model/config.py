@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hyspec.errors import CheckpointError
+from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -144,8 +145,6 @@ class ModelConfig:
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
         """From a Hugging Face directory's ``config.json``, or from a GGUF file's metadata."""
         path = Path(path)
-        from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
-
         if is_gguf(path):
             return cls.from_dict(GGUFCheckpoint(path).hf_config())
         cfg_file = path / "config.json"
@@ -163,8 +162,6 @@ class ModelConfig:
     def raw_dict(path: str | Path) -> dict[str, Any]:
         """The Hugging Face config as a dict: ``config.json``, or what a GGUF file's metadata amounts to."""
         path = Path(path)
-        from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
-
         if is_gguf(path):
             return GGUFCheckpoint(path).hf_config()
         return json.loads((path / "config.json").read_text())

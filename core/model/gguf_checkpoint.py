@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hyspec.errors import CheckpointError
+from hyspec.model.quant import from_gguf, permute_rows
 
 #: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes.
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -189,8 +190,6 @@ class GGUFCheckpoint:
     def group_quantized(self, name: str):
         """The tensor as codes + scales + zeros in Hugging Face row order (q/k rows un-interleaved, exactly:
         a row permutation), or None when its GGML type is not a group type (F32, F16, K-quants, ...)."""
-        from hyspec.model.quant import from_gguf, permute_rows
-
         t = self._get(name)
         w = from_gguf(t.tensor_type.name, t.data, self.shape(name), name)
         proj = name.split(".")[-2]

@@ -11,6 +11,8 @@ from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig, parse_dtype
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
+from hyspec.model.quantize_model import check_quantization, quantize_model
+from hyspec.model.rope import cos_sin_cache
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape
 from hyspec.ops import OpTable
 
@@ -54,14 +56,10 @@ def load_model(
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise CheckpointError(f"checkpoint in {path} does not provide {missing[:5]}")
-    from hyspec.model.rope import cos_sin_cache
-
     model.cos_sin = cos_sin_cache(cfg, model.max_positions)
     model = model.to(device).eval().requires_grad_(False)
     model.quantization = None
     if backend is not None:
-        from hyspec.model.quantize_model import check_quantization, quantize_model
-
         model.quantization = quantize_model(model, ckpt, check_quantization(quantization), backend, torch_dtype)
         log.info("%s: %s", path.name, model.quantization.summary())
     elif quantization not in (None, "none"):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hyspec.errors import KVOwnershipError
+from hyspec.model.quantize_drafter import describe, quantize_drafter
 from hyspec.ops.sampling import SamplingTensors
 from hyspec.policy.build import Policy, build_policy
 from hyspec.policy.chain import StepState, remote_health
@@ -343,7 +344,6 @@ def _optimize_modules(target: TargetContext, proposer: Proposer, quantization: s
     (``quantization``, hyspec.model.quantize_drafter), then whatever else it does (packed CPU weights)."""
     from torch import nn
 
-    from hyspec.model.quantize_drafter import describe, quantize_drafter
 
     for name, value in vars(proposer).items():
         if isinstance(value, nn.Module):

@@ -29,6 +29,7 @@ import bisect
 import threading
 from collections import defaultdict
 from typing import Any, Iterator, Mapping, Sequence
+from hyspec.spec.ops_metrics import OperatorMetrics
 
 REJECTION_CAUSES = ("token_mismatch", "probability_rejected", "kv_cache_mismatch",
                     "draft_timeout", "draft_unavailable", "budget_zero", "memory_pressure", "ttft_slo")
@@ -95,8 +96,6 @@ class SpecMetrics:
         self._series: dict[tuple[str, str], _Series] = {}
         self._quality_degraded: dict[tuple[str, str], bool] = {}
         self._quality_warnings: dict[tuple[str, str], int] = defaultdict(int)
-        from hyspec.spec.ops_metrics import OperatorMetrics
-
         self.ops = OperatorMetrics()  # drafter residency, SLO fallbacks, KV fragmentation
 
     # -- hot path ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hyspec.errors import HyspecError
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import CausalLM
 
@@ -66,8 +67,6 @@ class DrafterRecipe(ABC):
         The saved drafter must have been trained for ``target`` and have ``drafter``'s shape; otherwise an
         error names both.  Recipes that cannot read their own output back say so here.
         """
-        from hyspec.errors import HyspecError
-
         raise HyspecError(f"--init-from is not supported for {self.method} yet: train it from scratch")
 
     def trainable_parameters(self, drafter: nn.Module) -> list[nn.Parameter]:

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from hyspec.model.config import ModelConfig
+from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.llama import CausalLM, DecoderLayer
+from hyspec.model.tokenizer import Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -96,11 +98,7 @@ def write_config(config: dict[str, Any], out_dir: Path) -> None:
 def copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
     """Copy the target's tokenizer files (a drafter that emits token ids must share the vocabulary);
     for a GGUF target, write the tokenizer its metadata describes as tokenizer.json."""
-    from hyspec.model.gguf_checkpoint import is_gguf
-
     if is_gguf(target_dir):
-        from hyspec.model.tokenizer import Tokenizer
-
         Tokenizer(target_dir).save(out_dir)
         return
     for name in TOKENIZER_FILES:

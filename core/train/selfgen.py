@@ -17,7 +17,9 @@ from typing import Sequence
 
 import torch
 
+from hyspec import LLM, SamplingParams
 from hyspec.errors import HyspecError
+from hyspec.model.config import ModelConfig
 from hyspec.train.data import Windows
 
 
@@ -26,9 +28,6 @@ CHUNK = 256  # prompts generated between two saves of the cache
 
 def make_generator(target_dir: Path, seq_len: int, dtype: str = "auto"):
     """hyspec's engine over the target, sized for a batch of ``seq_len`` windows (plain decoding)."""
-    from hyspec import LLM
-    from hyspec.model.config import ModelConfig
-
     cfg = ModelConfig.from_pretrained(target_dir)
     batch = 64
     # Enough KV for a full batch of windows with headroom (fp32 at most: twice the bf16 figure); the engine
@@ -91,8 +90,6 @@ def generate_windows(llm, prompts: list[list[int]], seq_len: int, temperature: f
     Prompt ``i`` samples at :func:`temperature_of` ``(temperature, first_index + i)`` with seed
     ``f(seed, first_index + i)``, so chunks of one prompt list reproduce it whole.
     """
-    from hyspec import SamplingParams
-
     max_prompt = max(len(p) for p in prompts)
     if max_prompt >= seq_len:
         raise ValueError(f"self-generation prompts ({max_prompt} tokens) leave no room in --seq-len {seq_len}")

@@ -27,8 +27,10 @@ from typing import Any, Callable
 
 import torch
 
+from hyspec import __version__
 from hyspec.errors import CheckpointError, ConfigError, HyspecError
 from hyspec.model.config import ModelConfig
+from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import Tokenizer
 from hyspec.train.base import DrafterRecipe
@@ -187,8 +189,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def target_key(target_dir: Path) -> str:
     """Identifies the target's weights cheaply: config.json, shard sizes, and each shard's first and last 64 KiB
     (for a GGUF target, the file's size and its first and last 64 KiB)."""
-    from hyspec.model.gguf_checkpoint import is_gguf
-
     target_dir = Path(target_dir)
     gguf_file = is_gguf(target_dir)
     h = hashlib.sha1(b"gguf" if gguf_file else (target_dir / "config.json").read_bytes())
@@ -487,8 +487,6 @@ def _postfix(loss: float, metrics: dict[str, float]) -> dict[str, str]:
 def _write_output(cfg: TrainConfig, recipe: DrafterRecipe, target_cfg: ModelConfig, drafter, ws: Workspace,
                   stats: DataStats, windows: Windows, result: TrainResult, times: dict[str, float],
                   resumed_from: int | None, init_from: dict[str, Any] | None = None) -> None:
-    from hyspec import __version__
-
     staging = ws.fresh_staging()
     drafter.eval()
     recipe.save(drafter, cfg.target, staging)
