@@ -21,6 +21,8 @@ import contextlib
 from typing import Any, Iterator, Sequence
 
 from hyspec.errors import ConfigError
+from hyspec.spec import registry
+from hyspec.spec.config import MAX_SPECULATIVE_TOKENS
 
 #: the row name prefix: ``ceiling_k7``
 PREFIX = "ceiling_k"
@@ -38,8 +40,6 @@ def is_ceiling(method: str) -> bool:
 
 def check_ks(ks: Sequence[int]) -> tuple[int, ...]:
     """The --ceiling values, each a draft length the engine accepts; ConfigError naming a bad one."""
-    from hyspec.spec.config import MAX_SPECULATIVE_TOKENS
-
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError("--ceiling", f"draft lengths must be integers in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
@@ -62,6 +62,8 @@ class Answers:
 
 
 def _build_oracle(answers: Answers):
+    # the seam brings torch: at the top, `hyspec --help` (whose bench command imports hyspec.bench.settings ->
+    # this module) would import torch; measured with `import hyspec.cli.main; build_parser()`
     from hyspec.seam.proposer import DraftRequest, Proposer
     from hyspec.seam.tree import DraftTree
 
@@ -91,8 +93,6 @@ def _build_oracle(answers: Answers):
 @contextlib.contextmanager
 def oracle_registered(answers: Answers) -> Iterator[None]:
     """The ``oracle`` method in the registry for the duration (an engine builds its proposer on start)."""
-    from hyspec.spec import registry
-
     registry.register(registry.MethodInfo(ORACLE, "plain decoding's own answers (hyspec bench --ceiling)",
                                           _build_oracle(answers), weights=False, chain_only=True))
     try:

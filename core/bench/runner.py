@@ -14,16 +14,24 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from hyspec import LLM, assets  # assets.default_model through the module: a test replaces it
+from hyspec.backends.registry import get_backend
+from hyspec.bench import ceiling, hyspec_runs  # through the modules: tests replace hyspec_runs.run_workload
 from hyspec.bench.identity import (NOT_APPLICABLE, IdentityVerdict, LazyJudge, ReferenceLogits,
                                    TeacherForcedJudge, check_identity)
 from hyspec.bench.machine import (PeakMemory, decode_weight_bytes, machine_info, measure_copy_bandwidth,
                                   unique_parameter_count)
+from hyspec.bench.llamacpp_peer import LlamaCppPeer, llamacpp_missing, resolve_python
 from hyspec.bench.measure import Measurement, Workload
+from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing
 from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
-from hyspec.bench.settings import PLAIN, BenchSettings, bench_methods
-from hyspec.spec.registry import drafter_methods
+from hyspec.bench.settings import LLAMACPP_PEERS, PEERS, PLAIN, BenchSettings, bench_methods
+from hyspec.bench.workloads import workload_requests
 from hyspec.errors import HyspecError
+from hyspec.model.config import ModelConfig
+from hyspec.model.tokenizer import Tokenizer
+from hyspec.spec.registry import drafter_methods
 
 
 def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[dict[str, Path], dict[str, str]]:
@@ -33,8 +41,6 @@ def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[d
     in assets/, and any other target has none (drafters are trained
     for one target).
     """
-    from hyspec.assets import default_drafter
-
     found, missing = {}, {}
     for method in drafter_methods():
         if method in settings.drafters:
@@ -45,7 +51,7 @@ def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[d
                 missing[method] = f"--drafter {method}={path}: no config.json there"
         elif model_is_default:
             try:
-                found[method] = default_drafter(method)
+                found[method] = assets.default_drafter(method)
             except HyspecError as exc:
                 missing[method] = f"drafter missing: {exc}"
         else:
@@ -54,9 +60,6 @@ def resolve_drafters(settings: BenchSettings, model_is_default: bool) -> tuple[d
 
 
 def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
-    from hyspec.model.config import ModelConfig
-    from hyspec.model.tokenizer import Tokenizer
-
     if settings.workload is not None:
         return _load_workload(settings, model, max_tokens)
     chat = settings.prompts_file is not None and str(settings.prompts_file) == CHAT
@@ -74,10 +77,6 @@ def _load_prompts(settings: BenchSettings, model: Path, max_tokens: int):
 
 def _load_workload(settings: BenchSettings, model: Path, max_tokens: int):
     """``--workload``'s request stream, in its order (agentic repeats after their originals)."""
-    from hyspec.bench.workloads import workload_requests
-    from hyspec.model.config import ModelConfig
-    from hyspec.model.tokenizer import Tokenizer
-
     cfg = ModelConfig.from_pretrained(model)
     tokenizer = Tokenizer(model)
     requests = workload_requests(settings.workload, tokenizer.apply_chat_template, settings.num_prompts)
@@ -102,13 +101,11 @@ class BenchRunner:
     def run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
-        from hyspec.assets import default_model
-        from hyspec.backends.registry import get_backend
 
         s = self.settings
-        model = Path(s.model) if s.model is not None else default_model()
+        model = Path(s.model) if s.model is not None else assets.default_model()
         try:
-            is_default = s.model is None or model.resolve() == default_model().resolve()
+            is_default = s.model is None or model.resolve() == assets.default_model().resolve()
         except HyspecError:
             is_default = False
         prompts, cfg = _load_prompts(s, model, s.max_tokens)
@@ -194,19 +191,18 @@ class BenchRunner:
         return Row(HYSPEC, PLAIN, w.batch_size, w.temperature, OK, measurement=m, identity=identity)
 
     def _plain(self, model: Path, workloads: list[Workload]):
-        from hyspec.bench.hyspec_runs import build_llm, close_llm, run_workload
-
         self._tick("hyspec plain: loading")
-        llm = build_llm(model, self.settings, None)  # no reference without it: errors propagate
+        llm = hyspec_runs.build_llm(model, self.settings, None)  # no reference without it: errors propagate
         info = self._model_info(llm.engine)
         rows, reference = [], {}
         for w in workloads:
             self._tick(f"hyspec plain bs {w.batch_size} T {w.temperature:g}")
-            m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
+            m = hyspec_runs.run_workload(llm, w, self.settings.repeats, self.peak,
+                                         self.settings.batching == "continuous")
             reference[w.key()] = m.outputs[0]
             rows.append(self._plain_row(w, m))
             self.bar.update(1)
-        close_llm(llm)
+        hyspec_runs.close_llm(llm)
         del llm
         gc.collect()
         return rows, reference, info, self._judge(model, workloads, reference)
@@ -214,13 +210,12 @@ class BenchRunner:
     def _start(self, model: Path, method: str, workloads: list[Workload], loaded: dict[str, Path],
                missing: Mapping[str, str]) -> tuple[Any, list[Row]]:
         """``method``'s engine, or no engine and the rows that say why it did not start."""
-        from hyspec.bench.hyspec_runs import build_llm, speculative_config
-
         if method in drafter_methods() and method not in loaded:
             return None, self._skip(HYSPEC, method, workloads, missing[method])
         self._tick(f"hyspec {method}: loading")
         try:
-            return build_llm(model, self.settings, speculative_config(method, self.settings, loaded)), []
+            config = hyspec_runs.speculative_config(method, self.settings, loaded)
+            return hyspec_runs.build_llm(model, self.settings, config), []
         except HyspecError as exc:  # not in this build, rejected by the backend, unreadable drafter, bad extra
             loaded.pop(method, None)  # the hybrid leaves it out
             return None, self._skip(HYSPEC, method, workloads, f"not available here: {exc}")
@@ -237,11 +232,9 @@ class BenchRunner:
         Returns the plain rows, the reference, the model info, the judge and, per method, the
         (workload, Measurement or the exception that stopped it) pairs, judged by the caller; a method
         that did not start has its rows there already (skipped or failed)."""
-        from hyspec.bench.hyspec_runs import PassRunner, build_llm, close_llm
-
         s = self.settings
         self._tick("hyspec plain: loading")
-        engines = {PLAIN: build_llm(model, s, None)}  # no reference without it: errors propagate
+        engines = {PLAIN: hyspec_runs.build_llm(model, s, None)}  # no reference without it: errors propagate
         info = self._model_info(engines[PLAIN].engine)
         loaded = dict(drafters)
         pending: dict[str, list[tuple[Workload, Any]]] = {}
@@ -260,7 +253,7 @@ class BenchRunner:
                 runners: dict[str, Any] = {}
                 for method, llm in engines.items():
                     try:
-                        runners[method] = PassRunner(llm, w, s.batching == "continuous")
+                        runners[method] = hyspec_runs.PassRunner(llm, w, s.batching == "continuous")
                     except Exception as exc:
                         if method == PLAIN:
                             raise
@@ -283,7 +276,7 @@ class BenchRunner:
                 self.bar.update(len(engines))
         finally:
             for llm in engines.values():
-                close_llm(llm)
+                hyspec_runs.close_llm(llm)
             engines.clear()
             gc.collect()
         plain = results.pop(PLAIN)
@@ -305,8 +298,6 @@ class BenchRunner:
             return None
 
         def build() -> TeacherForcedJudge:
-            from hyspec import LLM
-
             self._tick("hyspec plain: measuring the near-tie rule")
             s = self.settings
             llm = LLM(str(model), backend=s.backend, dtype=s.dtype, quantization=s.quantization,
@@ -328,22 +319,21 @@ class BenchRunner:
                     dtype, before: Callable[[Workload], None] | None = None) -> list[Row]:
         """``llm`` timed over each workload (``before(w)`` first, untimed), judged against plain decoding; the
         engine is closed after."""
-        from hyspec.bench.hyspec_runs import close_llm, run_workload
-
         rows = []
         for w in workloads:
             self._tick(f"hyspec {name} bs {w.batch_size} T {w.temperature:g}")
             if before is not None:
                 before(w)
             try:
-                m = run_workload(llm, w, self.settings.repeats, self.peak, self.settings.batching == "continuous")
+                m = hyspec_runs.run_workload(llm, w, self.settings.repeats, self.peak,
+                                             self.settings.batching == "continuous")
             except Exception as exc:
                 rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, FAILED, f"{type(exc).__name__}: {exc}"))
             else:
                 rows.append(Row(HYSPEC, name, w.batch_size, w.temperature, OK, measurement=m,
                                 identity=self._identity(w, m.outputs, reference, logits, dtype)))
             self.bar.update(1)
-        close_llm(llm)
+        hyspec_runs.close_llm(llm)
         del llm
         gc.collect()
         return rows
@@ -352,17 +342,14 @@ class BenchRunner:
                  dtype) -> list[Row]:
         """The oracle's rows at draft length ``k`` (hyspec.bench.ceiling): greedy workloads only, timed as a method
         is (after plain decoding, not interleaved with it), judged against plain decoding like every method."""
-        from hyspec.bench.ceiling import Answers, oracle_registered, row_name, speculative_config
-        from hyspec.bench.hyspec_runs import build_llm
-
-        name, answers = row_name(k), Answers()
+        name, answers = ceiling.row_name(k), ceiling.Answers()
         greedy = [w for w in workloads if not w.temperature]
         rows = self._skip(HYSPEC, name, [w for w in workloads if w.temperature],
                           "the oracle drafts plain decoding's greedy answers: temperature 0 only")
         self._tick(f"hyspec {name}: loading")
         try:
-            with oracle_registered(answers):
-                llm = build_llm(model, self.settings, speculative_config(k))
+            with ceiling.oracle_registered(answers):
+                llm = hyspec_runs.build_llm(model, self.settings, ceiling.speculative_config(k))
         except Exception as exc:  # a bug: reported, and the run does not pass
             self.bar.update(len(greedy))
             return rows + [Row(HYSPEC, name, w.batch_size, w.temperature, FAILED,
@@ -389,8 +376,6 @@ class BenchRunner:
 
     def _peers(self, model: Path, workloads: list[Workload], assistant: Path | None, reference: dict,
                logits: ReferenceLogits, dtype, device) -> list[Row]:
-        from hyspec.bench.settings import LLAMACPP_PEERS
-
         lc = [p for p in self.settings.peers if p in LLAMACPP_PEERS]
         return (self._hf_peers(model, workloads, assistant, reference, logits, dtype, device)
                 + (self._llamacpp_peers(lc, model, workloads, reference, logits, dtype) if lc else []))
@@ -398,9 +383,6 @@ class BenchRunner:
     def _llamacpp_peers(self, peers: list[str], model: Path, workloads: list[Workload], reference: dict,
                         logits: ReferenceLogits, dtype) -> list[Row]:
         """llama.cpp on the same GGUF, in a child process (hyspec.bench.llamacpp_peer)."""
-        from hyspec.bench.llamacpp_peer import LlamaCppPeer, llamacpp_missing, resolve_python
-        from hyspec.bench.peers import PeerUnavailable
-
         import torch
 
         self._tick("llama.cpp: checking")
@@ -436,13 +418,9 @@ class BenchRunner:
 
     def _hf_peers(self, model: Path, workloads: list[Workload], assistant: Path | None, reference: dict,
                   logits: ReferenceLogits, dtype, device) -> list[Row]:
-        from hyspec.bench.settings import PEERS
-
         peers = [p for p in self.settings.peers if p in PEERS]
         if not peers:
             return []
-        from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing
-
         reason = transformers_missing()
         if reason is None:
             self._tick("transformers: loading")

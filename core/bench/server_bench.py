@@ -43,6 +43,14 @@ import httpx
 from hyspec.bench.serve_process import free_port, wait_until_healthy
 from hyspec.bench.server_load import percentile, stream_once
 from hyspec.spec.registry import drafter_methods  # torch-free: the methods with drafter weights
+from hyspec.assets import default_drafter
+from hyspec.assets import default_model
+from hyspec.backends.registry import get_backend
+from hyspec.bench.machine import machine_info, machine_label
+from hyspec.conformance.tiny import TinySpec, make_tiny_target
+from hyspec.errors import CheckpointError
+from hyspec.model.config import ModelConfig
+from hyspec.model.tokenizer import Tokenizer
 
 PLAIN, HYBRID = "plain", "hybrid"
 GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
@@ -303,9 +311,6 @@ def default_configs(args: argparse.Namespace, drafters: dict[str, str],
 
 
 def embedded_drafters() -> dict[str, str]:
-    from hyspec.assets import default_drafter
-    from hyspec.errors import CheckpointError
-
     found = {}
     for method in drafter_methods():
         try:
@@ -318,8 +323,6 @@ def embedded_drafters() -> dict[str, str]:
 def tiny_models(workdir: Path) -> tuple[str, dict[str, str], str]:
     """The conformance suite's tiny random target, a one-layer draft model with the same tokenizer, and rules
     that use both."""
-    from hyspec.conformance.tiny import TinySpec, make_tiny_target
-
     target, draft = workdir / "tiny-target", workdir / "tiny-draft"
     make_tiny_target(target, TinySpec(layers=2, seed=0))
     make_tiny_target(draft, TinySpec(layers=1, seed=7))
@@ -334,16 +337,12 @@ def build_prompts(args: argparse.Namespace, model: str) -> tuple[list[list[int]]
         humaneval_prompts,
         read_prompt_file,
     )
-    from hyspec.model.tokenizer import Tokenizer
-
     if args.prompts:
         texts, name = read_prompt_file(Path(args.prompts)), args.prompts
     elif args.tiny:
         texts, name = CODE_PROMPTS, "code snippets"
     else:
         texts, name = humaneval_prompts(), "humaneval"
-    from hyspec.model.config import ModelConfig
-
     context = args.max_model_len or ModelConfig.raw_dict(model)["max_position_embeddings"]  # a directory or a GGUF
     room = min(args.max_prompt_tokens, context - args.max_tokens)
     tokenizer = Tokenizer(model)
@@ -395,9 +394,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def machine(backend: str) -> dict[str, Any]:
     """Read after the runs, so the client process touches no accelerator while servers run."""
     try:
-        from hyspec.backends.registry import get_backend
-        from hyspec.bench.machine import machine_info, machine_label
-
         info = machine_info(get_backend(None if backend == "auto" else backend))
         return {**info, "label": machine_label(info)}
     except Exception as exc:  # the figures stand without it
@@ -414,8 +410,6 @@ def run_bench_server(args: argparse.Namespace) -> int:
     if args.tiny:
         model, drafters, rules_path = tiny_models(log_dir)
     else:
-        from hyspec.assets import default_model
-
         model = args.model or str(default_model())
         drafters = embedded_drafters() if args.model is None else {}
     configs = default_configs(args, drafters, rules_path)

@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 from hyspec.errors import ConfigError
 from hyspec.spec import registry
+from hyspec.bench.ceiling import check_ks
+from hyspec.bench.workloads import WORKLOADS  # torch-free
 
 PLAIN = registry.NONE
 
@@ -114,8 +116,6 @@ class BenchSettings:
         if self.batching not in BATCHING:
             raise ConfigError("--batching", f"must be one of {', '.join(BATCHING)}, got {self.batching!r}")
         if self.workload is not None:
-            from hyspec.bench.workloads import WORKLOADS  # torch-free
-
             if self.workload not in WORKLOADS:
                 raise ConfigError("--workload", f"unknown workload {self.workload!r}; one of {', '.join(WORKLOADS)}")
             if self.prompts_file is not None:
@@ -144,8 +144,6 @@ class BenchSettings:
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
             raise ConfigError("--kv-cache-bytes", f"must be positive, got {self.kv_cache_bytes}")
         if self.ceiling:
-            from hyspec.bench.ceiling import check_ks
-
             object.__setattr__(self, "ceiling", check_ks(self.ceiling))
             if not any(t == 0 for t in self.temperatures):
                 raise ConfigError("--ceiling", "the oracle drafts plain decoding's greedy answers: it needs "

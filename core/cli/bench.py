@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 # no torch at import: `hyspec --help` must stay fast (settings is torch-free)
-from hyspec.bench.settings import ALL_PEERS, DEMO, QUICK, bench_methods
+from hyspec.bench.settings import (ALL_PEERS, DEMO, QUICK, BenchSettings, bench_methods, parse_drafters,
+                                   parse_json_object, parse_list, with_preset)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,9 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace):
     from dataclasses import replace
-
-    from hyspec.bench.settings import (BenchSettings, parse_drafters, parse_json_object, parse_list,
-                                       with_preset)
 
     given = {name for name in ("num_prompts", "max_tokens", "repeats", "bandwidth_bytes")
              if getattr(args, name) is not None}

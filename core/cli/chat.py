@@ -19,6 +19,7 @@ import time
 from typing import Any, Iterator, TextIO
 
 from hyspec.cli.model_args import add_engine_arguments, add_model_arguments, model_kwargs
+from hyspec.errors import HyspecError, RequestError
 
 PROMPT = "you> "
 
@@ -77,8 +78,6 @@ def _turns(args: argparse.Namespace, stdin: TextIO) -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     from hyspec import LLM, SamplingParams
-    from hyspec.errors import HyspecError, RequestError
-
     if args.max_tokens <= 0:
         raise HyspecError(f"--max-tokens must be positive, got {args.max_tokens}")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,

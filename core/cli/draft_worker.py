@@ -42,6 +42,7 @@ from pathlib import Path
 from hyspec.errors import ConfigError
 from hyspec.remote import ray_security
 from hyspec.remote.worker import WORKER_RESOURCE  # torch-free module
+from hyspec.backends.probe_dist import parse_ray_address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def ray_start_command(address: str, num_cpus: int | None, resources: str | None, block: bool,
                       node_ip_address: str | None = None, allow_public_ip: bool = False) -> list[str]:
     """The ``ray start`` invocation that joins this node as a draft worker node."""
-    from hyspec.backends.probe_dist import parse_ray_address
-
     try:
         target = parse_ray_address(address)
     except ConfigError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from hyspec.assets import default_model
 from hyspec.model.export_hf import DTYPES, export_hf
 
 
@@ -24,8 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     model = args.model
     if model is None:
-        from hyspec.assets import default_model
-
         model = default_model()
     out = export_hf(model, args.out, args.dtype)
     print(f"wrote {out} (from {model}, {args.dtype})")

@@ -14,6 +14,7 @@ import sys
 import time
 
 from hyspec.cli.model_args import add_engine_arguments, add_model_arguments, model_kwargs
+from hyspec.errors import HyspecError
 
 # no torch import at module level: `hyspec probe` must stay importable when torch itself is broken
 
@@ -34,8 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
-    from hyspec.errors import HyspecError
-
     prompts = list(args.prompt)
     if args.prompts_file:
         try:

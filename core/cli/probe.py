@@ -8,6 +8,7 @@ or HYSPEC_BACKEND forces one; forcing one that cannot run here is an error
 from __future__ import annotations
 
 import argparse
+from hyspec.backends.probe import probe
 
 # nothing here imports torch at module level: the probe must be able to
 # diagnose a torch_npu that breaks `import torch` before torch is imported
@@ -23,8 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hyspec.backends.probe import probe
-
     report = probe(ray_address=args.ray_address, backend=args.backend)
     print(report.to_json() if args.json else format_report(report))
     return 0

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 
+from hyspec.assets import default_model
 from hyspec.cli.model_args import add_model_arguments
 
 # No torch (nor fastapi) at import: `hyspec --help` and the probe's TORCH_DEVICE_BACKEND_AUTOLOAD fix
@@ -138,8 +139,6 @@ def engine_args(args: argparse.Namespace) -> dict:
     """LLMEngine keyword arguments (with ``model``) from parsed arguments."""
     model = args.model
     if model is None:
-        from hyspec.assets import default_model
-
         model = str(default_model())
     return {"model": model, "backend": args.backend, "dtype": args.dtype, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 # nothing here imports torch at module level: `hyspec --help` must stay light
+from hyspec.assets import default_model
 from hyspec.errors import ConfigError
 from hyspec.spec.registry import trainable_methods
 
@@ -124,8 +125,6 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target = args.target
     if target is None:
-        from hyspec.assets import default_model
-
         target = default_model()
     cfg = TrainConfig(
         method=args.method, target=target, data=args.data, out=args.out, steps=args.steps,
