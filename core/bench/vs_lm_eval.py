@@ -71,6 +71,7 @@ def generations(result: dict[str, Any], task: str) -> dict[int, str]:
 def side_by_side(model: Path, engine_args: dict[str, Any], work: Path, limit: int | None = None,
                  speculative_config: dict | None = None, max_length: int = 2048) -> dict[str, Any]:
     """Run both tasks through hyspec serve (local-completions) and the mc task through ``hf``; compare."""
+    # fastapi and uvicorn: the serve extra, imported once a comparison runs
     from hyspec.server.app import create_app
     from hyspec.server.launcher import BackgroundServer
 

@@ -145,6 +145,9 @@ def _write_json(path: Path, doc: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.readme_table is not None:
+        # imported once the command runs: hyspec.bench.readme/report/runner/plots bring torch (plots also
+        # matplotlib, the bench extra)
+        # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
         from hyspec.bench.readme import load_result, render_readme_section
 
         print(render_readme_section(load_result(args.readme_table)), end="")

@@ -77,7 +77,10 @@ def _turns(args: argparse.Namespace, stdin: TextIO) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # hyspec.LLM brings torch: imported once the command runs
+    # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
     from hyspec import LLM, SamplingParams
+
     if args.max_tokens <= 0:
         raise HyspecError(f"--max-tokens must be positive, got {args.max_tokens}")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,

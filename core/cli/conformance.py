@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # hyspec.conformance brings torch: imported once the command runs
+    # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
     from hyspec.conformance import run_conformance
 
     progress = None if args.json else (lambda message: print(f"... {message}", file=sys.stderr, flush=True))

@@ -56,6 +56,8 @@ def _prompts(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # hyspec.LLM brings torch: imported once the command runs
+    # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
     from hyspec import LLM, SamplingParams
 
     prompts = _prompts(args)

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tiny_checkpoint() -> str:
+    # hyspec.conformance.tiny brings torch: imported when asked for
+    # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
     from hyspec.conformance.tiny import make_tiny_target
 
     return str(make_tiny_target(Path(tempfile.mkdtemp(prefix="hyspec-load-")) / "tiny"))

@@ -117,6 +117,8 @@ def method_options(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    # torch and hyspec.train.trainer: imported once the command runs
+    # (`hyspec --help` imports every cli module: build_parser; this keeps it torch-free)
     from hyspec.train.trainer import TrainConfig, train
 
     if args.threads is not None:

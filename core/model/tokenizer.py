@@ -14,6 +14,7 @@ from typing import Any
 
 from hyspec.errors import CheckpointError, HyspecError
 from hyspec.model.chat_template import ChatTemplateBoundError, RenderBounds, compile_template, mark_control_text, render
+from hyspec.model.gguf_tokenizer import build_gguf_tokenizer
 
 # Longer texts are encoded through encode_batch, which releases the interpreter lock while Rust works
 # (encode holds it: a server's event loop stood still for seconds on a long prompt).
@@ -25,6 +26,9 @@ class Tokenizer:
 
     def __init__(self, path: str | Path):
         path = Path(path)
+        # hyspec.model.gguf_checkpoint brings torch: imported here (also in _from_gguf) so that this module, which
+        # hyspec.remote.worker imports and so `hyspec --help`, stays torch-free (measured: build_parser loads torch
+        # with it at the top)
         from hyspec.model.gguf_checkpoint import is_gguf
 
         if is_gguf(path):
@@ -65,8 +69,6 @@ class Tokenizer:
 
     def _from_gguf(self, path: Path) -> None:
         from hyspec.model.gguf_checkpoint import gguf_metadata
-        from hyspec.model.gguf_tokenizer import build_gguf_tokenizer
-
         self._tok, self.config = build_gguf_tokenizer(gguf_metadata(path), path.name)
 
     def save(self, directory: str | Path) -> None:

@@ -24,6 +24,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from hyspec.backends.probe import probe_cpu
+from hyspec.drafters.build import build_local, resolve_weights
+from hyspec.drafters.methods import get as method_info
+from hyspec.model.tokenizer import Tokenizer
 from hyspec.remote.transport import RayHandle
 
 log = logging.getLogger(__name__)
@@ -67,15 +71,13 @@ def vocab_fingerprint(tokenizer: Any) -> str:
 
 def build_host(init: WorkerInit):
     """Load the drafter described by ``init`` on this process's CPU; return its DraftHost."""
-    from hyspec.backends.probe import probe_cpu
+    # these bring torch: at the top they would load it at `hyspec --help` and at every `hyspec draft-worker`
+    # start (cli.draft_worker imports this module), measured with cli.main.build_parser: 0.3 s without, 1.8 s with
     from hyspec.backends.registry import backend_for
     from hyspec.kv.pool import KVPool
     from hyspec.model.config import ModelConfig, parse_dtype
-    from hyspec.model.tokenizer import Tokenizer
     from hyspec.remote.host import DraftHost
     from hyspec.seam.target import TargetContext
-    from hyspec.drafters.build import build_local, resolve_weights
-    from hyspec.drafters.methods import get
 
     backend = backend_for("cpu", probe_cpu())
     dtype = parse_dtype(init.dtype)
@@ -85,7 +87,7 @@ def build_host(init: WorkerInit):
                                prompt_lookup_min=init.prompt_lookup_min, prompt_lookup_max=init.prompt_lookup_max,
                                remote=None, ray_address=None)
     tokenizer, pool = None, None
-    model_dir = resolve_weights(get(init.method), spec, None)  # a worker has no target checkpoint
+    model_dir = resolve_weights(method_info(init.method), spec, None)  # a worker has no target checkpoint
     if model_dir is not None:
         tokenizer = Tokenizer(model_dir)
         cfg = ModelConfig.from_pretrained(model_dir)
