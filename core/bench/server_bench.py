@@ -40,17 +40,17 @@ from typing import Any
 
 import httpx
 
-from hyspec.bench.serve_process import free_port, wait_until_healthy
-from hyspec.bench.server_load import percentile, stream_once
-from hyspec.spec.registry import drafter_methods  # torch-free: the methods with drafter weights
-from hyspec.assets import default_drafter
-from hyspec.assets import default_model
+from hyspec.assets import default_drafter, default_model
 from hyspec.backends.registry import get_backend
 from hyspec.bench.machine import machine_info, machine_label
+from hyspec.bench.prompts import build_prompt_set, humaneval_prompts, read_prompt_file
+from hyspec.bench.serve_process import free_port, wait_until_healthy
+from hyspec.bench.server_load import percentile, stream_once
 from hyspec.conformance.tiny import TinySpec, make_tiny_target
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.tokenizer import Tokenizer
+from hyspec.spec.registry import drafter_methods  # the methods with drafter weights
 
 PLAIN, HYBRID = "plain", "hybrid"
 GOAL_RATIO = 0.95  # hybrid tokens/s over plain's, at every client count
@@ -332,11 +332,6 @@ def tiny_models(workdir: Path) -> tuple[str, dict[str, str], str]:
 
 
 def build_prompts(args: argparse.Namespace, model: str) -> tuple[list[list[int]], dict[str, Any]]:
-    from hyspec.bench.prompts import (
-        build_prompt_set,
-        humaneval_prompts,
-        read_prompt_file,
-    )
     if args.prompts:
         texts, name = read_prompt_file(Path(args.prompts)), args.prompts
     elif args.tiny:
