@@ -1,21 +1,27 @@
 """Method name -> the module holding its training recipe (imported on demand).
 
 The modules are the ``recipe`` of each method in the method registry
-(``hyspec.spec.registry``, which is what the CLI lists without loading torch;
-this module imports torch through hyspec.train.base).  A recipe module registers itself with
+(``hyspec.spec.registry``).  Torch-free at import, so the CLI can list the
+methods without loading torch.  A recipe module registers itself with
 ``hyspec.train.base.register_recipe`` when imported.
 """
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from hyspec.errors import HyspecError
 from hyspec.spec import registry
-from hyspec.train.base import RECIPES, DrafterRecipe
 
+if TYPE_CHECKING:
+    from hyspec.train.base import DrafterRecipe
 
-def resolve_recipe(method: str) -> DrafterRecipe:
+def resolve_recipe(method: str) -> "DrafterRecipe":
     """The registered recipe for ``method``, importing its module first if needed."""
+    # hyspec.train.base brings torch: this module stays torch-free at import (module doc; pinned by
+    # tests/spec/test_method_registry.py)
+    from hyspec.train.base import RECIPES
+
     modules = registry.recipe_modules()
     if method not in modules and method not in RECIPES:
         raise HyspecError(f"unknown method {method!r}; train-draft methods: {', '.join(modules)}")
