@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from hyspec.errors import HyspecError
 from hyspec.policy.cost_model import CostModel, StepSample
@@ -286,22 +286,14 @@ class GoodputController:
     def _decide(self, st: _MethodState, batch: int, candidates: Sequence[int],
                 expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
         seconds, plain = self._costs(st, batch, candidates)
-        best, best_goodput = 0, plain
-        for n in candidates:
-            g = expected(n) / seconds[n]
-            if g > best_goodput:
-                best, best_goodput = n, g
+        best = _best_size(candidates, expected, seconds, plain)
         if best:
             st.plain_streak = 0
             return best
         st.plain_streak += 1
         if self.explore_interval and st.plain_streak >= self.explore_interval:
             # probe at the size perfect acceptance would pick, if perfect acceptance could pay at all
-            probe, probe_goodput = 0, plain
-            for n in candidates:
-                g = perfect(n) / seconds[n]
-                if g > probe_goodput:
-                    probe, probe_goodput = n, g
+            probe = _best_size(candidates, perfect, seconds, plain)
             if probe:
                 st.plain_streak = 0
                 logger.debug("goodput controller: probing %d draft tokens after %d plain steps",
@@ -352,3 +344,14 @@ class GoodputController:
             st = _MethodState([self.prior] * self.max_tokens, DraftCost(self.alpha))
             self._methods[method] = st
         return st
+
+
+def _best_size(candidates: Sequence[int], tokens: Callable[[int], float], seconds: Mapping[int, float],
+               plain: float) -> int:
+    """The candidate size whose goodput (``tokens(n) / seconds[n]``) beats ``plain`` most; 0 when none does."""
+    best, best_goodput = 0, plain
+    for n in candidates:
+        goodput = tokens(n) / seconds[n]
+        if goodput > best_goodput:
+            best, best_goodput = n, goodput
+    return best
