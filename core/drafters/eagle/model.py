@@ -26,6 +26,7 @@ pool, with explicit positions and tree masks like the target.
 """
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -102,7 +103,7 @@ class EagleConfig:
         return tuple(j - 1 for j in self.aux_layer_ids)
 
 
-class EagleHeadBase(nn.Module):
+class EagleHeadBase(nn.Module, metaclass=ABCMeta):
     """One decoder layer over (token, feature) pairs; the target is shared, not a submodule."""
 
     def __init__(self, cfg: EagleConfig, target: CausalLM, ops: OpTable | None = None,
@@ -118,13 +119,13 @@ class EagleHeadBase(nn.Module):
 
     # -- per-version pieces ---------------------------------------------------------------------
 
+    @abstractmethod
     def pre_attention(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(attention input [..., A], residual [..., H])`` for tokens ``input_ids [...]`` and features ``hidden [..., H]``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``[N, H] -> [N, draft_vocab]`` fp32 draft logits."""
-        raise NotImplementedError
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Raw target features ``[N, feature_size]`` -> head input features ``[N, H]``."""
