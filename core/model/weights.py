@@ -12,13 +12,21 @@ from typing import Iterable
 import torch
 
 from hyspec.errors import CheckpointError
+from hyspec.model.checkpoint_quant import FP8_DTYPES, WeightScales, checkpoint_config, dequantize_fp8, read_weight_scales
 
 
 class SafetensorsCheckpoint:
-    """Tensor name -> shard file index over a Hugging Face checkpoint directory."""
+    """Tensor name -> shard file index over a Hugging Face checkpoint directory.
+
+    A ``quantization_config`` in the directory's ``config.json`` is honoured here, so that every reader
+    (target, drafters, converters) sees real weights: FP8 weights come back multiplied by their scales
+    (hyspec.model.checkpoint_quant), the scale tensors are not listed as tensors of their own, and any
+    other quantization method is refused by name when the checkpoint is opened.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.weight_scales: WeightScales | None = read_weight_scales(checkpoint_config(self.path), str(self.path))
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, object] = {}
         index = self.path / "model.safetensors.index.json"
@@ -55,7 +63,9 @@ class SafetensorsCheckpoint:
         return handle
 
     def names(self) -> list[str]:
-        return sorted(self._file_of)
+        """The tensors a model reads: an FP8 checkpoint's scales are part of their weights, not listed."""
+        scales = self.weight_scales
+        return sorted(n for n in self._file_of if scales is None or not scales.is_scale(n))
 
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
@@ -64,6 +74,22 @@ class SafetensorsCheckpoint:
         return tuple(self._open(self._file(name)).get_slice(name).get_shape())
 
     def get(self, name: str) -> torch.Tensor:
+        """The tensor as stored, except FP8 weights: those come back dequantized to fp32 with their scales."""
+        tensor = self._read(name)
+        if tensor.dtype not in FP8_DTYPES:
+            return tensor
+        scales = self.weight_scales
+        if scales is None:
+            raise CheckpointError(
+                f"tensor {name!r} is stored in {tensor.dtype} but {self.path / 'config.json'} has no "
+                "quantization_config saying where its scales are; loading it without them would be wrong")
+        scale_name = scales.scale_name(name)
+        if scale_name is None or scale_name not in self._file_of:
+            raise CheckpointError(f"FP8 tensor {name!r} has no scale tensor {scale_name!r} in {self.path} "
+                                  f"(quant_method {scales.method!r})")
+        return dequantize_fp8(tensor, self._read(scale_name), scales.block_size, name)
+
+    def _read(self, name: str) -> torch.Tensor:
         file = self._file(name)
         try:
             return self._open(file).get_tensor(name)
@@ -85,7 +111,9 @@ class SafetensorsCheckpoint:
 
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
-                       "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool}
+                       "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool,
+                       # FP8 weights are read dequantized (``get``), in fp32
+                       "F8_E4M3": torch.float32, "F8_E5M2": torch.float32}
 
 
 def check_shape(name: str, tensor: torch.Tensor, expected: Iterable[int]) -> torch.Tensor:
