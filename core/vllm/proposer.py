@@ -17,24 +17,35 @@ responses of finished requests), ``ngram``, or ``hybrid``: a bandit choosing amo
 step, from vLLM's measured goodput, behind a load fallback (core/vllm/hybrid.py).  What it keeps follows
 requests, not rows (core/vllm/requests.py): a request's indexed tokens, its last draft (vLLM reports the acceptance back as the
 row's sampled tokens, accepted drafts + 1), and its response when it leaves the batch.  Its counters are
-scrapeable from the drafting process (``metrics_port``, core/vllm/metrics.py).  Not yet here (issue 46): the
-read-only corpus, remote drafting, the canary and the quality alerts.
+scrapeable from the drafting process (``metrics_port``, core/vllm/metrics.py).
+
+Also: ``remote``, drafts from Ray CPU workers (core/vllm/remote_arm.py; a method, or an arm of the hybrid); suffix
+drafts from a read-only corpus of the target's earlier answers too (``suffix_corpus``); the canary keeps a share
+of requests (``control_fraction``) without drafts as the control group (hyspec.policy.canary); and
+hyspec.spec.quality's draft-quality monitor watches each method's acceptance as vLLM reports it.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hyspec.drafters.ngram.proposer import find_continuation
+from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
 from hyspec.drafters.suffix.proposer import MAX_PER_KEY, Draft, SuffixProposer, SuffixSettings
 from hyspec.drafters.suffix.store import TokenStore
+from hyspec.errors import CheckpointError, ConfigError
+from hyspec.policy.canary import CONTROL, SPEC, Canary
 from hyspec.policy.signals import MATCH_LENGTH_CAP, NONE
+from hyspec.spec.config import QualityConfig
+from hyspec.spec.quality import DraftQualityMonitor
 from hyspec.vllm.hybrid import VllmHybrid
 from hyspec.vllm.options import DRAFTING, OPTIONS_ENV, VllmOptions, load_options
 from hyspec.vllm.requests import LiveRequest, RequestTable, RowIdentity, identify_rows
@@ -46,10 +57,12 @@ log = logging.getLogger(__name__)
 class HyspecProposer:
     """vLLM's ``custom_class`` proposer backed by hyspec's drafters."""
 
-    def __init__(self, vllm_config: Any, options: VllmOptions | None = None):
+    def __init__(self, vllm_config: Any, options: VllmOptions | None = None, remote_handles: list | None = None):
+        """``remote_handles``: workers to draft on instead of Ray's (tests: in-process hosts)."""
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
-        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        model_config = vllm_config.model_config
+        self.max_model_len = int(model_config.max_model_len)
         self.options = options if options is not None else load_options(os.environ.get(OPTIONS_ENV))
         o = self.options
         self._suffix = SuffixProposer(SuffixSettings(o.suffix_max_tree_depth, 0, o.suffix_max_spec_factor,
@@ -58,22 +71,64 @@ class HyspecProposer:
         self.cache = TokenStore(MAX_PER_KEY)  # responses of requests that left the batch, oldest evicted first
         self._serials = itertools.count()
         # drafted/accepted: tokens proposed, and accepted as vLLM reports it (a row's sampled tokens - 1)
-        self.stats = {"drafts_own": 0, "drafts_cache": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                      "cached_responses": 0, "steps_without_request_ids": 0,
-                      "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)}}
+        self.stats = {"drafts_own": 0, "drafts_cache": 0, "drafts_corpus": 0, "drafted_tokens": 0,
+                      "accepted_tokens": 0, "cached_responses": 0, "steps_without_request_ids": 0,
+                      "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)},
+                      **{f"canary_{what}_{arm}": 0 for what in ("requests", "tokens") for arm in (SPEC, CONTROL)},
+                      "remote_drafts": 0, "remote_rows_without_draft": 0, "remote_fallback_rows": 0,
+                      "quality_warnings": 0}
+        self.canary = Canary(1.0 - o.control_fraction, o.canary_salt) if o.control_fraction else None
+        self.quality_alerts: dict[tuple[str, str], bool] = {}  # (method, reason) -> raised now
+        self.quality = DraftQualityMonitor(QualityConfig(o.quality_min_acceptance, o.quality_max_std,
+                                                         o.quality_window), metrics=_QualityAlerts(self))
+        self.corpus = self._load_corpus(model_config)
         self.hybrid = None
         if o.method == "hybrid":
             max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256))
             self.hybrid = VllmHybrid(o.hybrid_arms, max_num_seqs, o.load_threshold, o.bandit_explore_fraction)
+        self.remote = None
+        if o.uses_remote:
+            from hyspec.vllm.remote_arm import RemoteArm, TargetShape  # hyspec.remote brings torch and Ray
+
+            target = TargetShape(_vocab_size(model_config), self.max_model_len, _target_tokenizer(model_config))
+            self.remote = RemoteArm(o.remote, self.k, target, remote_handles,
+                                    (o.prompt_lookup_min, o.prompt_lookup_max))
         self._metrics = None  # the Prometheus registry load_model serves (metrics_port)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to load (suffix and ngram draft from the tokens); vLLM calls this once, in the process that
-        drafts, so the metrics endpoint starts here."""
+        """Nothing to load (suffix and ngram draft from the tokens, remote workers load their own drafters); vLLM
+        calls this once, in the process that drafts, so the metrics endpoint starts here."""
         if self.options.metrics_port and self._metrics is None:
             from hyspec.vllm.metrics import serve_metrics
 
-            self._metrics = serve_metrics(self.options.metrics_port, lambda: self.stats)
+            self._metrics = serve_metrics(self.options.metrics_port, lambda: self.stats, self.gauges)
+            if self.remote is not None:  # hyspec_remote_*: workers up, health, failovers, deadlines, connect failures
+                self.remote.metrics.register_prometheus(self._metrics)
+
+    def gauges(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """What is true now (not counted): the quality alerts raised and the remote workers' pids, by labels."""
+        out: dict[str, list[tuple[dict[str, str], float]]] = {
+            "quality_alert": [({"method": m, "reason": r}, float(up)) for (m, r), up in sorted(self.quality_alerts.items())]}
+        if self.remote is not None:
+            out["remote_worker_pid"] = [({"worker": name}, float(w["pid"])) for name, w in
+                                        sorted(self.remote.workers().items()) if w["pid"] is not None]
+        return out
+
+    def _load_corpus(self, model_config: Any) -> TokenStore | None:
+        """The read-only corpus ``suffix_corpus`` names, checked against the target's vocabulary."""
+        setting = self.options.corpus_setting
+        if setting is None:
+            return None
+        path = default_corpus_dir() if setting.lower() == "default" else setting
+        try:
+            corpus = load_corpus(path, _target_tokenizer(model_config), _vocab_size(model_config))
+        except CheckpointError as exc:
+            raise ConfigError("suffix_corpus", f"{exc} ({OPTIONS_ENV})") from None
+        store = TokenStore(MAX_PER_KEY)
+        for serial, tokens in enumerate(corpus.sequences):
+            store.extend(serial, tokens)
+        log.info("hyspec: suffix corpus %s, %d sequences, %d tokens", path, len(corpus.sequences), corpus.num_tokens)
+        return store
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
@@ -87,9 +142,12 @@ class HyspecProposer:
         else:
             for finished in self.requests.follow(identity):
                 self._remember_response(finished)
+                if self.remote is not None:
+                    self.remote.finish(finished.request_id)
             if self.hybrid is not None:
                 self.hybrid.observe(identity.request_ids, [len(s) for s in sampled_token_ids], now)
         rows: list[tuple[int, np.ndarray, int, LiveRequest | None]] = []  # (row, context, budget, live)
+        verified: dict[str, list[int]] = {}  # method -> [accepted, drafted] of the step that just ended
         for row, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[row])
             budget = min(self.k, self.max_model_len - n)
@@ -99,18 +157,57 @@ class HyspecProposer:
             live = None
             if identity is not None:
                 live = self.requests.row(identity.request_ids[row], identity.prompt_lengths[row], context)
+                self._count_canary(live, len(sampled))
                 if live.last_draft:
-                    self.stats["accepted_tokens"] += len(sampled) - 1
+                    accepted = min(len(sampled) - 1, live.last_draft)
+                    self.stats["accepted_tokens"] += accepted
+                    tally = verified.setdefault(live.last_method, [0, 0])
+                    tally[0] += accepted
+                    tally[1] += live.last_draft
             rows.append((row, context, budget, live))
+        for method, (accepted, drafted) in verified.items():
+            self.quality.observe(method, accepted, drafted)
         method = self._method(identity, rows, now)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        for row, context, budget, live in rows:
-            draft = [] if method == NONE else self.draft(context, budget, live, method)
-            self.stats["drafted_tokens"] += len(draft)
+        used: dict[int, str] = {}  # row -> the method that drafted it
+        drafting = [r for r in rows if r[3] is None or r[3].arm != CONTROL]  # the canary's control rows: none
+        if method == "remote":
+            self._draft_remote(drafting, drafts, used)
+        elif method != NONE:
+            for row, context, budget, live in drafting:
+                drafts[row], used[row] = self.draft(context, budget, live, method), method
+        for row, _, _, live in rows:
+            self.stats["drafted_tokens"] += len(drafts[row])
             if live is not None:
-                live.last_draft = len(draft)
-            drafts[row] = draft
+                live.last_draft, live.last_method = len(drafts[row]), used.get(row, NONE)
         return drafts
+
+    def _draft_remote(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]], drafts: list[list[int]],
+                      used: dict[int, str]) -> None:
+        """Draft ``rows`` on the remote workers; while none is up (or for rows without a request id, which a
+        worker cannot follow), with ``remote.fallback`` here."""
+        known = [r for r in rows if r[3] is not None]
+        chains = self.remote.draft([(live.request_id, live.tokens, budget) for _, _, budget, live in known])
+        local = [r for r in rows if r[3] is None]
+        if chains is None:
+            local = rows
+        else:
+            for (row, *_), chain in zip(known, chains):
+                drafts[row], used[row] = chain, "remote"
+                self.stats["remote_drafts" if chain else "remote_rows_without_draft"] += 1
+        fallback = self.options.remote.fallback
+        self.stats["remote_fallback_rows"] += len(local)
+        if fallback == NONE:
+            return
+        for row, context, budget, live in local:
+            drafts[row], used[row] = self.draft(context, budget, live, fallback), fallback
+
+    def _count_canary(self, live: LiveRequest, sampled: int) -> None:
+        """The request's canary arm (decided at its first step, stable per id) and the tokens it committed."""
+        if not live.arm:
+            live.arm = SPEC if self.canary is None else self.canary.arm(live.request_id)
+            self.stats[f"canary_requests_{live.arm}"] += 1
+        self.stats[f"canary_tokens_{live.arm}"] += sampled
 
     def _method(self, identity: RowIdentity | None, rows: list, now: float) -> str:
         """This step's method: the configured one, or the hybrid's choice (which needs request ids to learn)."""
@@ -134,6 +231,8 @@ class HyspecProposer:
         n = live.store.longest_match(live.tokens, cap, exclude_end=(0, len(live.tokens) - 1)).length
         if n < cap and self.options.suffix_max_cached_requests and len(self.cache):
             n = max(n, self.cache.longest_match(live.tokens, cap).length)
+        if n < cap and self.corpus is not None:
+            n = max(n, self.corpus.longest_match(live.tokens, cap).length)
         return n
 
     def draft(self, context: np.ndarray, budget: int, live: LiveRequest | None = None,
@@ -150,13 +249,17 @@ class HyspecProposer:
             store = TokenStore(MAX_PER_KEY)
             store.extend(0, tokens)
         best = self._suffix.draft(store, tokens, budget, exclude_end=(0, len(tokens) - 1))
-        own = True
+        source = "drafts_own"
         if o.suffix_max_cached_requests and len(self.cache):
             cached = self._suffix.draft(self.cache, tokens, budget)
             if cached.score >= best.score and cached.tokens:  # ties: a re-run request's earlier answer
-                best, own = cached, False
+                best, source = cached, "drafts_cache"
+        if self.corpus is not None:
+            shipped = self._suffix.draft(self.corpus, tokens, budget)
+            if shipped.score > best.score:  # ties: the request's own tokens and this server's answers first
+                best, source = shipped, "drafts_corpus"
         if best.tokens:
-            self.stats["drafts_own" if own else "drafts_cache"] += 1
+            self.stats[source] += 1
         return likeliest_path(best)
 
     def _remember_response(self, finished: LiveRequest) -> None:
@@ -181,3 +284,37 @@ def likeliest_path(draft: Draft) -> list[int]:
         node = best_child[node]
         path.append(draft.tokens[node - 1])
     return path
+
+
+class _QualityAlerts:
+    """The draft-quality monitor's ``metrics``: its alerts as the proposer's gauges and counter."""
+
+    def __init__(self, proposer: HyspecProposer):
+        self.proposer = proposer
+
+    def set_quality(self, method: str, reason: str, degraded: bool) -> None:
+        self.proposer.quality_alerts[(method, reason)] = degraded
+        if degraded:
+            self.proposer.stats["quality_warnings"] += 1
+
+
+def _vocab_size(model_config: Any) -> int | None:
+    """The target's vocabulary (its embedding's rows) as vLLM's ModelConfig reports it."""
+    get = getattr(model_config, "get_vocab_size", None)
+    return int(get()) if callable(get) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_at(path: str) -> Any:
+    from hyspec.model.tokenizer import Tokenizer
+
+    return Tokenizer(path)
+
+
+def _target_tokenizer(model_config: Any) -> Any:
+    """The target's tokenizer when vLLM loads it from a local directory (what the corpus and remote workers'
+    drafters are checked against); None otherwise (then only the vocabulary size is compared)."""
+    path = getattr(model_config, "tokenizer", None) or getattr(model_config, "model", None)
+    if not isinstance(path, str) or not (Path(path) / "tokenizer.json").is_file():
+        return None
+    return _tokenizer_at(path)

@@ -44,9 +44,12 @@ class LiveRequest:
     """One request's tokens as hyspec has seen them (indexed for suffix matching) and its last draft."""
 
     prompt_length: int
+    request_id: str = ""
     tokens: list[int] = field(default_factory=list)
     store: TokenStore = field(default_factory=lambda: TokenStore(MAX_PER_KEY))
     last_draft: int = 0  # tokens proposed at the request's previous step (its acceptance comes back next step)
+    last_method: str = ""  # what drafted them (the draft-quality alerts are per method)
+    arm: str = ""  # the canary's: "spec" (may draft) or "control" (decoded without drafts); "" until decided
 
     def catch_up(self, context: Sequence[int]) -> bool:
         """Index what ``context`` adds to the known tokens; False (nothing changed) when the known tokens are not
@@ -77,7 +80,7 @@ class RequestTable:
         """``request_id``'s state brought up to ``context``; new (or rebuilt) if unknown or inconsistent."""
         live = self.live.get(request_id)
         if live is None or not live.catch_up(context):
-            live = self.live[request_id] = LiveRequest(prompt_length)
+            live = self.live[request_id] = LiveRequest(prompt_length, request_id)
             live.catch_up(context)
         return live
 
