@@ -31,10 +31,11 @@ from typing import Any
 import torch
 
 from hyspec.backends import registry as backend_registry
-from hyspec.engine.logprobs import LOGPROBS_MODES, RAW
+from hyspec.engine.controls import build_processors
+from hyspec.engine.logprobs import LOGPROBS_MODES, PROCESSED, RAW
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.parallel_sampling import fork_waiting_samples
-from hyspec.engine.sampler import sample_next_tokens
+from hyspec.engine.sampler import apply_controls, sample_next_tokens
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hyspec.engine.sequence import Sequence, Status
@@ -51,6 +52,7 @@ from hyspec.model.gguf_checkpoint import is_gguf
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from hyspec.seam.forward import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
+from hyspec.seam.processors import apply_processors
 from hyspec.seam.step import RowKind, StepRow, TargetRun
 from hyspec.seam.target import TargetContext
 from hyspec.seam.tree import DraftTree
@@ -230,8 +232,6 @@ class LLMEngine:
         if params.num_samples > 1:
             raise RequestError(f"n={params.n}, best_of={params.best_of}: LLMEngine.add_request runs one completion; "
                                "fan samples out with hyspec.engine.parallel_sampling (LLM.generate and the server do)")
-        if params.min_tokens:
-            raise RequestError("min_tokens is not supported by hyspec (it changes the sampled distribution)")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
             if k is not None and k > self.max_logprobs:
@@ -252,7 +252,10 @@ class LLMEngine:
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        processors = build_processors(params, ids, eos_ids=self.eos_ids, vocab_size=vocab,
+                                      tokenizer=self.tokenizer, device=self.device)
         seq = Sequence(request_id, text, ids, params, SequenceKV(self.pool, self.layout))
+        seq.processors = processors
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
         self.spec.admit(seq)
@@ -399,16 +402,24 @@ class LLMEngine:
                 for s in [seq, *run.forks.get(seq.request_id, ())]:
                     seqs.append(s)
                     rows.append(last)
-            sampled = sample_next_tokens(torch.cat(rows), seqs, self.backend.ops)
+            logits = torch.cat(rows)
+            controlled = apply_controls(logits, seqs)  # the request's sampling controls, then its sampler
+            sampled = sample_next_tokens(controlled, seqs, self.backend.ops)
             tokens.update((seq.request_id, [tok]) for seq, tok in zip(seqs, sampled))
-            scored += [(s, r) for s, r in zip(seqs, rows) if s.logprobs is not None]
+            scoring = controlled if self.logprobs_mode == PROCESSED else logits
+            scored += [(s, scoring[r:r + 1]) for r, s in enumerate(seqs) if s.logprobs is not None]
         accepted: Accepted = self.spec.accept(run, drafts)
         tokens.update(accepted.tokens)
         for i in run.indices(RowKind.TREE):
             seq = run.rows[i].seq
             if seq.logprobs is not None:  # emitted token k was verified against the row of kept node k
                 kept = accepted.kept_rows[seq.request_id]
-                scored.append((seq, run.result.feed_logits(i)[torch.tensor(kept, device=self.device)]))
+                rows = run.result.feed_logits(i)[torch.tensor(kept, device=self.device)]
+                if seq.processors and self.logprobs_mode == PROCESSED:  # the law verification compared against
+                    emitted = tokens[seq.request_id]
+                    rows = rows.float()
+                    apply_processors(seq.processors, [emitted[:k] for k in range(len(kept))], rows)
+                scored.append((seq, rows))
         self.spec.observe(run, accepted)
         return tokens, score_tokens(scored, tokens, self.logprobs_mode, self._token_text)
 
@@ -440,6 +451,8 @@ class LLMEngine:
             if stop:
                 done = True
                 break
+        for processor in seq.processors:  # the committed output the next step's processors start from
+            processor.commit(seq.output_token_ids[n_before:])
         if seq.detokenizer is None:  # skip_tokenizer_init: ids only
             delta = ""
         else:
@@ -448,7 +461,8 @@ class LLMEngine:
         if done and seq.detokenizer is not None:
             delta += seq.detokenizer.flush(seq.output_token_ids)
             seq.output_text = seq.detokenizer.text
-        elif not done and seq.params.stop:
+        elif not done and seq.params.stop and seq.num_output_tokens > seq.params.min_tokens:
+            # vLLM checks stop strings only once min_tokens are out (v1/engine/detokenizer.py)
             hit = find_stop_string(seq, seq.output_text, len(delta))
             if hit is not None:
                 stop, idx = hit

@@ -7,13 +7,29 @@ import torch
 
 from hyspec.engine.sequence import Sequence
 from hyspec.ops.sampling import SamplingTensors, greedy, process_logits
+from hyspec.seam.processors import apply_processors
 
 if TYPE_CHECKING:
     from hyspec.ops import OpTable
 
 
+def apply_controls(logits: torch.Tensor, seqs: list[Sequence],
+                   paths: list[list[int]] | None = None) -> torch.Tensor:
+    """``logits [R, V]`` with each row's request processors applied (fp32 copy); ``logits`` itself
+    when no row's request has any.  Row r is the position after ``seqs[r]``'s committed output
+    followed by ``paths[r]`` (default: nothing, the next token of a plain step)."""
+    if not any(s.processors for s in seqs):
+        return logits
+    out = logits.float().clone()
+    for r, seq in enumerate(seqs):
+        if seq.processors:
+            apply_processors(seq.processors, [[] if paths is None else paths[r]], out[r:r + 1])
+    return out
+
+
 def sample_next_tokens(logits: torch.Tensor, seqs: list[Sequence], ops: "OpTable") -> list[int]:
-    """``logits [R, V]`` (row r belongs to ``seqs[r]``) -> one token per row.
+    """``logits [R, V]`` (row r belongs to ``seqs[r]``, its processors already applied:
+    :func:`apply_controls`) -> one token per row.
 
     Greedy rows take the argmax; the others sample from the processed
     distribution (temperature, top-k, top-p, min-p) with their own generator,

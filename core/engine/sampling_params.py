@@ -24,6 +24,15 @@ class SamplingParams:
     ``logprobs=k`` returns, per generated token, its logprob plus the top
     ``k``; ``prompt_logprobs=k`` the same for every prompt token but the first
     (whose entry is None).  They are the target's (``hyspec.engine.logprobs``).
+
+    Sampling controls, with vLLM's names, ranges and semantics (``hyspec.engine.controls``;
+    applied to the target's logits before temperature and the filters, at every position
+    speculation verifies, so they stay lossless under every method):
+    ``presence_penalty`` and ``frequency_penalty`` in [-2, 2] over the output tokens,
+    ``repetition_penalty`` > 0 over prompt and output (1 = off), ``logit_bias`` (token id ->
+    bias, clamped to [-100, 100]), ``min_tokens`` (EOS and ``stop_token_ids`` masked until
+    that many tokens are out), ``bad_words`` (a word's last token is banned where the output
+    ends with the rest of it) and ``allowed_token_ids`` (every other token masked).
     """
 
     n: int = 1
@@ -35,6 +44,12 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -81,6 +96,8 @@ class SamplingParams:
             raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
+            raise RequestError(f"min_tokens must be an integer, got {self.min_tokens!r}")
         if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise RequestError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if isinstance(self.stop, str):
@@ -93,6 +110,55 @@ class SamplingParams:
             raise RequestError("stop_token_ids must be non-negative integers")
         if self.seed is not None and not isinstance(self.seed, int):
             raise RequestError(f"seed must be an integer, got {self.seed!r}")
+        self._check_controls()
+
+    def _check_controls(self) -> None:
+        """vLLM's ranges for the sampling controls; ids against the vocabulary are the engine's check."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_float32(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise RequestError(f"{name} must be in [-2, 2], got {value}")
+        _check_float32("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise RequestError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise RequestError("logit_bias must be a mapping of token id to bias")
+            bias = {}
+            for token, value in self.logit_bias.items():
+                try:  # JSON object keys are strings: "50256" is token 50256 (vLLM converts them the same way)
+                    token_id = int(token)
+                except (TypeError, ValueError):
+                    raise RequestError(f"logit_bias key {token!r} is not a token id") from None
+                if isinstance(token, bool) or isinstance(token, float) or token_id < 0:
+                    raise RequestError(f"logit_bias key {token!r} is not a token id")
+                _check_float32(f"logit_bias[{token_id}]", value)
+                bias[token_id] = min(100.0, max(-100.0, float(value)))  # vLLM's (and OpenAI's) clamp
+            self.logit_bias = bias or None
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise RequestError("allowed_token_ids must be a list of token ids")
+            ids = list(ids)
+            if not ids:
+                raise RequestError("allowed_token_ids must not be empty (no token could be sampled)")
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise RequestError("allowed_token_ids must be non-negative integers")
+            self.allowed_token_ids = ids
+        if self.bad_words is not None:
+            words = [self.bad_words] if isinstance(self.bad_words, str) else self.bad_words
+            if not isinstance(words, (list, tuple)) or any(not isinstance(w, str) for w in words):
+                raise RequestError("bad_words must be a list of strings")
+            if any(not w.strip() for w in words):
+                raise RequestError(f"bad_words cannot contain an empty string, got {list(words)!r}")
+            self.bad_words = list(dict.fromkeys(words)) or None
+
+    @property
+    def has_controls(self) -> bool:
+        """Whether any sampling control changes the target's logits (then the request gets processors)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.bad_words or self.allowed_token_ids is not None)
 
     @property
     def greedy(self) -> bool:

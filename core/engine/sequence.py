@@ -9,6 +9,7 @@ import torch
 from hyspec.engine.outputs import RequestMetrics
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.kv.sequence_kv import SequenceKV
+from hyspec.seam.processors import TokenProcessor
 
 
 class Status(enum.Enum):
@@ -44,6 +45,9 @@ class Sequence:
             self.generator = torch.Generator(device="cpu")
             self.generator.manual_seed(params.seed)
         self.detokenizer = None  # set by the engine
+        # the request's logits processors (sampling controls, a grammar): run on the target's logits at every
+        # position this request samples or verifies, committed with each step's tokens (hyspec.engine.controls)
+        self.processors: list[TokenProcessor] = []
         self.num_preemptions = 0
         # logprobs (only when the request asks): one entry per output token, one per prompt token
         self.logprobs: list | None = [] if params.logprobs is not None else None

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Sequence
 
     import torch
 
     from hyspec.kv.sequence_kv import SequenceKV
+    from hyspec.seam.processors import TokenProcessor
 
 
 class SamplingView(Protocol):
@@ -79,6 +80,10 @@ class EngineSequenceView(SequenceView, Protocol):
 
     @property
     def output_token_ids(self) -> list[int]: ...
+
+    #: the request's logits processors (hyspec.seam.processors): verification applies them to every tree row
+    @property
+    def processors(self) -> "Sequence[TokenProcessor]": ...
 
 
 class SchedulerLimits(Protocol):

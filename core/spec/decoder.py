@@ -41,6 +41,7 @@ from hyspec.spec.metrics import SpecMetrics
 from hyspec.spec.quality import DraftQualityMonitor
 from hyspec.spec.strategy import NONE, Accepted, Drafts, Speculation, StepPlan
 from hyspec.spec.verify import ACCEPTED, verify
+from hyspec.spec.verify_controls import apply_tree_processors, cut_forbidden_drafts
 
 if TYPE_CHECKING:
     from hyspec.policy.dispatcher import HybridDispatcher
@@ -203,7 +204,9 @@ class SpecDecoder(Speculation):
                 log.warning("%s drafter returned an unusable draft for %s: %s", plan.method, req.seq.request_id, problem)
                 unavailable += 1
                 continue
-            trees[req.seq.request_id] = tree
+            tree = cut_forbidden_drafts(tree, req.seq)  # drafts the request's processors forbid are never verified
+            if tree.num_nodes >= 2:
+                trees[req.seq.request_id] = tree
         if len(drafts) != len(requests):
             log.warning("%s drafter returned %d drafts for %d requests", plan.method, len(drafts), len(requests))
             unavailable = len(requests)
@@ -230,6 +233,7 @@ class SpecDecoder(Speculation):
         seqs = [run.rows[i].seq for i in index]
         trees = [drafts.trees[s.request_id] for s in seqs]
         logits = torch.cat([run.result.feed_logits(i) for i in index])
+        logits = apply_tree_processors(logits, seqs, trees)  # each row's law: the request's controls at its path
         batch = TreeBatch.from_trees(trees, vocab_size=self.target.vocab_size, device=logits.device)
         sampling = SamplingTensors.from_params([s.params for s in seqs])
         out = verify(logits, batch, sampling, [s.generator for s in seqs], ops=self.target.ops)
