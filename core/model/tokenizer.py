@@ -82,6 +82,10 @@ class Tokenizer:
             config["chat_template"] = self.chat_template
         (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what grammar engines such as llguidance read)."""
+        return self._tok.to_str()
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
