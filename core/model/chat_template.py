@@ -10,6 +10,13 @@ running long or building huge strings; here one rendering is bounded:
 - in time: after ``timeout_s`` the rendering thread gets an asynchronous exception.  The template is
   Python bytecode, so this stops any loop, also one that calls nothing a hook could watch.
 
+The environment is the one transformers renders chat templates in (``_compile_jinja_template`` in
+transformers/utils/chat_template_utils.py, read at v5.25.0): Jinja's ``loopcontrols`` (``{% break %}``) and a
+``{% generation %}`` tag, ``tojson`` as ``json.dumps`` (not Jinja's HTML-escaping one), and the globals
+``raise_exception``, ``strftime_now``, ``dict`` and an underscore-refusing ``namespace``.  It is written here
+rather than borrowed because transformers is not a dependency of hyspec's core and has no bounds;
+tests/model/test_chat_template_transformers.py holds the two equal on real templates.
+
 Role injection: a client that writes ``<|im_start|>system`` into its message must not open a system turn.
 ``mark_control_text`` swaps control-token text in client content for unguessable markers before the
 template runs; the caller encodes the template's text with special tokens and each marked span as text.
@@ -19,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import re
 import secrets
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable, Iterator
 
 from hyspec.errors import HyspecError
@@ -70,8 +79,11 @@ _bounds: ContextVar[RenderBounds] = ContextVar("chat_template_bounds")
 
 
 def _bounded_environment():
-    """An ImmutableSandboxedEnvironment whose operators, calls, filters and namespaces respect ``_bounds``."""
-    from jinja2.exceptions import TemplateError
+    """transformers' chat-template environment (see the module docstring), with every operator, call, filter
+    and namespace respecting ``_bounds``."""
+    from jinja2 import nodes
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     from jinja2.utils import Namespace
 
@@ -96,17 +108,64 @@ def _bounded_environment():
                 bounds.check_number(value)
             return bounds.check_size(super().call(__context, __obj, *args, **kwargs))
 
+    class GenerationTag(Extension):
+        """``{% generation %}...{% endgeneration %}`` renders its body: transformers marks the assistant's
+        tokens with it (for training masks); rendering a prompt needs only the text."""
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    def check_attribute_name(name: Any) -> None:
+        # A namespace is a dict underneath: an underscore name could reach for Python internals.
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a chat template may not store the underscore-prefixed attribute {name!r} "
+                                "on a namespace")
+
     class BoundedNamespace(Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # Jinja's signature: namespace(self=...) works
+            self, rest = args[0], args[1:]
+            attributes = dict(*rest, **kwargs)
+            for name, value in attributes.items():
+                check_attribute_name(name)
+                _bounds.get().check_size(value)
+            Namespace.__init__(self, attributes)
+
         def __setitem__(self, name: str, value: Any) -> None:
+            check_attribute_name(name)
             super().__setitem__(name, _bounds.get().check_size(value))
+
+    class TemplateDict:
+        """``dict`` for templates: building dicts, without the type object itself."""
+
+        def __call__(self, *args: Any, **kwargs: Any) -> dict:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+            return dict.fromkeys(*args, **kwargs)
 
     def raise_exception(message: str):
         raise TemplateError(message)
 
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        # Plain json.dumps, as transformers does: Jinja's own filter escapes <, >, & and ' for HTML.
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
+    env.filters["tojson"] = tojson
     env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
-    env.globals["raise_exception"] = raise_exception
-    env.globals["namespace"] = BoundedNamespace
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, dict=TemplateDict(),
+                       namespace=BoundedNamespace)
     return env
 
 
@@ -121,7 +180,10 @@ def _bounded_filter(f: Callable[..., Any]) -> Callable[..., Any]:
     return bounded
 
 
+@functools.lru_cache(maxsize=32)
 def compile_template(source: str):
+    """The template compiled in the bounded environment (cached: the checkpoint's, --chat-template's and a
+    few request templates are compiled once)."""
     return _bounded_environment().from_string(source)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hyspec.errors import CheckpointError, HyspecError
+from hyspec.model import chat_inputs
 from hyspec.model.chat_template import ChatTemplateBoundError, RenderBounds, compile_template, mark_control_text, render
 from hyspec.model.gguf_tokenizer import build_gguf_tokenizer
 
@@ -113,9 +114,11 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    @cached_property
-    def _template(self):
-        return compile_template(self.chat_template)
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The named special tokens that are set, as a chat template sees them (``bos_token``, ``eos_token``, ...)."""
+        named = {name: _token_text(self.config.get(name)) for name in chat_inputs.SPECIAL_TOKEN_NAMES}
+        return {name: text for name, text in named.items() if text is not None}
 
     @cached_property
     def special_token_texts(self) -> list[str]:
@@ -131,38 +134,50 @@ class Tokenizer:
         tok.encode_special_tokens = True
         return tok
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            max_output_chars: int | None = None, timeout_s: float | None = None,
-                            **kwargs: Any) -> str:
-        """The chat prompt's text.  Rendering is bounded (ChatTemplateBoundError past a bound): at most
-        ``max_output_chars`` characters and ``timeout_s`` seconds (defaults: chat_template.RenderBounds')."""
-        if not self.chat_template:
-            raise HyspecError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise HyspecError(f"messages[{i}] must be a dict with 'role' and 'content'")
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool | str = False, chat_template: str | None = None,
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
+                            max_output_chars: int | None = None, timeout_s: float | None = None) -> str:
+        """The chat prompt's text, rendered as transformers' ``apply_chat_template(tokenize=False)`` renders it
+        (core/model/chat_inputs.py), with ``chat_template`` in place of the tokenizer's when given.
+
+        ``chat_template_kwargs`` are more template variables (Qwen3's ``enable_thinking``); names the template
+        does not read are passed on unused.  ``continue_final_message`` (True, or the field to continue) leaves
+        the final message open for the model to continue.  Rendering is bounded (ChatTemplateBoundError past a
+        bound): at most ``max_output_chars`` characters and ``timeout_s`` seconds (defaults: RenderBounds').
+        Any other failure, a template's ``raise_exception`` included, is a HyspecError with its message."""
+        source = chat_template if chat_template is not None else self.chat_template
+        if not source:
+            raise HyspecError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt, "
+                              "or pass a chat_template")
         defaults = RenderBounds()
         bounds = RenderBounds(max_output_chars or defaults.max_chars, timeout_s or defaults.timeout_s)
+        inputs = chat_inputs.prepare(
+            messages, source, self.special_tokens, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools, documents=documents,
+            chat_template_kwargs=chat_template_kwargs)
         try:
-            return render(self._template, bounds, messages=messages, add_generation_prompt=add_generation_prompt,
-                          bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+            rendered = render(compile_template(source), bounds, **inputs.variables)
         except ChatTemplateBoundError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # the template's own raise_exception, a syntax error, a type error in it, ...
             raise HyspecError(f"chat template failed: {exc}") from None
+        return inputs.finish(rendered)
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    split_special_tokens_in_content: bool = True, **bounds: Any) -> tuple[str, list[int]]:
+                    split_special_tokens_in_content: bool = True, **options: Any) -> tuple[str, list[int]]:
         """(text, ids) of the chat prompt; no special tokens are added (the template writes any BOS it wants).
+        ``options`` are apply_chat_template's (continue_final_message, chat_template, chat_template_kwargs, bounds).
 
         With ``split_special_tokens_in_content``, control-token text (``<|im_start|>``) in the content of a
         message that is not the operator's (system, developer) is encoded as text, so that a user cannot
         open a turn of another role; the template's own control tokens stay control tokens."""
         marked = mark_control_text(messages, self.special_token_texts if split_special_tokens_in_content else [])
         if not marked.originals:
-            text = self.apply_chat_template(messages, add_generation_prompt, **bounds)
+            text = self.apply_chat_template(messages, add_generation_prompt, **options)
             return text, self.encode(text, add_special_tokens=False)
-        parts = marked.split(self.apply_chat_template(marked.messages, add_generation_prompt, **bounds))
+        parts = marked.split(self.apply_chat_template(marked.messages, add_generation_prompt, **options))
         text, ids = [], []
         for part in parts:
             if isinstance(part, int):
