@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise HyspecError(f"--max-tokens must be positive, got {args.max_tokens}")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
-    llm = LLM(args.model, speculative_config=args.speculative_config, backend=args.backend, dtype=args.dtype,
-              max_model_len=args.max_model_len, **model_kwargs(args))
+    llm = LLM(args.model, **model_kwargs(args))
     if not llm.tokenizer.chat_template:
         raise HyspecError("this model has no chat template; use `hyspec generate --prompt TEXT`")
     system = [{"role": "system", "content": args.system}] if args.system else []

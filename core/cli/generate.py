@@ -63,9 +63,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                             seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
-    spec = args.speculative_config
-    llm = LLM(args.model, speculative_config=spec, backend=args.backend, dtype=args.dtype,
-              max_model_len=args.max_model_len, **model_kwargs(args))
+    llm = LLM(args.model, **model_kwargs(args))
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t0

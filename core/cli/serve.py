@@ -11,45 +11,23 @@ import argparse
 import ipaddress
 import logging
 import os
-import re
 import sys
+from pathlib import Path
 
 from hyspec.assets import default_model
-from hyspec.cli.model_args import add_model_arguments
+from hyspec.cli.model_args import byte_size  # noqa: F401  (hyspec serve's size parser, tested from here)
+from hyspec.cli.model_args import (add_engine_arguments, add_model_arguments, model_kwargs, model_path,
+                                   non_negative_int, positive_int)
+from hyspec.engine.vllm_args import normalize_dtype
+from hyspec.errors import HyspecError
 
 # No torch (nor fastapi) at import: `hyspec --help` and the probe's TORCH_DEVICE_BACKEND_AUTOLOAD fix
 # must run before anything imports torch.  Everything heavy is imported inside run().
 
 log = logging.getLogger(__name__)
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _SERVE_MODULES = {"fastapi", "uvicorn", "prometheus_client", "starlette", "pydantic"}
-
-
-def byte_size(text: str) -> int:
-    """``"8388608"``, ``"8MiB"``, ``"2G"`` -> bytes (K/M/G/T are powers of 1024 with or without the i)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 536870912, 512MiB, 2G)")
-    number, unit = float(m.group(1)), m.group(2).lower()
-    value = int(number * 1024 ** " kmgt".index(unit or " "))
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+API_KEY_VARIABLES = ("HYSPEC_API_KEY", "VLLM_API_KEY")
 
 
 def _port(text: str) -> int:
@@ -66,93 +44,87 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
-    parser.add_argument("--served-model-name", metavar="NAME",
-                        help="the name clients pass as `model` (default: the model directory's name)")
+    add_model_arguments(parser, positional=True)
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="the names clients may pass as `model`; the first is the one reported (default: the "
+                             "model directory's name)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
-    parser.add_argument("--api-key", default=os.environ.get("HYSPEC_API_KEY"), metavar="KEY",
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1/* and /openapi.json (and turn /docs off). "
                              "A key on the command line is visible to other local users (ps, /proc): prefer the "
-                             "environment variable HYSPEC_API_KEY, the default (none if unset)")
+                             "environment variable HYSPEC_API_KEY or VLLM_API_KEY (none if unset)")
     parser.add_argument("--allowed-hosts", metavar="HOST[,HOST...]",
                         help="names the Host header may carry, e.g. api.example.com,*.corp, or * for any; others get "
                              "400, so that a DNS-rebinding web page cannot drive the server (default: when bound to "
                              "loopback, the --host plus localhost, 127.0.0.1 and [::1]; otherwise any)")
     parser.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
-    parser.add_argument("--speculative-config", metavar="JSON|PATH",
-                        help="speculative decoding config: a JSON object or a path to a JSON file (vLLM's schema "
-                             "plus hyspec's keys); default: plain decoding")
-    parser.add_argument("--backend", default="auto", help="auto (NPU > CUDA > CPU), npu, cuda or cpu")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    parser.add_argument("--quantization", default=None, choices=("none", "int4", "int8", "a8"),
-                        help="weight-only kernels (default: the checkpoint's own, a GGUF's Q4/Q8 codes)")
-    parser.add_argument("--max-model-len", type=_positive_int, metavar="N",
-                        help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=64, metavar="N",
-                        help="requests in the running batch (default 64)")
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=1024, metavar="N",
-                        help="tokens per engine step, prefill chunks included (default 1024)")
-    parser.add_argument("--max-queue", type=_non_negative_int, default=256, metavar="N",
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed the generators that sample requests without a seed of their own (vLLM's --seed)")
+    parser.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                        help="the chat template to render chat requests with: a Jinja file, or the template text "
+                             "(default: the model's own)")
+    parser.add_argument("--disable-fastapi-docs", action=argparse.BooleanOptionalAction, default=False,
+                        help="turn /docs, /redoc and /openapi.json off (they are off anyway with an API key)")
+    parser.add_argument("--max-queue", type=non_negative_int, default=256, metavar="N",
                         help="requests that may wait beyond the running batch; more get 429 (default 256)")
-    parser.add_argument("--kv-cache-bytes", type=byte_size, metavar="SIZE",
-                        help="KV cache size, e.g. 2GiB (default: from --memory-fraction)")
-    parser.add_argument("--block-size", type=_positive_int, default=None, metavar="N",
-                        help="KV tokens per page (default: the backend's: 16 on CPU/CUDA, 128 on NPU, where FIA "
-                             "takes multiples of 128 for multi-token steps)")
-    parser.add_argument("--enable-prefix-caching", action="store_true",
-                        help="reuse the KV of earlier prompts' full pages, as vLLM does (off by default here)")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="never replay captured steps (vLLM's flag; only the CUDA backend captures graphs)")
-    parser.add_argument("--memory-fraction", type=_fraction, default=0.8, metavar="F",
-                        help="share of device memory hyspec may use, applied through the backend (default 0.8)")
-    parser.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                         help="most tokens one request may generate: more is a 400 naming this limit, and a request "
                              "that asks for no limit (chat without max_tokens) gets N (default: the context length)")
-    parser.add_argument("--max-prompt-chars", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--max-prompt-chars", type=positive_int, default=None, metavar="N",
                         help="most characters of prompt text (all prompts, or all chat messages) in one request, "
                              "refused with a 400 before tokenizing (default: 64 per token of --max-model-len)")
-    parser.add_argument("--max-n", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--max-n", type=positive_int, default=None, metavar="N",
                         help="most completions per prompt (n, best_of) one request may ask for; more get 400 "
                              "(default: a quarter of --max-num-seqs, at least 1)")
     parser.add_argument("--split-special-tokens-in-content", action=argparse.BooleanOptionalAction, default=True,
                         help="tokenize control-token text (<|im_start|>) in chat content of other roles than system "
                              "and developer as text, so that a user cannot write a turn of another role (default: on)")
-    parser.add_argument("--max-logprobs", type=_non_negative_int, default=20, metavar="K",
-                        help="most logprobs / top_logprobs a request may ask for; more get 400 (default 20, as vLLM)")
-    parser.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
-                        help="logprobs of the model's logits (default) or of the request's processed distribution")
     parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                         help="how long in-flight requests may run after SIGTERM before they are aborted (default 30)")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--log-level", "--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_arguments(parser, server=True)
 
 
 def engine_args(args: argparse.Namespace) -> dict:
     """LLMEngine keyword arguments (with ``model``) from parsed arguments."""
-    model = args.model
+    model = model_path(args)
     if model is None:
         model = str(default_model())
-    return {"model": model, "backend": args.backend, "dtype": args.dtype, "max_model_len": args.max_model_len,
-            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-            "kv_cache_bytes": args.kv_cache_bytes, "memory_fraction": args.memory_fraction,
-            "block_size": args.block_size, "enable_prefix_caching": args.enable_prefix_caching,
-            "enforce_eager": args.enforce_eager,
-            "speculative_config": args.speculative_config,
-            "max_logprobs": args.max_logprobs, "logprobs_mode": args.logprobs_mode,
-            **({"tokenizer": args.tokenizer} if args.tokenizer else {}),
-            **({"quantization": args.quantization} if getattr(args, "quantization", None) else {})}
+    kwargs = model_kwargs(args)
+    kwargs["dtype"] = normalize_dtype(kwargs["dtype"])
+    return {"model": model, **kwargs}
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else $HYSPEC_API_KEY or $VLLM_API_KEY (both set and different: an error)."""
+    if args.api_key:
+        if len(args.api_key) > 1:
+            raise HyspecError("--api-key: hyspec serve takes one key, got several")
+        return args.api_key[0]
+    found = {name: os.environ[name] for name in API_KEY_VARIABLES if os.environ.get(name)}
+    if len(set(found.values())) > 1:
+        raise HyspecError(f"{' and '.join(found)} are both set, to different keys: unset one")
+    return next(iter(found.values()), None)
+
+
+def chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it looks like a template (as vLLM reads it)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if any(mark in value for mark in ("{{", "{%")):
+        return value
+    raise HyspecError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from hyspec.engine.vllm_args import apply_seed
         from hyspec.server.app import create_app
         from hyspec.server.launcher import run_server
     except ModuleNotFoundError as exc:
@@ -161,9 +133,13 @@ def run(args: argparse.Namespace) -> int:
                   "`pip install 'hyspec[serve]'`", file=sys.stderr)
             return 2
         raise
-    if not _is_loopback(args.host) and not args.api_key:
+    key = api_key(args)
+    template = chat_template(args.chat_template)
+    if not _is_loopback(args.host) and not key:
         log.warning("serving on %s without an API key: anyone who can reach this address can use it", args.host)
-    app = create_app(engine_args(args), api_key=args.api_key or None, served_model_name=args.served_model_name,
+    apply_seed(args.seed)
+    app = create_app(engine_args(args), api_key=key, served_model_name=args.served_model_name,
+                     chat_template=template, docs=not args.disable_fastapi_docs,
                      max_queue=args.max_queue, protect_metrics=args.protect_metrics,
                      drain_timeout=args.shutdown_timeout, max_tokens=args.max_tokens,
                      max_prompt_chars=args.max_prompt_chars, max_n=args.max_n,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import logging
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Sequence as Seq
 from tqdm.auto import tqdm
 
 from hyspec import assets
+from hyspec.engine import vllm_args
 from hyspec.engine.engine import LLMEngine, PromptType
 from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.parallel_sampling import SampleRequest, fan_out, select
@@ -17,6 +19,8 @@ from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import RequestError
 
 log = logging.getLogger(__name__)
+# LLMEngine's own keyword arguments, passed through as they are
+_ENGINE_KEYWORDS = frozenset(inspect.signature(LLMEngine.__init__).parameters) - {"self", "model"}
 
 
 class LLM:
@@ -31,6 +35,11 @@ class LLM:
     draft workers and their health thread, a rule-file watcher -- in order, while their runtimes are
     still up.  Without it they stop when the LLM is collected, or at interpreter exit before Ray's own
     shutdown.  Any number of LLMs may live in one process at once; each owns its engine and KV pool.
+
+    ``engine_args``: LLMEngine's keywords, or vLLM's names for them (``gpu_memory_utilization=0.5`` is
+    ``memory_fraction``, ``seed`` seeds the default generators, ``chat_template`` replaces the tokenizer's);
+    a vLLM argument hyspec has not got is refused naming the reason (hyspec.engine.vllm_args), unless its
+    value asks for nothing (``tensor_parallel_size=1``, ``trust_remote_code=False``).
     """
 
     def __init__(
@@ -45,9 +54,17 @@ class LLM:
     ):
         if model is None:
             model = assets.default_model()  # looked up at the call: tests stand a tiny model in for it
-        self.engine = LLMEngine(model, backend=backend, dtype=dtype, max_model_len=max_model_len,
-                                speculative_config=speculative_config, quantization=quantization, **engine_args)
+        chat_template = engine_args.pop("chat_template", None)
+        engine_args, seed = vllm_args.engine_kwargs(engine_args, _ENGINE_KEYWORDS)
+        vllm_args.apply_seed(seed)
+        self.engine = LLMEngine(model, backend=backend, dtype=vllm_args.normalize_dtype(dtype),
+                                max_model_len=max_model_len, speculative_config=speculative_config,
+                                quantization=quantization, **engine_args)
         self.tokenizer = self.engine.tokenizer  # None with skip_tokenizer_init=True
+        if chat_template is not None:
+            if self.tokenizer is None:
+                raise RequestError("chat_template needs a tokenizer: not with skip_tokenizer_init=True")
+            self.tokenizer.chat_template = chat_template
         self._ids = itertools.count()
         self._closed = False
 

@@ -4,7 +4,8 @@
 >>> # uvicorn.run(app, host="127.0.0.1", port=8000)  -- or `hyspec serve`
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET
-/v1/models``, ``GET /v1/models/{model}``, ``GET /health`` (200 while
+/v1/models``, ``GET /v1/models/{model}``, ``POST /tokenize`` and ``POST
+/detokenize`` (vLLM's), ``GET /version``, ``GET /health`` (200 while
 serving, 503 while draining or after an engine failure), ``GET /metrics``
 (Prometheus text).  With an API key, ``/v1/*`` and ``/openapi.json`` need it
 (``/docs`` and ``/redoc``, browser pages that cannot send the key and load
@@ -33,19 +34,21 @@ from hyspec import __version__
 from hyspec.engine.engine import LLMEngine
 from hyspec.server.async_engine import AsyncEngine
 from hyspec.server.auth import api_key_dependency, key_problem
-from hyspec.server.errors import error_body
+from hyspec.server.errors import APIError, error_body
 from hyspec.server.handlers import install_exception_handlers
 from hyspec.server.metrics import ServerMetrics
 from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList)
 from hyspec.server.serving import OpenAIServing
+from hyspec.server.tokenization import (DetokenizeRequest, DetokenizeResponse, OpenAITokenization,
+                                        TokenizeResponse)
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # Host names a loopback server answers to; IPv6 literals are bracketed, as in a Host header.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 # Endpoint labels of the HTTP counter; any other path counts as "other" (fuzzers must not grow the label set).
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-                       "/openapi.json", "/docs", "/redoc"})
+                       "/openapi.json", "/docs", "/redoc", "/tokenize", "/detokenize", "/version"})
 _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
     (400, "invalid request (the message names the field)"), (401, "missing or invalid API key"),
     (404, "unknown model"), (413, "request body too large"), (429, "queue full; retry later"),
@@ -61,7 +64,7 @@ def create_app(
     engine: "LLMEngine | AsyncEngine | Mapping[str, Any]",
     *,
     api_key: str | None = None,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     max_queue: int = 256,
     protect_metrics: bool = False,
     drain_timeout: float = 30.0,
@@ -71,6 +74,8 @@ def create_app(
     max_n: int | None = None,
     split_special_tokens_in_content: bool = True,
     allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    chat_template: str | None = None,
+    docs: bool = True,
 ) -> FastAPI:
     """Build the app around ``engine``: an ``LLMEngine``, an ``AsyncEngine``, or LLMEngine keyword
     arguments (a mapping with ``model`` and any of ``dtype``, ``max_model_len``, ``max_num_seqs``,
@@ -82,6 +87,9 @@ def create_app(
     ``max_prompt_chars``, ``max_n``, ``split_special_tokens_in_content``: see ``OpenAIServing``.
     ``allowed_hosts``: the names the Host header may carry (Starlette's patterns: ``*.example.com``;
     ``["*"]``: any); the default suits a server bound to loopback.
+    ``served_model_name``: one name or several (vLLM's ``--served-model-name a b``): requests may name any,
+    responses report the first.  ``chat_template``: the template text to render chat requests with instead
+    of the tokenizer's.  ``docs``: serve /docs, /redoc and /openapi.json (never with an API key).
     """
     allowed_hosts = _host_patterns(allowed_hosts)
     owns_engine = isinstance(engine, Mapping)
@@ -90,11 +98,19 @@ def create_app(
         engine = LLMEngine(args.pop("model"), **args)
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)
     model_path = Path(async_engine.engine.model_path)
-    name = served_model_name or (model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name)
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+    if not names:
+        names = [model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name]
+    if not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"served_model_name: each name must be a non-empty string, got {served_model_name!r}")
+    name = names[0]
+    if chat_template is not None:
+        async_engine.engine.tokenizer.chat_template = chat_template
     created = int(time.time())
     metrics = ServerMetrics(async_engine, name)
     serving = OpenAIServing(async_engine, name, max_tokens=max_tokens, max_prompt_chars=max_prompt_chars, max_n=max_n,
-                            split_special_tokens_in_content=split_special_tokens_in_content)
+                            split_special_tokens_in_content=split_special_tokens_in_content, other_names=names[1:])
+    tokenization = OpenAITokenization(serving)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -106,7 +122,7 @@ def create_app(
             if close is not None:
                 close()
 
-    open_docs = {} if api_key is None else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    open_docs = {} if api_key is None and docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}
     app = FastAPI(title="hyspec", version=__version__, lifespan=lifespan, **open_docs,
                   description="OpenAI-compatible API of hyspec, a lossless speculative-decoding runtime.")
     app.state.async_engine = async_engine
@@ -127,20 +143,39 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
 
-    def card() -> ModelCard:
+    def card(model_id: str = name) -> ModelCard:
         # The file or directory name only: the absolute path tells clients about the server's disk.
-        return ModelCard(id=name, created=created, root=model_path.name, max_model_len=serving.max_model_len)
+        return ModelCard(id=model_id, created=created, root=model_path.name, max_model_len=serving.max_model_len)
 
     @v1.get("/models", response_model=ModelList)
     async def list_models() -> ModelList:
-        return ModelList(data=[card()])
+        return ModelList(data=[card(n) for n in names])
 
     @v1.get("/models/{model_id:path}", response_model=ModelCard)
     async def get_model(model_id: str) -> ModelCard:
         serving.check_model(model_id)
-        return card()
+        return card(model_id)
 
     app.include_router(v1)
+
+    # vLLM's tokenizer routes, at the root as vLLM serves them (behind the API key here, as every POST is)
+    tok = APIRouter(dependencies=auth, responses=_ERRORS)
+
+    @tok.post("/tokenize", response_model=TokenizeResponse,
+              description="a body with `prompt` (TokenizeCompletionRequest) or with `messages` (the chat "
+                          "request's fields that vLLM's TokenizeChatRequest has, and return_token_strs)")
+    async def tokenize(request: Request) -> TokenizeResponse:
+        return await tokenization.tokenize(await _json_body(request))
+
+    @tok.post("/detokenize", response_model=DetokenizeResponse)
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return await tokenization.detokenize(body)
+
+    app.include_router(tok)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
     async def health() -> Response:
@@ -248,6 +283,16 @@ class _HTTPGuard:
             return message
 
         return bounded_receive
+
+
+async def _json_body(request: Request) -> Any:
+    """The request's JSON body, or a 400 saying it is not JSON."""
+    import json
+
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
 
 
 def _body_too_large(received: int, limit: int) -> HTTPException:

@@ -88,6 +88,9 @@ def describe_validation_errors(errors: list[dict[str, Any]]) -> tuple[str, str |
         else:
             through_union = True
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden" and loc:  # a nested unknown key: name it, with where it is
+        path = f"{path}.{loc[-1]}" if path else str(loc[-1])
+        return f"{path}: unknown field (not in OpenAI's or vLLM's schema)", path
     if not path:
         if err.get("type") in ("missing", "model_attributes_type", "dict_type", "model_type"):
             return f"the request body must be a JSON object ({msg})", None

@@ -4,10 +4,10 @@ Fields follow OpenAI's /v1/completions and /v1/chat/completions, plus the
 vLLM extensions clients of vLLM already send (``top_k``, ``min_p``,
 ``ignore_eos``, ``stop_token_ids``, ...).  Scalars are strict (``"5"`` is not
 an integer, ``1`` is not a boolean) and floats must be finite, so a wrong type
-is a 400 naming the field, not a silent coercion.  Options that would change
-what is sampled and that hyspec does not implement (penalties, logit bias,
-suffix, ...) are accepted by the schema but rejected with a message naming
-them, rather than ignored: hyspec's outputs are exactly the target model's.
+is a 400 naming the field, not a silent coercion.  No field is ever ignored:
+every field of OpenAI's and vLLM's request schemas is declared here
+(implemented) or refused by hyspec.server.request_fields with a 400 naming it
+and why, and a key in neither is a 400 naming it too.
 ``logprobs`` / ``top_logprobs``, ``echo``, ``n`` and ``best_of`` are answered
 as OpenAI and vLLM define them (docs/api.md).
 """
@@ -21,6 +21,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
                       field_validator, model_validator)
 
 from hyspec.engine.sampling_params import SamplingParams
+from hyspec.server import request_fields
 
 # torch.Generator.manual_seed accepts exactly this range.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -48,9 +49,9 @@ TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
 
 
 class _Strict(BaseModel):
-    """Finite floats only; unknown keys are ignored (OpenAI clients send many optional ones)."""
+    """Finite floats only; an unknown key is an error (nothing a client sends is silently dropped)."""
 
-    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
 
 class StreamOptions(_Strict):
@@ -74,23 +75,30 @@ class _SamplingRequest(_Strict):
     ignore_eos: StrictBool = Field(False, description="vLLM extension: keep going past end-of-sequence")
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
-    min_tokens: StrictInt = Field(0, ge=0, description="vLLM extension; not supported (must be 0)")
+    min_tokens: StrictInt = Field(0, ge=0, description="vLLM extension: no stop before this many tokens")
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     return_token_ids: StrictBool = Field(False, description="vLLM extension: token ids with each choice/delta")
     return_tokens_as_token_ids: StrictBool = Field(
         False, description="vLLM extension: logprob tokens as 'token_id:N' (token texts can collide)")
-    presence_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
-    frequency_penalty: Optional[Float] = Field(None, description="not supported (must be 0 or absent)")
-    repetition_penalty: Optional[Float] = Field(None, description="not supported (must be 1 or absent)")
-    logit_bias: Optional[dict[str, Float]] = Field(None, description="not supported (must be empty or absent)")
-    user: Optional[Text] = None
+    presence_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens already generated")
+    frequency_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens by their count so far")
+    repetition_penalty: Optional[Float] = Field(None, description="vLLM extension: > 0, 1 is off")
+    logit_bias: Optional[dict[str, Float]] = Field(None, description="token id -> bias added to its logit")
 
-    #: field -> value meaning "off"; anything else is rejected (hyspec samples the target's distribution as is).
-    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
-        "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
-        "logit_bias": (None, {}),
-    }
+    #: which request_fields table applies ("completions" or "chat")
+    ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_field_ignored(cls, body: Any) -> Any:
+        """Refused fields (request_fields) and unknown keys are 400s naming them, never dropped."""
+        if not isinstance(body, dict):
+            return body
+        try:
+            return request_fields.check_fields(cls.ENDPOINT, body, set(cls.model_fields))
+        except request_fields.FieldProblem as problem:
+            raise FieldError(problem.field, str(problem)) from None
 
     @field_validator("top_p")
     @classmethod
@@ -101,9 +109,6 @@ class _SamplingRequest(_Strict):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "_SamplingRequest":
-        for name, off in self.UNSUPPORTED_UNLESS.items():
-            if getattr(self, name) not in off:
-                raise FieldError(name, "not supported by hyspec; leave it out")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed when stream is true")
         return self
@@ -157,10 +162,8 @@ class CompletionRequest(_SamplingRequest):
                                                                   "(at most the server's --max-logprobs)")
     best_of: Optional[StrictInt] = Field(None, ge=1, description="sample this many, return the n with the "
                                                                  "highest mean token logprob (not streamed)")
-    suffix: Optional[Text] = Field(None, description="not supported (must be absent)")
 
-    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_SamplingRequest.UNSUPPORTED_UNLESS, "suffix": (None,)}
+    ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
 
     @model_validator(mode="after")
     def _check_best_of(self) -> "CompletionRequest":
@@ -204,15 +207,8 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: Optional[StrictBool] = Field(None, description="return the logprob of each output token")
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="with logprobs: the k most likely tokens "
                                                                       "at each position (k <= --max-logprobs)")
-    echo: Optional[StrictBool] = Field(None, description="not supported for chat (must be false or absent)")
-    tools: Optional[list[dict[str, Any]]] = Field(None, description="not supported (must be empty or absent)")
-    tool_choice: Optional[Union[Literal["none", "auto"], dict[str, Any]]] = Field(
-        None, description="only 'none' (or absent) is supported")
-    response_format: Optional[dict[str, Any]] = Field(None, description="only {'type': 'text'} is supported")
 
-    UNSUPPORTED_UNLESS: ClassVar[dict[str, tuple[Any, ...]]] = {
-        **_SamplingRequest.UNSUPPORTED_UNLESS, "echo": (None, False),
-        "tools": (None, []), "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"})}
+    ENDPOINT: ClassVar[str] = request_fields.CHAT
 
     @model_validator(mode="after")
     def _check_top_logprobs(self) -> "ChatCompletionRequest":

@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Iterable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Iterable, Sequence, TypeVar
 
 from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.parallel_sampling import fan_out, select
@@ -65,7 +65,7 @@ class OpenAIServing:
 
     def __init__(self, async_engine: AsyncEngine, served_model_name: str, max_tokens: int | None = None,
                  max_prompt_chars: int | None = None, max_n: int | None = None,
-                 split_special_tokens_in_content: bool = True):
+                 split_special_tokens_in_content: bool = True, other_names: Sequence[str] = ()):
         for name, value in (("max_tokens", max_tokens), ("max_prompt_chars", max_prompt_chars), ("max_n", max_n)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} (a per-request ceiling) must be >= 1, got {value}")
@@ -73,6 +73,7 @@ class OpenAIServing:
         self.async_engine = async_engine
         self.engine = async_engine.engine
         self.served_model_name = served_model_name
+        self.served_model_names = (served_model_name, *other_names)  # all accepted as `model`; the first reported
         self.max_model_len: int = self.engine.max_model_len
         self.vocab_size: int = self.engine.config.vocab_size
         self.tokenizer = self.engine.tokenizer  # read-only and thread-safe: used off the engine thread
@@ -85,7 +86,7 @@ class OpenAIServing:
         self.split_special_tokens_in_content = split_special_tokens_in_content
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.served_model_name:
+        if name is not None and name not in self.served_model_names:
             raise APIError(404, f"the model `{name}` does not exist; this server serves `{self.served_model_name}`",
                            param="model", code="model_not_found")
 
