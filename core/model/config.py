@@ -54,8 +54,13 @@ class RopeConfig:
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
+    #: per-frequency divisors of the inverse frequencies, [head_dim // 2]: how llama.cpp's converter stores
+    #: llama3 scaling in a GGUF (the ``rope_freqs.weight`` tensor); None: none
+    freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.freq_factors is not None and not all(f > 0 for f in self.freq_factors):
+            raise CheckpointError("RoPE frequency factors (GGUF rope_freqs) must all be positive")
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise CheckpointError(
                 f"rope_scaling type {self.rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
@@ -198,4 +203,5 @@ def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:
         mscale=params.get("mscale"),
         mscale_all_dim=params.get("mscale_all_dim"),
         truncate=bool(params.get("truncate", True)),
+        freq_factors=None if d.get("rope_freq_factors") is None else tuple(float(f) for f in d["rope_freq_factors"]),
     )

@@ -38,6 +38,7 @@ def export_hf(gguf_file: str | Path, out: str | Path, dtype: str = "float32") ->
         raise HyspecError(f"export-hf reads GGUF files with transformers ({exc.name} is missing): "
                           "pip install 'hyspec[bench]'") from None
 
+    _refuse_what_transformers_drops(src)
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
@@ -67,3 +68,14 @@ def export_hf(gguf_file: str | Path, out: str | Path, dtype: str = "float32") ->
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return dst
+
+
+def _refuse_what_transformers_drops(src: Path) -> None:
+    """transformers' GGUF reader drops llama.cpp's ``rope_freqs`` tensor (llama3 RoPE scaling, which the file
+    keeps in no other form): the written directory would run unscaled RoPE, so it is not written."""
+    from hyspec.model.gguf_checkpoint import GGUFCheckpoint
+
+    if "rope_freq_factors" in GGUFCheckpoint(src).hf_config():
+        raise HyspecError(f"{src.name} stores its RoPE scaling as llama.cpp's rope_freqs tensor (llama3 scaling), "
+                          "which transformers' GGUF reader ignores: the exported directory would be wrong, so "
+                          "nothing was written; use the model's Hugging Face release, or serve the GGUF itself")

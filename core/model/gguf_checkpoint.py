@@ -131,6 +131,11 @@ class GGUFCheckpoint:
             "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
         }
+        freqs = self._optional_tensor("rope_freqs.weight")
+        if freqs is not None:
+            # llama.cpp's converter writes llama3 RoPE scaling (Llama 3.1 / 3.2 / 3.3) as this tensor, not as
+            # metadata (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors): per-frequency divisors
+            cfg["rope_freq_factors"] = [float(f) for f in np.asarray(freqs.data, dtype=np.float32).reshape(-1)]
         scaling = md.get(f"{arch}.rope.scaling.type")
         if scaling not in (None, "none"):
             factor = md.get(f"{arch}.rope.scaling.factor")
@@ -216,6 +221,9 @@ class GGUFCheckpoint:
         except KeyError:
             raise CheckpointError(f"tensor {name!r} is missing from {self.path.name}") from None
 
+    def _optional_tensor(self, gguf_name: str):
+        return next((t for t in self.reader.tensors if t.name == gguf_name), None)
+
     def _tensor(self, gguf_name: str):
         for t in self.reader.tensors:
             if t.name == gguf_name:
@@ -224,8 +232,8 @@ class GGUFCheckpoint:
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for tensors hyspec
-    does not use (``rope_freqs``, ...)."""
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for tensors that are not
+    weights of a module (``rope_freqs``: read into the config by :meth:`GGUFCheckpoint.hf_config`)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.match(gguf_name)

@@ -13,12 +13,26 @@ import math
 
 import torch
 
+from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig, RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, max_position_embeddings: int,
                         max_positions: int) -> tuple[torch.Tensor, float]:
-    """``(inv_freq [head_dim // 2] fp32, attention_factor)`` for the config's RoPE type."""
+    """``(inv_freq [head_dim // 2] fp32, attention_factor)`` for the config's RoPE type, each frequency
+    divided by its factor where the checkpoint stores per-frequency factors (a GGUF's ``rope_freqs``)."""
+    inv_freq, attention_factor = _scaled_inverse_frequencies(rope, head_dim, max_position_embeddings, max_positions)
+    if rope.freq_factors is None:
+        return inv_freq, attention_factor
+    if len(rope.freq_factors) != head_dim // 2:
+        raise CheckpointError(f"RoPE frequency factors (GGUF rope_freqs) have {len(rope.freq_factors)} entries; "
+                              f"head_dim {head_dim} needs {head_dim // 2}")
+    # llama.cpp's ggml_rope_ext: theta_i = position * base^(-2i/d) / freq_factors[i], before any scaling
+    return inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32), attention_factor
+
+
+def _scaled_inverse_frequencies(rope: RopeConfig, head_dim: int, max_position_embeddings: int,
+                                max_positions: int) -> tuple[torch.Tensor, float]:
     dim = head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     inv_freq = 1.0 / (rope.theta ** exponents)

@@ -10,6 +10,7 @@ exact statement about hyspec's loader, not about quantization error.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +29,9 @@ _LAYER = {  # HF suffix -> GGUF suffix
 }
 
 
-def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0) -> dict:
+def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0, rope_scaling: dict | None = None) -> dict:
     """A tiny llama (GQA, untied), qwen2 (qkv bias, tied) or qwen3 (q/k norms, head_dim 32 != hidden/heads)
-    checkpoint whose rows are multiples of 32."""
+    checkpoint whose rows are multiples of 32 (``rope_scaling``: a llama's ``rope_scaling`` dict)."""
     import transformers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -39,6 +40,8 @@ def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0) -> di
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, tie_word_embeddings=False)
+        if rope_scaling is not None:
+            cfg.rope_parameters = {"rope_theta": 10000.0, **rope_scaling}
         model_cls = transformers.LlamaForCausalLM
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, tie_word_embeddings=True)
@@ -82,6 +85,9 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     if tokenizer:
         _add_tokenizer(w, src)
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_freqs(cfg, scaling))
     for name, tensor in state.items():
         gguf_name = _gguf_name(name)
         if gguf_name is None:
@@ -104,6 +110,28 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
         cfg["torch_dtype"] = "float32"
         (src / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+def llama3_rope_freqs(cfg: dict, scaling: dict) -> np.ndarray:
+    """The ``rope_freqs.weight`` tensor llama.cpp's converter writes for llama3 RoPE scaling, from its published
+    rule (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors, ggml-org/llama.cpp a458664): 1 for
+    wavelengths under original_context / high_freq_factor, ``factor`` over original_context / low_freq_factor,
+    and 1 / ((1 - smooth) / factor + smooth) between."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    base = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    factor, low, high = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_context = scaling["original_max_position_embeddings"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * base ** (i / head_dim)
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def _encode(values: torch.Tensor, qtype: str) -> tuple[np.ndarray, torch.Tensor]:
