@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hyspec.errors import ConfigError
 
@@ -22,10 +22,10 @@ REMOTE_METHODS = ("draft_model", "ngram", "suffix")
 class RemoteArmOptions:
     """The ``remote`` section: where the Ray cluster is, what its CPU workers draft with, and the deadlines."""
 
-    ray_address: Optional[str] = None  # null: start a local Ray (one worker) in vLLM's drafting process
+    ray_address: str | None = None  # null: start a local Ray (one worker) in vLLM's drafting process
     method: str = "draft_model"  # the drafter each worker hosts (REMOTE_METHODS)
-    model: Optional[str] = None  # its weights on the worker nodes; null: hyspec's embedded drafter for the method
-    num_workers: Optional[int] = None  # null: one per node offering the hyspec_draft resource (`hyspec draft-worker`)
+    model: str | None = None  # its weights on the worker nodes; null: hyspec's embedded drafter for the method
+    num_workers: int | None = None  # null: one per node offering the hyspec_draft resource (`hyspec draft-worker`)
     draft_deadline_ms: int = 50  # a later draft: no draft for that step's rows
     ping_interval_ms: int = 200  # health checks: a ping every interval ...
     max_missed_pings: int = 3  # ... and a worker this many pings late is down (its rows fail over)

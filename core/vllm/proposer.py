@@ -36,10 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from hyspec.drafters.ngram.proposer import find_continuation
 from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
-from hyspec.drafters.suffix.proposer import MAX_PER_KEY, Draft, SuffixProposer, SuffixSettings
+from hyspec.drafters.suffix.proposer import (
+    MAX_PER_KEY,
+    Draft,
+    SuffixProposer,
+    SuffixSettings,
+)
 from hyspec.drafters.suffix.store import TokenStore
 from hyspec.errors import CheckpointError, ConfigError
 from hyspec.policy.canary import CONTROL, SPEC, Canary
@@ -88,9 +92,17 @@ class HyspecProposer:
             self.hybrid = VllmHybrid(o.hybrid_arms, max_num_seqs, o.load_threshold, o.bandit_explore_fraction)
         self.remote = None
         if o.uses_remote:
-            from hyspec.vllm.remote_arm import RemoteArm, TargetShape  # hyspec.remote brings torch and Ray
+            from hyspec.vllm.remote_arm import (  # hyspec.remote brings torch and Ray
+                RemoteArm,
+                TargetShape,
+            )
 
-            target = TargetShape(_vocab_size(model_config), self.max_model_len, _target_tokenizer(model_config))
+            tokenizer = _target_tokenizer(model_config)
+            vocab = _vocab_size(model_config) or (len(tokenizer.get_vocab()) if tokenizer is not None else None)
+            if vocab is None:
+                raise ConfigError("method", "remote drafting needs the target's vocabulary size; vLLM's model "
+                                            "config gives none (get_vocab_size)")
+            target = TargetShape(vocab, self.max_model_len, tokenizer)
             self.remote = RemoteArm(o.remote, self.k, target, remote_handles,
                                     (o.prompt_lookup_min, o.prompt_lookup_max))
         self._metrics = None  # the Prometheus registry load_model serves (metrics_port)
@@ -107,8 +119,9 @@ class HyspecProposer:
 
     def gauges(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         """What is true now (not counted): the quality alerts raised and the remote workers' pids, by labels."""
+        alerts = sorted(self.quality_alerts.items())
         out: dict[str, list[tuple[dict[str, str], float]]] = {
-            "quality_alert": [({"method": m, "reason": r}, float(up)) for (m, r), up in sorted(self.quality_alerts.items())]}
+            "quality_alert": [({"method": m, "reason": r}, float(up)) for (m, r), up in alerts]}
         if self.remote is not None:
             out["remote_worker_pid"] = [({"worker": name}, float(w["pid"])) for name, w in
                                         sorted(self.remote.workers().items()) if w["pid"] is not None]

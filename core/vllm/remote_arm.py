@@ -77,8 +77,8 @@ class TargetShape:
 
 
 def _no_local_proposer(target: Any, spec: MethodSpec) -> None:
-    """The remote factory's local builder: the fallback is the vLLM proposer's own suffix or ngram."""
-    return None
+    """The remote factory's local builder, which builds nothing: the fallback is the vLLM proposer's own suffix or
+    ngram, drafted in :class:`~hyspec.vllm.proposer.HyspecProposer`."""
 
 
 class RemoteArm:

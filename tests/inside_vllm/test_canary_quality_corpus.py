@@ -6,10 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from hyspec.errors import ConfigError
 from hyspec.policy.canary import CONTROL, SPEC, Canary
 from hyspec.vllm import HyspecProposer, VllmOptions
+
 from tests.inside_vllm.test_request_state import FakeRunner
 
 VOCAB = 128
@@ -54,9 +54,8 @@ def _alternating_steps(runner: FakeRunner, accepted: list[int]) -> None:
 
 def test_a_low_acceptance_alert_is_raised_and_scrapeable():
     pytest.importorskip("prometheus_client")
-    from prometheus_client import CollectorRegistry, generate_latest
-
     from hyspec.vllm.metrics import collector
+    from prometheus_client import CollectorRegistry, generate_latest
 
     proposer = HyspecProposer(vllm_config(), VllmOptions(method="ngram", prompt_lookup_min=2, quality_window=4))
     runner = FakeRunner(proposer)

@@ -11,10 +11,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from hyspec.errors import ConfigError
 from hyspec.vllm import HyspecProposer, VllmOptions, load_options
 from hyspec.vllm.options import RemoteArmOptions
+
 from tests.inside_vllm.test_request_state import FakeRunner
 
 VOCAB = 128
@@ -146,9 +146,8 @@ def test_the_hybrid_weighs_the_remote_arm_and_scrapes_the_workers_health():
                           remote=RemoteArmOptions(method="ngram", **FAST))
     proposer = HyspecProposer(vllm_config(), options, remote_handles=ngram_workers())
     try:
-        from prometheus_client import CollectorRegistry
-
         from hyspec.vllm.metrics import collector
+        from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
         registry.register(collector(lambda: proposer.stats, proposer.gauges))
