@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "hyspec.engine.llm",
     "SamplingParams": "hyspec.engine.sampling_params",
+    "StructuredOutputsParams": "hyspec.structured.params",
     "RequestOutput": "hyspec.engine.outputs",
     "CompletionOutput": "hyspec.engine.outputs",
     "default_model": "hyspec.assets",

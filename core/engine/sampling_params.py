@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hyspec.errors import RequestError
+from hyspec.structured.params import StructuredOutputError, StructuredOutputsParams
 
 
 @dataclass
@@ -33,6 +34,9 @@ class SamplingParams:
     bias, clamped to [-100, 100]), ``min_tokens`` (EOS and ``stop_token_ids`` masked until
     that many tokens are out), ``bad_words`` (a word's last token is banned where the output
     ends with the rest of it) and ``allowed_token_ids`` (every other token masked).
+
+    ``structured_outputs`` (vLLM's ``StructuredOutputsParams``: a JSON schema, regex, choice or
+    grammar) masks every token the grammar forbids, at the same positions (``hyspec.structured``).
     """
 
     n: int = 1
@@ -55,6 +59,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     extra: dict = field(default_factory=dict, repr=False)
@@ -111,6 +116,7 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise RequestError(f"seed must be an integer, got {self.seed!r}")
         self._check_controls()
+        self._check_structured_outputs()
 
     def _check_controls(self) -> None:
         """vLLM's ranges for the sampling controls; ids against the vocabulary are the engine's check."""
@@ -153,6 +159,24 @@ class SamplingParams:
             if any(not w.strip() for w in words):
                 raise RequestError(f"bad_words cannot contain an empty string, got {list(words)!r}")
             self.bad_words = list(dict.fromkeys(words)) or None
+
+    def _check_structured_outputs(self) -> None:
+        """vLLM's ``StructuredOutputsParams`` (a dict of its fields is taken too); the grammar itself is compiled
+        by the engine, against the model's tokenizer (``hyspec.structured``)."""
+        constraint = self.structured_outputs
+        if constraint is None:
+            return
+        if isinstance(constraint, dict):
+            try:
+                self.structured_outputs = constraint = StructuredOutputsParams(**constraint)
+            except TypeError as exc:  # an unknown key
+                raise StructuredOutputError("structured_outputs", str(exc).split("__init__() ")[-1]) from None
+        if not isinstance(constraint, StructuredOutputsParams):
+            raise RequestError("structured_outputs must be a StructuredOutputsParams (or a dict of its fields), "
+                               f"got {type(constraint).__name__}")
+        if self.ignore_eos:
+            raise RequestError("ignore_eos cannot be combined with structured_outputs: the grammar ends the output "
+                               "with end-of-sequence, and nothing may follow it")
 
     @property
     def has_controls(self) -> bool:

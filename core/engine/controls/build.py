@@ -16,6 +16,7 @@ from hyspec.engine.controls.masks import (AllowedTokensProcessor, BadWordsProces
 from hyspec.engine.controls.penalties import PenaltyProcessor
 from hyspec.errors import RequestError
 from hyspec.seam.processors import TokenProcessor
+from hyspec.structured import build_grammar_processor
 
 if TYPE_CHECKING:
     from hyspec.engine.sampling_params import SamplingParams
@@ -51,13 +52,23 @@ def bad_words_token_ids(words: Sequence[str], tokenizer: "Tokenizer | None", voc
     return out
 
 
+def grammar_processor(params: "SamplingParams", tokenizer: "Tokenizer | None", *, eos_ids: Collection[int],
+                      vocab_size: int) -> TokenProcessor:
+    """The request's structured-output constraint as a grammar processor (hyspec.structured)."""
+    if tokenizer is None:
+        raise RequestError("structured_outputs needs the tokenizer; the engine was started with skip_tokenizer_init")
+    return build_grammar_processor(params.structured_outputs, tokenizer, vocab_size=vocab_size, eos_ids=eos_ids)
+
+
 def build_processors(params: "SamplingParams", prompt_token_ids: Sequence[int], *, eos_ids: Collection[int],
                      vocab_size: int, tokenizer: "Tokenizer | None", device: torch.device) -> list[TokenProcessor]:
     """The processors of one request, empty when it asks for no control (the common case costs nothing)."""
-    if not params.has_controls:
-        return []
-    validate_ids(params, vocab_size)
     out: list[TokenProcessor] = []
+    if params.structured_outputs is not None:  # first: vLLM masks by the grammar before its sampler's controls
+        out.append(grammar_processor(params, tokenizer, eos_ids=eos_ids, vocab_size=vocab_size))
+    if not params.has_controls:
+        return out
+    validate_ids(params, vocab_size)
     if params.allowed_token_ids is not None:
         out.append(AllowedTokensProcessor(params.allowed_token_ids, vocab_size, device))
     if params.bad_words:
