@@ -16,7 +16,7 @@ from hyspec.engine.engine import LLMEngine, PromptType
 from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.parallel_sampling import SampleRequest, fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
-from hyspec.errors import RequestError
+from hyspec.errors import HyspecError, RequestError
 
 log = logging.getLogger(__name__)
 # LLMEngine's own keyword arguments, passed through as they are
@@ -131,16 +131,34 @@ class LLM:
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | None = None,
-        add_generation_prompt: bool = True,
         use_tqdm: bool = False,
+        *,  # vLLM's next positional parameters (lora_request, priority) are not hyspec's: by keyword from here
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template and generate (one conversation or a list of them)."""
+        """Apply the chat template and generate (one conversation or a list of them), as vLLM's ``LLM.chat``.
+
+        ``chat_template``: the template text to use instead of the tokenizer's.  ``continue_final_message``
+        leaves the final message open for the model to continue (with ``add_generation_prompt=False``).
+        ``tools``: JSON schemas rendered into the prompt by templates that take them (the output is text: no
+        tool-call parsing).  ``chat_template_kwargs``: more template variables, e.g. Qwen3's
+        ``{"enable_thinking": False}``.  The template is rendered as transformers renders it
+        (hyspec.model.chat_inputs); a template that raises is a RequestError with its message."""
         if self.tokenizer is None:
             raise RequestError("chat needs a tokenizer: this LLM was created with skip_tokenizer_init=True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
         for conversation in conversations:
-            text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt)
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                    continue_final_message=continue_final_message, tools=tools,
+                    chat_template_kwargs=chat_template_kwargs)
+            except HyspecError as exc:
+                raise RequestError(str(exc)) from None
             # The template already wrote any BOS it wants: do not add special tokens again.
             prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

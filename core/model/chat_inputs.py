@@ -44,6 +44,14 @@ RESERVED_KWARGS = {
 }
 
 
+class ChatInputError(HyspecError):
+    """A chat's inputs that no template could be rendered with; ``field`` names the argument at fault."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
 @dataclass
 class ChatInputs:
     """The template's variables, and the text of the final message when it is continued."""
@@ -56,8 +64,8 @@ class ChatInputs:
         if self.continued_text is None:
             return rendered
         if self.continued_text.strip() not in rendered or CONTINUE_TAG.strip() not in rendered:
-            raise HyspecError("continue_final_message: the final message does not appear in the rendered chat "
-                              "(the chat template changes or drops it), so it cannot be continued")
+            raise _cannot_continue("the final message does not appear in the rendered chat (the chat template "
+                                   "changes or drops it)")
         at = rendered.rindex(CONTINUE_TAG.strip())
         if rendered[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG:
             return rendered[:at]
@@ -70,20 +78,21 @@ def prepare(messages: Any, template_source: str, special_tokens: Mapping[str, st
             chat_template_kwargs: Mapping[str, Any] | None = None) -> ChatInputs:
     """The variables ``template_source`` is rendered with (HyspecError naming what is wrong)."""
     if continue_final_message and add_generation_prompt:
-        raise HyspecError("continue_final_message and add_generation_prompt cannot both be set: the first "
-                          "continues the final message, the second starts a new assistant message")
+        raise ChatInputError("continue_final_message", "continue_final_message and add_generation_prompt cannot "
+                             "both be set: the first continues the final message, the second starts a new one")
     kwargs = dict(chat_template_kwargs or {})
     for name in kwargs:
         if not isinstance(name, str):
-            raise HyspecError(f"chat_template_kwargs: keys must be strings, got {name!r}")
+            raise ChatInputError("chat_template_kwargs", f"chat_template_kwargs: keys must be strings, got {name!r}")
         if name in RESERVED_KWARGS:
-            raise HyspecError(f"chat_template_kwargs may not set {name!r}: that is {RESERVED_KWARGS[name]}")
+            raise ChatInputError("chat_template_kwargs",
+                                 f"chat_template_kwargs may not set {name!r}: that is {RESERVED_KWARGS[name]}")
     chat = _conversation(messages)
     continued = _tag_final_message(chat, continue_final_message, template_source) if continue_final_message else None
     if tools is not None and not all(isinstance(t, Mapping) for t in tools):
-        raise HyspecError("tools must be JSON schemas (dicts)")
+        raise ChatInputError("tools", "tools must be JSON schemas (dicts)")
     if documents is not None and not all(isinstance(d, Mapping) for d in documents):
-        raise HyspecError("documents must be dicts (with 'title' and 'text')")
+        raise ChatInputError("documents", "documents must be dicts (with 'title' and 'text')")
     variables = {"messages": chat, "tools": plain_data(tools), "documents": plain_data(documents),
                  "add_generation_prompt": add_generation_prompt,
                  **{k: v for k, v in special_tokens.items() if v is not None}, **plain_data(kwargs)}
@@ -92,13 +101,13 @@ def prepare(messages: Any, template_source: str, special_tokens: Mapping[str, st
 
 def _conversation(messages: Any) -> list[dict[str, Any]]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
-        raise HyspecError(f"messages must be a list of messages, got {type(messages).__name__}")
+        raise ChatInputError("messages", f"messages must be a list of messages, got {type(messages).__name__}")
     if not messages:
-        raise HyspecError("messages is empty: a chat template needs at least one message")
+        raise ChatInputError("messages", "messages is empty: a chat template needs at least one message")
     chat = []
     for i, message in enumerate(plain_data(list(messages))):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise HyspecError(f"messages[{i}] must be a dict with 'role' and 'content'")
+            raise ChatInputError("messages", f"messages[{i}] must be a dict with 'role' and 'content'")
         message = {k: v for k, v in message.items() if v is not None}  # templates handle a missing key, not None
         reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
         if reasoning is not None:
@@ -113,23 +122,27 @@ def _tag_final_message(chat: list[dict[str, Any]], continue_final_message: bool 
     final = chat[-1]
     text = final.get(field)
     if text is None:
-        raise HyspecError(f"continue_final_message: the final message has no {field!r} to continue")
+        raise _cannot_continue(f"the final message has no {field!r}")
     fields = [field]
     if field in REASONING_FIELDS:  # the reasoning is under several names: whichever the template reads
         fields = [f for f in REASONING_FIELDS if final.get(f) == text]
     if not any(f in template_source for f in fields):
-        raise HyspecError(f"continue_final_message: this chat template does not read the final message's {field!r}")
+        raise _cannot_continue(f"this chat template does not read the final message's {field!r}")
     if isinstance(text, (list, tuple)):  # content parts: continue the last text part
         for part in reversed(text):
             if "text" in part:
                 continued, part["text"] = part["text"], part["text"] + CONTINUE_TAG
                 return continued
-        raise HyspecError("continue_final_message: the final message has no text part to continue")
+        raise _cannot_continue("the final message has no text part")
     if not isinstance(text, str):
-        raise HyspecError(f"continue_final_message: the final message's {field!r} must be text")
+        raise _cannot_continue(f"the final message's {field!r} is not text")
     for f in fields:
         final[f] = final[f] + CONTINUE_TAG
     return text
+
+
+def _cannot_continue(reason: str) -> ChatInputError:
+    return ChatInputError("continue_final_message", f"continue_final_message: cannot continue: {reason}")
 
 
 def plain_data(value: Any) -> Any:

@@ -41,6 +41,8 @@ DEFAULT_MAX_CHARS = 16 << 20
 DEFAULT_TIMEOUT_S = 10.0
 # Roles whose content is the operator's: their control-token text is kept as written.
 TRUSTED_ROLES = frozenset({"system", "developer"})
+# The message keys whose text is the client's: content, name, and an assistant turn's reasoning.
+MARKED_KEYS = frozenset({"content", "name", "reasoning", "reasoning_content", "thinking"})
 
 
 class ChatTemplateBoundError(HyspecError):
@@ -251,7 +253,7 @@ class MarkedMessages:
 
 
 def mark_control_text(messages: list[dict[str, Any]], control_texts: list[str]) -> MarkedMessages:
-    """Swap every control-token text in the content and name of messages from untrusted roles for a marker.
+    """Swap every control-token text in the MARKED_KEYS of messages from untrusted roles for a marker.
 
     Markers hold a random nonce between private-use characters: content cannot forge one."""
     nonce = secrets.token_hex(8)
@@ -267,7 +269,6 @@ def mark_control_text(messages: list[dict[str, Any]], control_texts: list[str]) 
     marked = []
     for m in messages:
         if m.get("role") not in TRUSTED_ROLES:
-            m = {k: control.sub(marker, v) if k in ("content", "name") and isinstance(v, str) else v
-                 for k, v in m.items()}
+            m = {k: control.sub(marker, v) if k in MARKED_KEYS and isinstance(v, str) else v for k, v in m.items()}
         marked.append(m)
     return MarkedMessages(marked, originals, re.compile(f"\ue000hyspec{nonce}:(\\d+)\ue001"))

@@ -190,6 +190,10 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[Text, list[TextPart]]] = None
     name: Optional[Text] = None
+    # an assistant turn's reasoning, for templates that keep it in the history (Qwen3's reads reasoning_content;
+    # vLLM's name is reasoning: the template sees it under both, as transformers passes it)
+    reasoning: Optional[Text] = None
+    reasoning_content: Optional[Text] = None
 
     def text(self) -> str:
         if self.content is None:
@@ -203,7 +207,14 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Optional[StrictInt] = Field(None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, description="default: up to max_model_len")
-    add_generation_prompt: StrictBool = Field(True, description="vLLM extension")
+    add_generation_prompt: StrictBool = Field(True, description="vLLM extension: end the prompt with the "
+                                                                "template's assistant header")
+    continue_final_message: StrictBool = Field(False, description="vLLM extension: leave the final message open "
+                                                                  "for the model to continue (with "
+                                                                  "add_generation_prompt: false)")
+    chat_template_kwargs: Optional[dict[str, Any]] = Field(
+        None, description="vLLM extension: more chat-template variables (Qwen3's enable_thinking); names the "
+                          "template does not read are passed on unused")
     logprobs: Optional[StrictBool] = Field(None, description="return the logprob of each output token")
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="with logprobs: the k most likely tokens "
                                                                       "at each position (k <= --max-logprobs)")
@@ -214,6 +225,9 @@ class ChatCompletionRequest(_SamplingRequest):
     def _check_top_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "needs logprobs: true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise FieldError("continue_final_message", "cannot be used with add_generation_prompt: true (its "
+                                                       "default): send add_generation_prompt: false")
         return self
 
     def logprob_counts(self) -> tuple[int | None, int | None]:

@@ -89,12 +89,12 @@ COMPLETION_ONLY: dict[str, Refusal] = {
 
 CHAT_ONLY: dict[str, Refusal] = {
     "response_format": Refusal(NOT_YET, (None, {"type": "text"})),
-    "chat_template_kwargs": Refusal(NOT_YET, _NONE_OR_EMPTY),
-    "continue_final_message": Refusal(NOT_YET, (None, False)),
     "documents": Refusal(NOT_YET, _NONE_OR_EMPTY),
     "chat_template": Refusal("hyspec never renders a template sent in a request (vLLM also refuses it unless "
                              "started with --trust-request-chat-template); start hyspec serve with --chat-template"),
     "add_special_tokens": Refusal("the chat template writes every special token (BOS included)", (None, False)),
+    "return_prompt_text": Refusal("hyspec does not return the rendered prompt (POST /tokenize with the messages "
+                                  "gives its tokens)", (None, False)),
     "echo": Refusal("chat has no prompt to echo in hyspec (completions' echo returns the prompt)", (None, False)),
     "tools": Refusal(TOOLS, _NONE_OR_EMPTY),
     "tool_choice": Refusal(TOOLS, (None, "none", "auto")),

@@ -22,6 +22,7 @@ from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.parallel_sampling import fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import HyspecError, RequestError
+from hyspec.model.chat_inputs import ChatInputError
 from hyspec.server.async_engine import AsyncEngine, RequestAbortedError, RequestStream, ServiceUnavailableError
 from hyspec.server.errors import APIError, request_error_param, sse_error
 from hyspec.server.logprobs_format import CompletionLogprobBuilder, chat_logprobs
@@ -249,16 +250,20 @@ class OpenAIServing:
                                       choices=choices, usage=_usage([prompt], finals))
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+        messages = [{"role": m.role, "content": m.text(),
+                     **{k: getattr(m, k) for k in ("name", "reasoning", "reasoning_content") if getattr(m, k)}}
                     for m in req.messages]
         try:
             # The template writes any BOS it wants; no special tokens are added again (as LLM.chat does).
             text, ids = self.tokenizer.encode_chat(
                 messages, add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
                 split_special_tokens_in_content=self.split_special_tokens_in_content,
                 # the messages' text (checked against max_prompt_chars) plus the template's own
                 max_output_chars=2 * self.max_prompt_chars + (64 << 10), timeout_s=CHAT_TEMPLATE_TIMEOUT_S)
-        except HyspecError as exc:
+        except ChatInputError as exc:
+            raise APIError(400, str(exc), param=exc.field) from None
+        except HyspecError as exc:  # the template failed (its raise_exception's message) or passed a bound
             raise APIError(400, f"messages: {exc}", param="messages") from None
         return Prompt(text, ids)
 
