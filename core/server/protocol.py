@@ -202,6 +202,10 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def chars(self) -> int:
+        """Characters of the client's text in this message (bounded by --max-prompt-chars)."""
+        return sum(len(t or "") for t in (self.text(), self.name, self.reasoning, self.reasoning_content))
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]

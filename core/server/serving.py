@@ -226,7 +226,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.top_logprobs, "top_logprobs")
-        self._check_prompt_chars(sum(len(m.text()) + len(m.name or "") for m in req.messages), "messages")
+        self._check_prompt_chars(sum(m.chars() for m in req.messages), "messages")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._max_tokens(req.requested_max_tokens, max_field, [prompt])
