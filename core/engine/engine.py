@@ -49,6 +49,7 @@ from hyspec.kv.prefix_cache import PrefixCache
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.config import ModelConfig
 from hyspec.model.gguf_checkpoint import is_gguf
+from hyspec.model.hub import looks_like_model_id, resolve_model
 from hyspec.model.loader import load_model
 from hyspec.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from hyspec.seam.forward import ALL_LOGITS, LAST_LOGITS, NO_LOGITS, Feed, ModelRunner
@@ -92,8 +93,10 @@ class LLMEngine:
         # looked up on the module at each call: conformance and tests install a backend by replacing get_backend
         self.backend = backend_registry.get_backend(None if backend in (None, "auto") else backend)
         self.device = self.backend.device
-        path = Path(model)
+        path = resolve_model(model)  # a path, or a Hub id's snapshot in the local Hugging Face cache
         self.model_path = path
+        #: the Hub id the model was named by (served under that name, as vLLM does); None for a path
+        self.model_id = str(model) if looks_like_model_id(model) else None
         cfg = ModelConfig.from_pretrained(path)  # first: it names a missing directory plainly
         if logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError("logprobs_mode", f"must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")

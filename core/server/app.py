@@ -99,6 +99,9 @@ def create_app(
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)
     model_path = Path(async_engine.engine.model_path)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+    model_id = getattr(async_engine.engine, "model_id", None)
+    if not names and model_id is not None:  # a Hub id resolved from the local cache: served under the id
+        names = [model_id]
     if not names:
         names = [model_path.stem if model_path.suffix.lower() == ".gguf" else model_path.name]
     if not all(isinstance(n, str) and n for n in names):
