@@ -204,7 +204,7 @@ class _Refuse(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         value = self.const if self.nargs == 0 else values
-        if value is False or _matches(value, self.accepts):
+        if (value is False and True not in self.accepts) or _matches(value, self.accepts):
             return
         shown = "" if self.nargs == 0 else " " + (" ".join(values) if isinstance(values, list) else str(values))
         raise argparse.ArgumentError(self, f"{option_string}{shown} is not supported by hyspec: {self.reason}")

@@ -8,7 +8,7 @@ from the installed vLLM by scripts/gen_vllm_schemas.py; tests/test_vllm_args.py 
 There are two states, never a third: :class:`Implemented` (mapped onto hyspec's option ``dest``) and
 :class:`Refused` (an error naming the argument and the reason).  A refused argument still passes when its
 value asks for nothing (None, False -- the ``--no-`` spelling) or for exactly what hyspec does
-(``Refused.accepts``: ``--tensor-parallel-size 1``).
+(``Refused.accepts``: ``--tensor-parallel-size 1``; ``--enable-chunked-prefill``, where ``--no-`` is refused).
 """
 from __future__ import annotations
 
@@ -39,13 +39,17 @@ class Implemented:
 
 @dataclass(frozen=True)
 class Refused:
-    """hyspec has not got it: any value but None, False or one of ``accepts`` is an error giving ``reason``."""
+    """hyspec has not got it: any value but None, False or one of ``accepts`` is an error giving ``reason``.
+    When ``accepts`` holds True (a behaviour hyspec always has, e.g. chunked prefill), False asks to turn it
+    off, and is refused too."""
 
     reason: str
     accepts: tuple[Any, ...] = ()
 
     def allows(self, value: Any) -> bool:
-        return value is None or value is False or value in self.accepts or (
+        if value is False:
+            return True not in self.accepts
+        return value is None or any(value == a and type(value) is type(a) for a in self.accepts) or (
             isinstance(value, (list, tuple, dict, set)) and not value)
 
 
