@@ -26,7 +26,7 @@ verdict is deterministic on a given machine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from hyspec import SamplingParams
@@ -67,34 +67,46 @@ def _processed(logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R, V] fp64 p
     return probs.double()
 
 
-def exact_law(engine: "LLMEngine", prompt: Sequence[int]) -> ExactLaw:
-    """The law of the first three tokens, from ``engine``'s plain logits on every prefix in the support."""
+#: ``(logits [V], output tokens so far) -> logits``: a sampling control written out for the law (e.g. a penalty)
+Adjust = Callable[[torch.Tensor, list[int]], torch.Tensor]
+
+
+def exact_law(engine: "LLMEngine", prompt: Sequence[int], adjust: Adjust | None = None) -> ExactLaw:
+    """The law of the first three tokens, from ``engine``'s plain logits on every prefix in the support;
+    ``adjust`` changes each position's logits given the output before it, before temperature and filters."""
     prompt = list(prompt)
-    p1 = _processed(reference_logits(engine, [prompt], [[0]])[0])[0]
+
+    def position(logits: torch.Tensor, output: list[int]) -> torch.Tensor:  # [1, V] -> [V] fp64
+        if adjust is not None:
+            logits = adjust(logits[0].float(), output)[None]
+        return _processed(logits)[0]
+
+    p1 = position(reference_logits(engine, [prompt], [[0]])[0][:1], [])
     firsts = p1.nonzero().flatten().tolist()
     rows = reference_logits(engine, [prompt] * len(firsts), [[t, 0] for t in firsts])
     joint12, y2, y3 = {}, {}, {}
     pairs = []
     for t1, r in zip(firsts, rows):
-        p2 = _processed(r[1:2])[0]
+        p2 = position(r[1:2], [t1])
         for t2 in p2.nonzero().flatten().tolist():
             joint12[(t1, t2)] = float(p1[t1] * p2[t2])
             y2[t2] = y2.get(t2, 0.0) + joint12[(t1, t2)]
             pairs.append((t1, t2))
     rows3 = reference_logits(engine, [prompt] * len(pairs), [[t1, t2, 0] for t1, t2 in pairs])
     for (t1, t2), r in zip(pairs, rows3):
-        p3 = _processed(r[2:3])[0]
+        p3 = position(r[2:3], [t1, t2])
         for t3 in p3.nonzero().flatten().tolist():
             y3[t3] = y3.get(t3, 0.0) + joint12[(t1, t2)] * float(p3[t3])
     return ExactLaw(joint12, y2, y3)
 
 
 def sample_through_generate(llm: Any, prompt: Sequence[int], n: int, seed: int = 0,
-                            max_tokens: int = 3) -> list[list[int]]:
+                            max_tokens: int = 3, **controls: Any) -> list[list[int]]:
     """``n`` seeded requests for ``prompt`` through ``LLM.generate``; the first three tokens of each.
-    ``max_tokens`` > 3 lets drafts reach past the third token (the law is still the first three's)."""
-    params = [SamplingParams(**PARAMS, seed=seed * 1_000_003 + i, max_tokens=max(3, max_tokens), ignore_eos=True)
-              for i in range(n)]
+    ``max_tokens`` > 3 lets drafts reach past the third token (the law is still the first three's);
+    ``controls``: more SamplingParams fields (a penalty: then give exact_law the same as ``adjust``)."""
+    params = [SamplingParams(**PARAMS, seed=seed * 1_000_003 + i, max_tokens=max(3, max_tokens), ignore_eos=True,
+                             **controls) for i in range(n)]
     return [o.outputs[0].token_ids[:3] for o in llm.generate([list(prompt)] * n, params)]
 
 

@@ -50,6 +50,15 @@ def test_random_trees_with_controls_identical_to_plain(target_dir, plain_llm, co
     assert t["accepted_per_position"][2] > 0  # deep paths were accepted: the counts included earlier drafts
 
 
+def test_a_verifier_forgetting_the_drafts_on_the_path_is_caught(target_dir, plain_llm, monkeypatch):
+    """The mutant penalises every tree row as if it came right after the committed output."""
+    import hyspec.spec.verify_controls as verify_controls
+
+    monkeypatch.setattr(verify_controls, "node_paths", lambda tree: [[] for _ in range(tree.num_nodes)])
+    with pytest.raises(AssertionError, match="=="):
+        test_random_trees_with_controls_identical_to_plain(target_dir, plain_llm, "penalties")
+
+
 def test_prompt_lookup_with_controls_identical_to_plain(target_dir, plain_llm):
     llm = LLM(str(target_dir), dtype="float32", kv_cache_bytes=8 << 20,
               speculative_config={**FAST, "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
