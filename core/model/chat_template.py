@@ -272,3 +272,11 @@ def mark_control_text(messages: list[dict[str, Any]], control_texts: list[str]) 
             m = {k: control.sub(marker, v) if k in MARKED_KEYS and isinstance(v, str) else v for k, v in m.items()}
         marked.append(m)
     return MarkedMessages(marked, originals, re.compile(f"\ue000hyspec{nonce}:(\\d+)\ue001"))
+
+
+def find_control_text(value: Any, control_texts: list[str]) -> str | None:
+    """The first control-token text in any string inside ``value`` (dicts, lists), or None."""
+    if isinstance(value, str):
+        return next((t for t in control_texts if t in value), None)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((found for v in items if (found := find_control_text(v, control_texts)) is not None), None)

@@ -14,7 +14,8 @@ from typing import Any
 
 from hyspec.errors import CheckpointError, HyspecError
 from hyspec.model import chat_inputs
-from hyspec.model.chat_template import ChatTemplateBoundError, RenderBounds, compile_template, mark_control_text, render
+from hyspec.model.chat_template import (ChatTemplateBoundError, RenderBounds, compile_template, find_control_text,
+                                        mark_control_text, render)
 from hyspec.model.gguf_tokenizer import build_gguf_tokenizer
 
 # Longer texts are encoded through encode_batch, which releases the interpreter lock while Rust works
@@ -172,7 +173,14 @@ class Tokenizer:
 
         With ``split_special_tokens_in_content``, control-token text (``<|im_start|>``) in the content of a
         message that is not the operator's (system, developer) is encoded as text, so that a user cannot
-        open a turn of another role; the template's own control tokens stay control tokens."""
+        open a turn of another role; the template's own control tokens stay control tokens.  Control-token text
+        in ``chat_template_kwargs`` or ``documents`` (which a template may write anywhere) is refused instead."""
+        if split_special_tokens_in_content:
+            for field in ("chat_template_kwargs", "documents"):
+                found = find_control_text(options.get(field), self.special_token_texts)
+                if found is not None:
+                    raise chat_inputs.ChatInputError(field, f"{field} holds the control-token text {found!r}, which "
+                                                            "could open a turn of another role: leave it out")
         marked = mark_control_text(messages, self.special_token_texts if split_special_tokens_in_content else [])
         if not marked.originals:
             text = self.apply_chat_template(messages, add_generation_prompt, **options)

@@ -219,6 +219,9 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template_kwargs: Optional[dict[str, Any]] = Field(
         None, description="vLLM extension: more chat-template variables (Qwen3's enable_thinking); names the "
                           "template does not read are passed on unused")
+    documents: Optional[list[dict[str, Text]]] = Field(
+        None, description="vLLM extension: documents for templates that take them (retrieval-augmented "
+                          "generation), e.g. [{'title': ..., 'text': ...}]")
     logprobs: Optional[StrictBool] = Field(None, description="return the logprob of each output token")
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, description="with logprobs: the k most likely tokens "
                                                                       "at each position (k <= --max-logprobs)")
@@ -236,6 +239,11 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return (self.top_logprobs or 0) if self.logprobs else None, None
+
+    def prompt_chars(self) -> int:
+        """Characters of the client's text the chat template may write (bounded by --max-prompt-chars)."""
+        documents = sum(len(k) + len(v) for d in self.documents or () for k, v in d.items())
+        return sum(m.chars() for m in self.messages) + documents
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -89,7 +89,6 @@ COMPLETION_ONLY: dict[str, Refusal] = {
 
 CHAT_ONLY: dict[str, Refusal] = {
     "response_format": Refusal(NOT_YET, (None, {"type": "text"})),
-    "documents": Refusal(NOT_YET, _NONE_OR_EMPTY),
     "chat_template": Refusal("hyspec never renders a template sent in a request (vLLM also refuses it unless "
                              "started with --trust-request-chat-template); start hyspec serve with --chat-template"),
     "add_special_tokens": Refusal("the chat template writes every special token (BOS included)", (None, False)),

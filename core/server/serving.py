@@ -226,7 +226,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.top_logprobs, "top_logprobs")
-        self._check_prompt_chars(sum(m.chars() for m in req.messages), "messages")
+        self._check_prompt_chars(req.prompt_chars(), "messages")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._max_tokens(req.requested_max_tokens, max_field, [prompt])
@@ -258,6 +258,7 @@ class OpenAIServing:
             text, ids = self.tokenizer.encode_chat(
                 messages, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message, chat_template_kwargs=req.chat_template_kwargs,
+                documents=req.documents,
                 split_special_tokens_in_content=self.split_special_tokens_in_content,
                 # the messages' text (checked against max_prompt_chars) plus the template's own
                 max_output_chars=2 * self.max_prompt_chars + (64 << 10), timeout_s=CHAT_TEMPLATE_TIMEOUT_S)

@@ -87,7 +87,7 @@ class OpenAITokenization:
                                 "every special token (BOS included)", param="add_special_tokens")
         chat = validated(ChatCompletionRequest, {k: v for k, v in body.items() if k not in _TOKENIZE_ONLY})
         self.serving.check_model(chat.model)
-        self.serving._check_prompt_chars(sum(m.chars() for m in chat.messages), "messages")
+        self.serving._check_prompt_chars(chat.prompt_chars(), "messages")
         prompt = await asyncio.to_thread(self.serving._chat_prompt, chat)
         return self._answer(prompt.token_ids, return_strs)
 
