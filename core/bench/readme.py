@@ -31,6 +31,8 @@ def _x(value: float | None) -> str:
 
 
 def _identity(row: dict[str, Any]) -> str:
+    if row["engine"] == "vllm" and row.get("identity"):  # vLLM's speculative rows: against vLLM plain
+        return IDENTITY[row["identity"]["status"]] + " (vs vLLM plain)"
     if row["engine"] != "hyspec":
         return "–"
     if row["method"] == "none":
@@ -39,10 +41,19 @@ def _identity(row: dict[str, Any]) -> str:
     return "–" if ident is None else IDENTITY[ident["status"]]
 
 
+def _vllm_sentence(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "; vLLM in worker processes of its own venv"
+    return (f"; vLLM {info.get('version')} (CPU build) in worker processes of its own venv, one engine at a time "
+            f"after hyspec's rows, on `{Path(info['model']).name}` in {info.get('dtype')} (a Hugging Face "
+            "directory), the same prompt token ids and token count")
+
+
 def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") -> str:
     """Markdown: how it was measured, on which machine, the table, the goals and the bandwidth limit."""
     s, model, data = doc["settings"], doc["model"], doc["dataset"]
     command = shlex.join(doc["command"]) if doc.get("command") else "hyspec bench"
+    vllm = any(r["engine"] == "vllm" for r in doc["results"])
     out = [heading, "",
            f"Measured with `{command}` on **{doc['machine_label']}** ({doc['created_utc'][:10]}, hyspec "
            f"{doc['hyspec_version']}). Target: `{model['name']}` ({model['parameters'] / 1e6:.1f}M parameters, "
@@ -52,17 +63,19 @@ def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") ->
            f"(min–max). The transformers peers ran in the same process on the same weights and prompts"
            + ("; llama.cpp (llama-cpp-python) in a child process on the same GGUF, prompt token ids, token "
               "count and thread count" if any(p.startswith("llamacpp") for p in s.get("peers", ())) else "")
+           + (_vllm_sentence(model.get("vllm")) if vllm else "")
            + ".", "",
            "| configuration | batch | T | tokens/s | × hyspec plain | × transformers generate | × llama.cpp "
-           "| mean acceptance length | TTFT (ms) | peak RSS (MiB) | token-identical |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           + ("| × vLLM " if vllm else "")
+           + "| mean acceptance length | TTFT (ms) | peak RSS (MiB) | token-identical |",
+           "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if vllm else "") + "---:|---:|---:|---|"]
     notes: list[str] = []
     for r in doc["results"]:
         if r["status"] != OK:
             if r["reason"] not in notes:
                 notes.append(r["reason"])
             out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {r['status']} "
-                       f"[^{notes.index(r['reason']) + 1}] | | | | | | | |")
+                       f"[^{notes.index(r['reason']) + 1}] | | | | | | | |" + (" |" if vllm else ""))
             continue
         t = r["tokens_per_s"]
         acc = (r.get("acceptance") or {}).get("mean_acceptance_length")
@@ -70,9 +83,18 @@ def render_readme_section(doc: dict[str, Any], heading: str = "## Benchmark") ->
         out.append(f"| {r['label']} | {r['batch_size']} | {r['temperature']:g} | {t['median']:.1f} "
                    f"({t['min']:.1f}–{t['max']:.1f}) | {_x(r['speedup_vs_plain'])} "
                    f"| {_x(r['speedup_vs_peers'].get('hf_generate'))} "
-                   f"| {_x(r['speedup_vs_peers'].get('llamacpp'))} | {'–' if acc is None else f'{acc:.2f}'} "
+                   f"| {_x(r['speedup_vs_peers'].get('llamacpp'))} "
+                   + (f"| {_x(r['speedup_vs_peers'].get('vllm'))} " if vllm else "")
+                   + f"| {'–' if acc is None else f'{acc:.2f}'} "
                    f"| {'–' if ttft is None else f'{ttft:.1f}'} | {r['peak_rss_bytes'] / 2**20:.0f} "
                    f"| {_identity(r)} |")
+    prefill = doc.get("prefill")
+    if prefill:
+        parts = [f"{e['label']} {e['tokens_per_s']['median']:.0f} ({e['tokens_per_s']['min']:.0f}–"
+                 f"{e['tokens_per_s']['max']:.0f})" if "tokens_per_s" in e else f"{e['label']}: {e['error']}"
+                 for e in prefill["engines"]]
+        out += ["", f"Prefill of one {prefill['prompt_tokens']}-token prompt, prompt tokens/s (median of "
+                    f"{prefill['repeats']}, min–max): " + "; ".join(parts) + "."]
     bw = doc["bandwidth"]
     out += ["", f"Memory-bandwidth limit of plain decoding: {bw['copy']['bytes_per_s'] / 1e9:.2f} GB/s copy "
                 f"bandwidth ÷ {bw['decode_weight_bytes'] / 2**20:.1f} MiB of weights per step = "

@@ -26,7 +26,9 @@ from hyspec.bench.measure import Measurement, Workload
 from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing
 from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
-from hyspec.bench.settings import LLAMACPP_PEERS, PEERS, PLAIN, BenchSettings, bench_methods
+from hyspec.bench.settings import LLAMACPP_PEERS, PEERS, PLAIN, VLLM_PEERS, BenchSettings, bench_methods
+from hyspec.bench.prefill import hyspec_prefill, long_prompt
+from hyspec.bench.vllm_rows import VllmRows
 from hyspec.bench.workloads import workload_requests
 from hyspec.errors import HyspecError
 from hyspec.model.config import ModelConfig
@@ -139,8 +141,10 @@ class BenchRunner:
                     dataset=prompts.summary(), settings=s.to_dict(), bandwidth=bandwidth_doc,
                     drafters={m: {"path": str(drafters[m]) if m in drafters else None, "reason": missing.get(m)}
                               for m in drafter_methods()},
-                    memory_method=self.peak.read().method, rows=rows, complete=complete).to_dict()
+                    memory_method=self.peak.read().method, rows=rows, complete=complete,
+                    prefill=prefill_doc).to_dict()
 
+            prefill_doc = None
             self._save(doc, rows)
             logits = ReferenceLogits(model, dtype, backend, s.quantization)  # the engine's kernels and weights
             self.judge = judge
@@ -159,6 +163,20 @@ class BenchRunner:
                 self._save(doc, rows)
             rows += self._peers(model, workloads, drafters.get("draft_model"), reference, logits, dtype,
                                 backend.device)
+            prompt = None if s.prefill_tokens is None else long_prompt(prompts.token_ids, s.prefill_tokens)
+            if prompt is not None:
+                self._tick("hyspec plain: prefill")
+                prefill_doc = {"prompt_tokens": len(prompt), "repeats": s.repeats,
+                               "engines": [hyspec_prefill(model, s, prompt, s.repeats)]}
+            if any(p in VLLM_PEERS for p in s.peers):
+                self._save(doc, rows)
+                vllm = VllmRows(s, model, workloads, lambda w, out: self._agreement(w, out, reference, logits, dtype),
+                                self._tick, self.bar.update, prompt)
+                rows += vllm.run(s.peers)
+                if prefill_doc is not None and vllm.prefill is not None:
+                    prefill_doc["engines"].append(vllm.prefill)
+                if vllm.info:  # which vLLM, on which weights: the document's model section says
+                    model_info["vllm"] = vllm.info
         finally:
             self.bar.close()
         return doc(rows, True)
@@ -379,6 +397,11 @@ class BenchRunner:
         lc = [p for p in self.settings.peers if p in LLAMACPP_PEERS]
         return (self._hf_peers(model, workloads, assistant, reference, logits, dtype, device)
                 + (self._llamacpp_peers(lc, model, workloads, reference, logits, dtype) if lc else []))
+
+    @staticmethod
+    def _agreement(w: Workload, outputs: list[list[int]], reference: dict, logits: ReferenceLogits, dtype):
+        """Another engine's greedy outputs against hyspec plain decoding's (information, as for every peer)."""
+        return None if w.temperature else check_identity(w.prompts, reference[w.key()], outputs, logits, dtype)
 
     def _llamacpp_peers(self, peers: list[str], model: Path, workloads: list[Workload], reference: dict,
                         logits: ReferenceLogits, dtype) -> list[Row]:

@@ -26,11 +26,20 @@ def bench_methods() -> tuple[str, ...]:
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 #: the llama.cpp peers (llama-cpp-python, optional: hyspec.bench.llamacpp_peer): plain and prompt lookup
 LLAMACPP_PEERS = ("llamacpp", "llamacpp_prompt_lookup")
+#: the vLLM peers (vLLM's CPU build in a venv of its own, optional: hyspec.bench.vllm_peer): plain, its ngram,
+#: suffix and eagle3 methods, and vLLM + hyspec's proposer
+VLLM_PEERS = ("vllm", "vllm_ngram", "vllm_suffix", "vllm_eagle3", "vllm_hyspec")
+#: the peers run when --peers is not given (the vLLM ones join when a vLLM Python is named)
+DEFAULT_PEERS = PEERS + LLAMACPP_PEERS
 #: every peer, in table order
-ALL_PEERS = PEERS + LLAMACPP_PEERS
+ALL_PEERS = PEERS + LLAMACPP_PEERS + VLLM_PEERS
 PEER_LABELS = {"hf_generate": "transformers generate", "hf_prompt_lookup": "transformers prompt lookup",
                "hf_assisted": "transformers assisted (draft_model)", "llamacpp": "llama.cpp",
-               "llamacpp_prompt_lookup": "llama.cpp prompt lookup"}
+               "llamacpp_prompt_lookup": "llama.cpp prompt lookup", "vllm": "vLLM",
+               "vllm_ngram": "vLLM ngram", "vllm_suffix": "vLLM suffix", "vllm_eagle3": "vLLM eagle3 (hyspec's head)",
+               "vllm_hyspec": "vLLM + hyspec"}
+#: what vLLM + hyspec proposes unless --vllm-hyspec-options says otherwise (hyspec.vllm.options)
+VLLM_HYSPEC_OPTIONS = {"method": "hybrid"}
 #: prompt lookup on both sides: n-grams of 1..3 tokens (transformers tries max_matching_ngram_size down to 1)
 NGRAM_MIN, NGRAM_MAX = 1, 3
 
@@ -74,8 +83,16 @@ class BenchSettings:
     num_prompts: int = FULL.num_prompts
     methods: tuple[str, ...] | None = None  # None: every method whose drafter exists
     drafters: Mapping[str, Path] = field(default_factory=dict)  # method -> drafter dir (overrides the embedded)
-    peers: tuple[str, ...] = ALL_PEERS
+    peers: tuple[str, ...] = DEFAULT_PEERS
     llamacpp_python: str | None = None  # a Python with llama-cpp-python (None: $HYSPEC_LLAMACPP_PYTHON, then this one)
+    vllm_python: str | None = None  # the vLLM venv's Python (None: $HYSPEC_VLLM_PYTHON; vLLM rows skipped without)
+    vllm_model: Path | None = None  # vLLM's Hugging Face directory (None: the bench's model, if it is one)
+    vllm_dtype: str = "float32"  # vLLM's --dtype (export-hf writes float32 unless told otherwise)
+    vllm_eagle3: Path | None = None  # the EAGLE-3 head hyspec export-drafter wrote, for the vllm_eagle3 row
+    vllm_hyspec_options: Mapping[str, Any] = field(default_factory=lambda: dict(VLLM_HYSPEC_OPTIONS))
+    vllm_memory_fraction: float = 0.12  # vLLM's gpu_memory_utilization: on its CPU build, the share of RAM it takes
+    #: prompt tokens of the prefill figure (one prompt prefilled alone, hyspec plain and vLLM plain); None: not run
+    prefill_tokens: int | None = None
     batch_sizes: tuple[int, ...] = FULL.batch_sizes
     temperatures: tuple[float, ...] = FULL.temperatures
     max_tokens: int = FULL.max_tokens
@@ -135,6 +152,15 @@ class BenchSettings:
             if method not in registry.drafter_methods():  # those with weights: not ngram, suffix, hybrid
                 raise ConfigError("--drafter", f"{method!r} has no drafter weights; "
                                                f"one of {', '.join(registry.drafter_methods())}")
+        if self.vllm_dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ConfigError("--vllm-dtype", f"one of float32, bfloat16, float16, auto; got {self.vllm_dtype!r}")
+        if not 0.0 < self.vllm_memory_fraction < 1.0:
+            raise ConfigError("--vllm-memory-fraction", f"must be in (0, 1), got {self.vllm_memory_fraction}")
+        if not isinstance(self.vllm_hyspec_options, Mapping):
+            raise ConfigError("--vllm-hyspec-options", "expected a JSON object")
+        if self.prefill_tokens is not None and (isinstance(self.prefill_tokens, bool)
+                                                or not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 2):
+            raise ConfigError("--prefill-tokens", f"must be an integer >= 2, got {self.prefill_tokens!r}")
         if not isinstance(self.speculative_config_extra, Mapping):
             raise ConfigError("--speculative-config-extra", "expected a JSON object")
         if "method" in self.speculative_config_extra:
@@ -156,6 +182,10 @@ class BenchSettings:
             "methods": None if self.methods is None else list(self.methods),
             "drafters": {m: str(p) for m, p in self.drafters.items()},
             "peers": list(self.peers), "llamacpp_python": self.llamacpp_python,
+            "vllm_python": self.vllm_python, "vllm_model": None if self.vllm_model is None else str(self.vllm_model),
+            "vllm_dtype": self.vllm_dtype, "vllm_eagle3": None if self.vllm_eagle3 is None else str(self.vllm_eagle3),
+            "vllm_hyspec_options": dict(self.vllm_hyspec_options), "vllm_memory_fraction": self.vllm_memory_fraction,
+            "prefill_tokens": self.prefill_tokens,
             "batch_sizes": list(self.batch_sizes),
             "temperatures": list(self.temperatures), "max_tokens": self.max_tokens, "repeats": self.repeats,
             "num_prompts": self.num_prompts, "num_speculative_tokens": self.num_speculative_tokens,
@@ -166,7 +196,7 @@ class BenchSettings:
             "bandwidth_bytes": self.bandwidth_bytes, "seed": self.seed, "quick": self.quick,
             "demo": self.demo,
             "eos": "ignored: every request generates exactly max_tokens tokens (hyspec ignore_eos=True, "
-                   "transformers with no eos_token_id, llama.cpp generating past it)",
+                   "transformers with no eos_token_id, llama.cpp generating past it, vLLM ignore_eos)",
         }
 
 

@@ -24,8 +24,9 @@ import sys
 from pathlib import Path
 
 # no torch at import: `hyspec --help` must stay fast (settings is torch-free)
-from hyspec.bench.settings import (ALL_PEERS, DEMO, QUICK, BenchSettings, bench_methods, parse_drafters,
-                                   parse_json_object, parse_list, with_preset)
+from hyspec.bench.settings import (ALL_PEERS, DEFAULT_PEERS, DEMO, QUICK, VLLM_HYSPEC_OPTIONS, VLLM_PEERS,
+                                   BenchSettings, bench_methods, parse_drafters, parse_json_object, parse_list,
+                                   with_preset)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,11 +41,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"comma list of {', '.join(bench_methods())} (plain 'none' always runs); default: all, "
                         f"those without a drafter shown as skipped; --quick: {','.join(QUICK.methods or ())}")
     w.add_argument("--peers", default=None, metavar="LIST",
-                   help=f"comma list of {', '.join(ALL_PEERS)}, or 'none' (default: all; the llama.cpp ones "
-                        "need llama-cpp-python, see --llamacpp-python)")
+                   help=f"comma list of {', '.join(ALL_PEERS)}, or 'none' (default: the transformers and "
+                        "llama.cpp ones, and the vLLM ones with --vllm-python; the llama.cpp ones need "
+                        "llama-cpp-python, see --llamacpp-python)")
     w.add_argument("--llamacpp-python", default=None, metavar="PYTHON",
                    help="a Python interpreter that has llama-cpp-python (e.g. a separate venv's bin/python); "
                         "default: $HYSPEC_LLAMACPP_PYTHON, else this one")
+    v = parser.add_argument_group("vLLM as a peer (vLLM's CPU build in a venv of its own: scripts/vllm_venv.sh)")
+    v.add_argument("--vllm-python", default=None, metavar="PYTHON",
+                   help=f"the vLLM venv's Python; adds the rows {', '.join(VLLM_PEERS)} (default: "
+                        "$HYSPEC_VLLM_PYTHON, and only for peers named in --peers)")
+    v.add_argument("--vllm-model", type=Path, default=None, metavar="DIR",
+                   help="the Hugging Face directory vLLM serves (hyspec export-hf DIR writes the default GGUF as "
+                        "one); default: --model when it is such a directory")
+    v.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"),
+                   help="vLLM's --dtype (default float32, export-hf's default)")
+    v.add_argument("--vllm-eagle3", type=Path, default=None, metavar="DIR",
+                   help="the EAGLE-3 head hyspec export-drafter eagle3 wrote, for the vllm_eagle3 row "
+                        "(without it that row is skipped, saying so)")
+    v.add_argument("--vllm-hyspec-options", default=None, metavar="JSON|PATH",
+                   help=f"hyspec's options inside vLLM for the vllm_hyspec row (hyspec.vllm.options; default "
+                        f"{json.dumps(VLLM_HYSPEC_OPTIONS)})")
+    v.add_argument("--vllm-memory-fraction", type=float, default=0.12,
+                   help="vLLM's gpu_memory_utilization: on its CPU build the share of RAM it reserves (default 0.12)")
+    v.add_argument("--prefill-tokens", type=int, default=None, metavar="N",
+                   help="also measure the prefill speed of one N-token prompt (e.g. 1024) for hyspec plain and, "
+                        "with the vLLM peers, vLLM plain")
     w.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                    help="JSONL with a 'prompt' field, text with one prompt per line, or 'chat' (16 built-in chat "
                         "turns through the model's chat template); default: HumanEval")
@@ -118,12 +140,19 @@ def _settings(args: argparse.Namespace):
     if args.methods is not None:
         given.add("methods")
         values["methods"] = parse_list(args.methods, str, "--methods")
-    peers = () if args.demo else ALL_PEERS  # the demo is hyspec against itself: no transformers to load
+    peers = () if args.demo else DEFAULT_PEERS  # the demo is hyspec against itself: no transformers to load
+    if args.vllm_python is not None and not args.demo:
+        peers = (*peers, *VLLM_PEERS)
     if args.peers is not None:
         peers = () if args.peers.strip() == "none" else parse_list(args.peers, str, "--peers")
     base = BenchSettings(model=args.model, backend=args.backend, dtype=args.dtype, quantization=args.quantization,
                          prompts_file=args.prompts, workload=args.workload,
                          drafters=parse_drafters(args.drafter), peers=peers, llamacpp_python=args.llamacpp_python,
+                         vllm_python=args.vllm_python, vllm_model=args.vllm_model, vllm_dtype=args.vllm_dtype,
+                         vllm_eagle3=args.vllm_eagle3, vllm_memory_fraction=args.vllm_memory_fraction,
+                         vllm_hyspec_options=(parse_json_object(args.vllm_hyspec_options, "--vllm-hyspec-options")
+                                              if args.vllm_hyspec_options is not None else dict(VLLM_HYSPEC_OPTIONS)),
+                         prefill_tokens=args.prefill_tokens,
                          num_speculative_tokens=args.num_speculative_tokens,
                          speculative_config_extra=parse_json_object(args.speculative_config_extra,
                                                                     "--speculative-config-extra"),
@@ -153,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
         print(render_readme_section(load_result(args.readme_table)), end="")
         return 0
     settings = _settings(args)  # bad options fail here, before anything loads
+    if "vllm_hyspec" in settings.peers:
+        from hyspec.bench.vllm_peer import check_hyspec_options
+
+        check_hyspec_options(settings.vllm_hyspec_options)
 
     from hyspec.bench.report import format_table
     from hyspec.bench.runner import run_bench

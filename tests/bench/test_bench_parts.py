@@ -13,7 +13,7 @@ from hyspec.bench.machine import PeakMemory, decode_weight_bytes, measure_copy_b
 from hyspec.bench.measure import Workload, acceptance_from_totals
 from hyspec.bench.prompts import build_prompt_set, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import derive, goals
-from hyspec.bench.settings import BenchSettings, parse_json_object, parse_list, with_preset
+from hyspec.bench.settings import VLLM_PEERS, BenchSettings, parse_json_object, parse_list, with_preset
 from hyspec.bench.stats import Spread, cost_per_million_tokens
 from hyspec.cli.main import main
 from hyspec.errors import ConfigError, HyspecError
@@ -84,7 +84,7 @@ def test_settings_validation_names_the_option():
     with pytest.raises(ConfigError, match="--temperatures"):
         BenchSettings(temperatures=(-0.5,))
     with pytest.raises(ConfigError, match="--peers"):
-        BenchSettings(peers=("vllm",))
+        BenchSettings(peers=("sglang",))  # vllm is a peer now (vllm_peer.py)
     with pytest.raises(ConfigError, match="--drafter"):
         BenchSettings(drafters={"ngram": "x"})
     with pytest.raises(ConfigError, match="must not set 'method'"):
@@ -240,7 +240,8 @@ def test_speedups_bandwidth_and_goals():
     ngram = rows[1]
     assert ngram["speedup_vs_plain"] == pytest.approx(3.0)
     assert ngram["speedup_vs_peers"] == {"hf_generate": pytest.approx(6.0), "hf_prompt_lookup": pytest.approx(2.5),
-                                         "hf_assisted": None, "llamacpp": None, "llamacpp_prompt_lookup": None}
+                                         "hf_assisted": None, "llamacpp": None, "llamacpp_prompt_lookup": None,
+                                         **{peer: None for peer in VLLM_PEERS}}  # not measured in this run
     assert rows[0]["bandwidth_limit_tokens_per_s"] == pytest.approx(150.0)
     assert rows[3]["bandwidth_limit_tokens_per_s"] == pytest.approx(600.0)
     assert rows[0]["bandwidth_ratio"] == pytest.approx(100 / 150)
