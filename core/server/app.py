@@ -99,6 +99,9 @@ def create_app(
     async_engine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_queue=max_queue)
     model_path = Path(async_engine.engine.model_path)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+    # without a name, the file or directory name is reported, and the path as given (vLLM's default name:
+    # `vllm serve DIR` answers to `"model": "DIR"`) is accepted too
+    path_alias = [] if names else [str(model_path)]
     model_id = getattr(async_engine.engine, "model_id", None)
     if not names and model_id is not None:  # a Hub id resolved from the local cache: served under the id
         names = [model_id]
@@ -112,7 +115,8 @@ def create_app(
     created = int(time.time())
     metrics = ServerMetrics(async_engine, name)
     serving = OpenAIServing(async_engine, name, max_tokens=max_tokens, max_prompt_chars=max_prompt_chars, max_n=max_n,
-                            split_special_tokens_in_content=split_special_tokens_in_content, other_names=names[1:])
+                            split_special_tokens_in_content=split_special_tokens_in_content,
+                            other_names=[*names[1:], *path_alias])
     tokenization = OpenAITokenization(serving)
 
     @asynccontextmanager

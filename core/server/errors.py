@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hyspec.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, FieldError
+from hyspec.server.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, DetokenizeRequest, FieldError,
+                                    TokenizeCompletionRequest)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
                500: "server_error", 503: "service_unavailable"}
 
-_REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ChatMessage)
+_REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ChatMessage, TokenizeCompletionRequest, DetokenizeRequest)
 _FIELD_NAMES = frozenset(name for m in _REQUEST_MODELS for name in m.model_fields) | {"text", "type", "include_usage"}
 _DESCRIPTIONS = {name: f.description for m in _REQUEST_MODELS for name, f in m.model_fields.items() if f.description}
 

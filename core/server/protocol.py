@@ -360,3 +360,30 @@ class ErrorResponse(BaseModel):
 class HealthResponse(BaseModel):
     status: Literal["ok", "draining", "failed"]
     detail: Optional[str] = None
+
+
+# -- vLLM's tokenizer routes (/tokenize, /detokenize; hyspec.server.tokenization) ----------------------
+
+
+class TokenizeCompletionRequest(_Strict):
+    model: Optional[Text] = None
+    prompt: Text
+    add_special_tokens: StrictBool = Field(True, description="add the tokenizer's special tokens (its BOS)")
+    return_token_strs: Optional[StrictBool] = Field(False, description="also return each token's text")
+
+
+class DetokenizeRequest(_Strict):
+    model: Optional[Text] = None
+    tokens: list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]] = Field(
+        description="token ids to turn into text")
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -8,42 +8,19 @@ fields, so a chat option is implemented, or refused, in both places at once) and
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Optional
+from typing import Any, Optional
 
-from pydantic import BaseModel, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hyspec.server.errors import APIError, describe_validation_errors
-from hyspec.server.protocol import INT64_MAX, ChatCompletionRequest, Text, _Strict
+from hyspec.server.protocol import (ChatCompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                                    TokenizeCompletionRequest, TokenizeResponse)
 
 # vLLM's TokenizeChatRequest fields; those not listed here go to the chat request model (and its table)
 _TOKENIZE_ONLY = ("return_token_strs", "add_special_tokens")
 _CHAT_TOKENIZE_FIELDS = frozenset({"model", "messages", "add_generation_prompt", "return_token_strs",
                                    "continue_final_message", "add_special_tokens", "chat_template",
                                    "chat_template_kwargs", "media_io_kwargs", "mm_processor_kwargs", "tools"})
-
-
-class TokenizeCompletionRequest(_Strict):
-    model: Optional[Text] = None
-    prompt: Text
-    add_special_tokens: StrictBool = Field(True, description="add the tokenizer's special tokens (its BOS)")
-    return_token_strs: Optional[StrictBool] = Field(False, description="also return each token's text")
-
-
-class DetokenizeRequest(_Strict):
-    model: Optional[Text] = None
-    tokens: list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]] = Field(
-        description="token ids to turn into text")
-
-
-class TokenizeResponse(BaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: Optional[list[str]] = None
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str
 
 
 def validated(model: type[BaseModel], body: Any) -> Any:
