@@ -24,6 +24,7 @@ COMMANDS = {
     "conformance": ("conformance", "run the per-backend conformance suite and print a report"),
     "draft-worker": ("draft_worker", "run or join a remote CPU draft worker node (Ray)"),
     "export-hf": ("export_hf", "write a GGUF model as a Hugging Face directory (for vLLM, transformers)"),
+    "export-drafter": ("export_drafter", "write a hyspec drafter (eagle3, draft_model) as vLLM loads it"),
 }
 
 

@@ -237,6 +237,20 @@ def load_head(
     return head.to(device).eval().requires_grad_(False)
 
 
+def read_public_tensors(path: str | Path, method: str, target_cfg: ModelConfig) -> tuple[EagleConfig, dict[str, torch.Tensor]]:
+    """A head checked against ``target_cfg`` (config, every tensor's shape, d2t / t2d) and its tensors under
+    their public names (a ``model.`` prefix dropped), int8 storage dequantized to fp32; the embeddings are
+    left out when the head shares the target's.  What a converter to another engine's layout writes."""
+    path = Path(path)
+    names = _Names(StoredTensors(path))
+    cfg = eagle_config(read_config(path), names, method, target_cfg)
+    _head_state(cfg, names)  # every tensor the head reads is present, with its shape
+    if method == EAGLE3:
+        _vocabulary(cfg, names)
+    kept = sorted(n for n in names.names if not (n.startswith("embed_tokens") and not cfg.own_embeddings))
+    return cfg, {n: names.get(n, names.shape(n)) for n in kept}
+
+
 # -- saving -----------------------------------------------------------------------------------
 
 
@@ -275,7 +289,11 @@ def head_tensors(head: EagleHeadBase) -> dict[str, torch.Tensor]:
 
 def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
     """The head's config.json body, in the layout SafeAILab / vLLM / SGLang read."""
-    cfg = head.config
+    return eagle_config_dict(head.config, head.fc.weight.dtype, head.fc.bias is not None)
+
+
+def eagle_config_dict(cfg: EagleConfig, dtype: torch.dtype, fc_bias: bool) -> dict[str, Any]:
+    """An EAGLE head's config.json body from its :class:`EagleConfig` (weights in ``dtype``)."""
     lc = cfg.layer
     raw = lc.raw
     d: dict[str, Any] = {
@@ -285,8 +303,8 @@ def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
         "head_dim": lc.head_dim, "rms_norm_eps": lc.rms_norm_eps, "vocab_size": cfg.vocab_size,
         "max_position_embeddings": lc.max_position_embeddings, "tie_word_embeddings": False,
         "attention_bias": lc.o_bias, "mlp_bias": lc.mlp_bias,
-        "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
-        "bias": head.fc.bias is not None,  # SafeAILab's loader builds fc from this (default True)
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "bias": fc_bias,  # SafeAILab's loader builds fc from this (default True)
     }
     d.update({k: raw[k] for k in ("rope_theta", "rope_scaling", "rope_parameters", "bos_token_id", "eos_token_id",
                                   "pad_token_id") if raw.get(k) is not None})
