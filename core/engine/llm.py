@@ -17,6 +17,7 @@ from hyspec.engine.outputs import RequestOutput
 from hyspec.engine.parallel_sampling import SampleRequest, fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import HyspecError, RequestError
+from hyspec.model.chat_inputs import developer_as_system
 
 log = logging.getLogger(__name__)
 # LLMEngine's own keyword arguments, passed through as they are
@@ -146,12 +147,16 @@ class LLM:
         ``tools``: JSON schemas rendered into the prompt by templates that take them (the output is text: no
         tool-call parsing).  ``chat_template_kwargs``: more template variables, e.g. Qwen3's
         ``{"enable_thinking": False}``.  The template is rendered as transformers renders it
-        (hyspec.model.chat_inputs); a template that raises is a RequestError with its message."""
+        (hyspec.model.chat_inputs), after vLLM's mapping of ``developer`` messages to ``system`` for templates
+        that do not name that role; a template that raises is a RequestError with its message."""
         if self.tokenizer is None:
             raise RequestError("chat needs a tokenizer: this LLM was created with skip_tokenizer_init=True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
+        template = chat_template if chat_template is not None else self.tokenizer.chat_template
         for conversation in conversations:
+            if isinstance(conversation, list) and all(isinstance(m, dict) for m in conversation):
+                conversation = developer_as_system(conversation, template or "")  # as vLLM's LLM.chat does
             try:
                 text = self.tokenizer.apply_chat_template(
                     conversation, add_generation_prompt=add_generation_prompt, chat_template=chat_template,

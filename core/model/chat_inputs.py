@@ -99,6 +99,31 @@ def prepare(messages: Any, template_source: str, special_tokens: Mapping[str, st
     return ChatInputs(variables, continued)
 
 
+def developer_as_system(messages: list[dict[str, Any]], template_source: str) -> list[dict[str, Any]]:
+    """vLLM's treatment of OpenAI's ``developer`` role (vllm/renderers/hf.py, v0.32): where the template never
+    names the role, developer messages become system messages, and the system messages are then merged into
+    one at the start (their text parts joined by blank lines) if there is more than one or one is not first.
+    The server and LLM.chat apply it, as vLLM's do; Tokenizer.apply_chat_template, like transformers', does not."""
+    if not any(m.get("role") == "developer" for m in messages) or any(
+            quoted in template_source for quoted in ('"developer"', "'developer'")):
+        return messages
+    converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m.get("role") == "developer"
+                 else m for m in messages]
+    system_at = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    if system_at == [0]:
+        return converted
+    texts = [text for i in system_at if (text := _text_of(converted[i].get("content")))]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in converted if m["role"] != "system")]
+
+
+def _text_of(content: Any) -> str:
+    """A message's content as text: a string, or its text parts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(p["text"] if isinstance(p, dict) else p for p in content
+                         if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
+    return content or ""
+
+
 def _conversation(messages: Any) -> list[dict[str, Any]]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
         raise ChatInputError("messages", f"messages must be a list of messages, got {type(messages).__name__}")

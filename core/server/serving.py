@@ -22,7 +22,7 @@ from hyspec.engine.outputs import CompletionOutput, RequestOutput
 from hyspec.engine.parallel_sampling import fan_out, select
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.errors import HyspecError, RequestError
-from hyspec.model.chat_inputs import ChatInputError
+from hyspec.model.chat_inputs import ChatInputError, developer_as_system
 from hyspec.server.async_engine import AsyncEngine, RequestAbortedError, RequestStream, ServiceUnavailableError
 from hyspec.server.errors import APIError, request_error_param, sse_error
 from hyspec.server.logprobs_format import CompletionLogprobBuilder, chat_logprobs
@@ -253,6 +253,7 @@ class OpenAIServing:
         messages = [{"role": m.role, "content": m.text(),
                      **{k: getattr(m, k) for k in ("name", "reasoning", "reasoning_content") if getattr(m, k)}}
                     for m in req.messages]
+        messages = developer_as_system(messages, self.tokenizer.chat_template or "")  # as vLLM renders them
         try:
             # The template writes any BOS it wants; no special tokens are added again (as LLM.chat does).
             text, ids = self.tokenizer.encode_chat(

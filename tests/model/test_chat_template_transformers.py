@@ -202,6 +202,21 @@ def test_caller_messages_are_not_changed(plain_pair):
     assert messages == PREFILL
 
 
+def test_developer_messages_become_system_where_the_template_has_no_developer_role():
+    """vLLM's rule (vllm/renderers/hf.py), applied by the server and LLM.chat."""
+    from hyspec.model.chat_inputs import developer_as_system
+
+    developer = {"role": "developer", "content": "Be brief.", "tools": []}
+    chat = [developer, {"role": "user", "content": "Hi"}]
+    assert developer_as_system(chat, "{{ 'developer' }}") == chat  # the template knows the role
+    assert developer_as_system(chat, "") == [{"role": "system", "content": "Be brief."}, chat[1]]
+    later = [{"role": "system", "content": "A."}, chat[1], {"role": "developer", "content": [{"type": "text",
+                                                                                          "text": "B."}]}]
+    assert developer_as_system(later, "") == [{"role": "system", "content": "A.\n\nB."}, chat[1]]
+    no_developer = [chat[1], {"role": "system", "content": "late"}]
+    assert developer_as_system(no_developer, "") is no_developer
+
+
 @pytest.mark.slow
 def test_the_default_models_own_tokenizer_renders_as_transformers_reads_its_gguf():
     """The whole path on the default model: hyspec's GGUF tokenizer against transformers' GGUF loader

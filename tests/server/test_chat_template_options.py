@@ -76,6 +76,15 @@ def test_reasoning_in_the_history_reaches_the_template(template_server):
     assert "<think>think first</think>ok" in text
 
 
+def test_a_developer_message_is_a_system_message_for_a_template_without_that_role(template_server):
+    developer = [{"role": "developer", "content": "Be brief."}, *USER]
+    r = chat(template_server, messages=developer)
+    assert r.status_code == 200, r.text
+    text, ids = engine_of(template_server).tokenizer.encode_chat(
+        [{"role": "system", "content": "Be brief."}, *USER])
+    assert text.startswith("<|system|>\nBe brief.") and r.json()["usage"]["prompt_tokens"] == len(ids)
+
+
 def test_documents_reach_the_template(template_server):
     documents = [{"title": "add", "text": "use +"}]
     r = chat(template_server, messages=USER, documents=documents)
