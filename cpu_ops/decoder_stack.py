@@ -91,6 +91,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "not a hyspec CausalLM"
     if cfg.qk_norm:
         return "q/k norms (Qwen3) are not in the stack"
+    if any(getattr(layer.self_attn, "sliding_window", None) is not None for layer in layers):
+        return "sliding-window attention is not in the stack"
     if model.cos_sin.dtype != torch.float32 or model.cos_sin.shape[-1] != cfg.head_dim:
         return "the RoPE table does not cover the whole head in fp32"
     if cfg.hidden_size % 32 or cfg.intermediate_size % 32 or cfg.head_dim % 8:

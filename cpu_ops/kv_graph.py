@@ -45,6 +45,10 @@ class KVCacheLM(nn.Module):
 
     def __init__(self, model: CausalLM):
         super().__init__()
+        windowed = [i for i, layer in enumerate(model.layers) if getattr(layer.self_attn, "sliding_window", None)]
+        if windowed:  # the exported graph attends to its whole cache
+            raise ValueError(f"layers {windowed} use sliding-window attention, which the ONNX graph does not "
+                             "implement; run this model through the op table instead")
         self.model = copy.deepcopy(model).float().eval().requires_grad_(False)
         cfg = self.model.config
         self.num_layers = cfg.num_hidden_layers

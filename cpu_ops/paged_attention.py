@@ -50,8 +50,14 @@ def _rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, lib: ctypes.CDLL | None = None) -> torch.Tensor:  # [T, Hq, D]
-    """The op (``lib``: a :func:`variant` to run instead of the native build, for tests)."""
+                    scale: float, lib: ctypes.CDLL | None = None,
+                    sliding_window: int | None = None) -> torch.Tensor:  # [T, Hq, D]
+    """The op (``lib``: a :func:`variant` to run instead of the native build, for tests).
+
+    A ``sliding_window`` that cuts anything in this step (a sequence longer than the window) runs the
+    reference op, which masks by position; the kernel has no window of its own."""
+    if sliding_window is not None and meta.max_seq_len > sliding_window:
+        return reference_attention(q, k_cache, v_cache, meta, scale, sliding_window=sliding_window)
     lib = lib or library()
     if not (q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in (torch.float32, torch.bfloat16)
             and q.shape[-1] % 8 == 0
@@ -75,5 +81,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise MemoryError("hyspec_paged_attention: out of memory for its score buffers")
     return out
 
+
+paged_attention.supports_sliding_window = True
 
 __all__ = ["library", "paged_attention", "variant"]

@@ -86,6 +86,10 @@ class ModelConfig:
     mlp_bias: bool
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
     rope: RopeConfig = field(default_factory=RopeConfig)
+    #: per layer: how many positions back attention reaches (a query at p sees keys at p - w + 1 .. p), None:
+    #: full causal attention.  From ``sliding_window`` (Mistral: every layer), ``use_sliding_window`` +
+    #: ``max_window_layers`` (Qwen2 / Qwen3: layers from max_window_layers on) or ``layer_types``.
+    layer_windows: tuple[int | None, ...] = ()
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -99,6 +103,11 @@ class ModelConfig:
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
+            raise CheckpointError(f"config.json: {len(self.layer_windows)} attention window entries for "
+                                  f"{self.num_hidden_layers} layers")
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise CheckpointError(f"config.json: sliding_window must be positive, got {self.layer_windows}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise CheckpointError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) is not a multiple of "
@@ -138,6 +147,7 @@ class ModelConfig:
                 mlp_bias=bool(d.get("mlp_bias", False)),
                 qk_norm=(model_type == "qwen3"),
                 rope=_rope_from_dict(d),
+                layer_windows=_layer_windows(d, model_type, int(d["num_hidden_layers"])),
                 torch_dtype=d.get("torch_dtype") or d.get("dtype"),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -171,10 +181,45 @@ class ModelConfig:
             return GGUFCheckpoint(path).hf_config()
         return json.loads((path / "config.json").read_text())
 
+    def sliding_window(self, layer: int, max_positions: int) -> int | None:
+        """Layer ``layer``'s attention window where it can cut anything within ``max_positions`` (a window at
+        least that long is full attention), else None."""
+        window = self.layer_windows[layer] if self.layer_windows else None
+        return window if window is not None and window < max_positions else None
+
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token across all layers, at 2 bytes (bf16) per element."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
+
+
+def _layer_windows(d: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window, as transformers decides it for the model type (configuration_*.py and
+    modeling_*.py): Llama has none; Mistral applies ``sliding_window`` to every layer; Qwen2 / Qwen3 only with
+    ``use_sliding_window``, on the layers ``layer_types`` marks ``sliding_attention`` (by default those from
+    ``max_window_layers`` on)."""
+    window = d.get("sliding_window")
+    if model_type == "llama":
+        return ()
+    if model_type in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return ()
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise CheckpointError(f"config.json: sliding_window must be an integer or null, got {window!r}")
+    if model_type == "mistral":  # transformers' Mistral windows every layer and ignores layer_types
+        return (window,) * num_layers
+    types = d.get("layer_types")
+    if types is None:
+        first = int(d.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers:
+        raise CheckpointError(f"config.json: layer_types has {len(types)} entries for {num_layers} layers")
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise CheckpointError(f"config.json: layer_types {unknown} are not supported (only full_attention and "
+                              "sliding_attention)")
+    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.rope import cos_sin_cache
 from hyspec.ops import AttentionMetadata, OpTable, reference_ops
@@ -36,8 +37,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, sliding_window: int | None = None):
         super().__init__()
+        self.sliding_window = sliding_window  # positions back a query reaches; None: full causal
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -70,7 +72,10 @@ class Attention(nn.Module):
         q, k, v = self.project(ops, x, positions, cos_sin)
         k_cache, v_cache = kv
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = ops.attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        if self.sliding_window is None:
+            out = ops.attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        else:
+            out = ops.attention(q, k_cache, v_cache, meta, self.scale, sliding_window=self.sliding_window)
         return self.o_proj(out.reshape(x.shape[0], self.q_size))
 
     def forward_dense(self, ops: OpTable, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
@@ -78,7 +83,7 @@ class Attention(nn.Module):
         positions = torch.arange(S, device=x.device).repeat(B)
         q, k, v = self.project(ops, x.reshape(B * S, H), positions, cos_sin)
         out = dense_causal_attention(q.view(B, S, *q.shape[1:]), k.view(B, S, *k.shape[1:]),
-                                     v.view(B, S, *v.shape[1:]), self.scale)
+                                     v.view(B, S, *v.shape[1:]), self.scale, self.sliding_window)
         return self.o_proj(out.reshape(B, S, self.q_size))
 
 
@@ -95,10 +100,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, sliding_window: int | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, sliding_window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -136,11 +141,13 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.ops = ops or reference_ops()
+        self.max_positions = max_positions or cfg.max_position_embeddings
+        windows = [cfg.sliding_window(i, self.max_positions) for i in range(cfg.num_hidden_layers)]
+        _check_sliding_window_support(cfg, windows, self.ops)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, w) for w in windows)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg, self.max_positions), persistent=False)
         #: set by a backend that runs the decoder layers of :meth:`forward` in one call (the CPU backend over
         #: GGUF blocks: hyspec.cpu_ops.decoder_stack, whose run_aux also returns the aux layers' states); None: the
@@ -213,3 +220,14 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H] -> [N, V]`` fp32 logits: the op table's ``logits`` (the matmul runs in the model dtype)."""
         return self.ops.logits(hidden, self.lm_head_weight)
+
+
+def _check_sliding_window_support(cfg: ModelConfig, windows: list[int | None], ops: OpTable) -> None:
+    """A windowed model on an attention op that would attend to everything is refused, naming both."""
+    windowed = [i for i, w in enumerate(windows) if w is not None]
+    if windowed and not getattr(ops.attention, "supports_sliding_window", False):
+        raise CheckpointError(
+            f"this {cfg.model_type} model uses sliding-window attention (window {windows[windowed[0]]} on "
+            f"{len(windowed)} of {len(windows)} layers), which the {ops.sources.get('attention', '?')!r} attention "
+            "op of this backend does not implement; run it on the cpu backend (or the reference ops), or with a "
+            "max_model_len short enough that no position reaches past the window")

@@ -18,6 +18,15 @@ Layout and semantics (every backend's kernel must match this reference):
 
 Positions for RoPE are explicit (``AttentionMetadata.positions``): a tree node
 at depth ``d`` has position ``c_b + d`` although it is stored at ``c_b + k``.
+
+With a ``sliding_window`` ``w`` (Mistral, windowed Qwen2 layers) a query at
+position ``p`` sees, of what it would see, only the entries at positions
+``> p - w`` (transformers' ``sliding_window_overlay``): a context entry's
+position is its index, a new entry's the position of its query row, so a tree
+node sees exactly what the same token sees in plain decoding.  An attention op
+that honours the argument says so with ``supports_sliding_window = True``; a
+model with a window its op table's attention cannot honour is refused
+(hyspec.model.llama).
 """
 from __future__ import annotations
 
@@ -90,7 +99,7 @@ class AttentionMetadata:
         return max(self.seq_lens_host)
 
 
-def visibility_mask(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
+def visibility_mask(meta: AttentionMetadata, device: torch.device, sliding_window: int | None = None) -> torch.Tensor:
     """Boolean ``[B, max_query_len, max_seq_len]``: may padded query ``i`` of sequence ``b`` see KV ``j``.
 
     Padding query rows see KV index 0 only, so that no row of the softmax is
@@ -115,8 +124,24 @@ def visibility_mask(meta: AttentionMetadata, device: torch.device) -> torch.Tens
         new_visible = torch.gather(tree, 2, k_clamped) & (k >= 0) & (k < qlens[:, None, None])
     valid_query = i < qlens[:, None, None]
     mask = (in_context | new_visible) & valid_query
+    if sliding_window is not None:
+        mask &= _within_window(meta, device, sliding_window)
     mask[:, :, 0] |= ~valid_query[:, :, 0]
     return mask
+
+
+def _within_window(meta: AttentionMetadata, device: torch.device, window: int) -> torch.Tensor:
+    """``[B, Q, L]``: KV entry ``j``'s position is later than query ``i``'s position minus ``window``."""
+    B, Q, L = meta.num_seqs, meta.max_query_len, meta.max_seq_len
+    rows = _padded_row_index(meta, device)
+    q_pos = torch.zeros(B * Q, dtype=torch.int64, device=device)
+    q_pos[rows] = meta.positions.to(device=device, dtype=torch.int64)
+    q_pos = q_pos.view(B, Q)
+    # KV positions: a committed entry sits at its position; entry c_b + k is the k-th new token of its row
+    kv_pos = torch.arange(L, device=device, dtype=torch.int64).repeat(B, 1)  # [B, L]
+    for b, (n, length) in enumerate(zip(meta.query_lens, meta.seq_lens_host)):
+        kv_pos[b, length - n:length] = q_pos[b, :n]
+    return kv_pos[:, None, :] > (q_pos[:, :, None] - window)
 
 
 def _padded_row_index(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
@@ -143,8 +168,11 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Reference attention over the paged cache (the new tokens' KV must already be written)."""
+    if sliding_window is not None and meta.max_seq_len <= sliding_window:
+        sliding_window = None  # no position reaches past the window yet: the same maths as without one
     B, Q = meta.num_seqs, meta.max_query_len
     Hq, D = q.shape[1], q.shape[2]
     Hkv = k_cache.shape[2]
@@ -158,10 +186,11 @@ def paged_attention(
         qp = q.new_zeros(B * Q, Hq, D)
         qp[rows] = q
         qp = qp.view(B, Q, Hq, D)
-    if B == 1 and Q == 1:
+    if B == 1 and Q == 1 and sliding_window is None:
         mask = None  # one decode token sees its whole context: no mask, SDPA's fastest path
     else:
-        mask = meta.derived("mask", lambda: visibility_mask(meta, device).unsqueeze(1))  # [B, 1, Q, L]
+        mask = meta.derived(f"mask/{sliding_window}",
+                            lambda: visibility_mask(meta, device, sliding_window).unsqueeze(1))  # [B, 1, Q, L]
     out = F.scaled_dot_product_attention(
         qp.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=(Hq != Hkv)
     )  # [B, Hq, Q, D]
@@ -176,10 +205,19 @@ def dense_causal_attention(
     k: torch.Tensor,  # [B, S, Hkv, D]
     v: torch.Tensor,  # [B, S, Hkv, D]
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [B, S, Hq, D]
-    """Cache-free causal attention, used for training and teacher forcing."""
+    """Cache-free causal attention (positions 0..S-1), used for training and teacher forcing."""
+    S = q.shape[1]
+    mask = None
+    if sliding_window is not None and S > sliding_window:
+        i = torch.arange(S, device=q.device)
+        mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - sliding_window)  # [S, S]
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        is_causal=True, scale=scale, enable_gqa=(q.shape[2] != k.shape[2]),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=mask is None, scale=scale, enable_gqa=(q.shape[2] != k.shape[2]),
     )
     return out.transpose(1, 2)
+
+
+paged_attention.supports_sliding_window = True

@@ -18,6 +18,11 @@ FAMILIES = {
     "llama_yarn_rope": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
     "mistral": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+    # a window the 11-token prompt + 64 decode steps run far past (Mistral-7B-v0.1: 4096 of 32768)
+    "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=8)),
+    # Qwen2's windowed layers: layer 0 full, layer 1 sliding (use_sliding_window + max_window_layers)
+    "qwen2_window": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                         use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
 }
