@@ -109,11 +109,11 @@ def developer_as_system(messages: list[dict[str, Any]], template_source: str) ->
         return messages
     converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m.get("role") == "developer"
                  else m for m in messages]
-    system_at = [i for i, m in enumerate(converted) if m["role"] == "system"]
+    system_at = [i for i, m in enumerate(converted) if m.get("role") == "system"]
     if system_at == [0]:
         return converted
     texts = [text for i in system_at if (text := _text_of(converted[i].get("content")))]
-    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in converted if m["role"] != "system")]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in converted if m.get("role") != "system")]
 
 
 def _text_of(content: Any) -> str:
@@ -121,7 +121,7 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(p["text"] if isinstance(p, dict) else p for p in content
                          if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
-    return content or ""
+    return content if isinstance(content, str) else ""
 
 
 def _conversation(messages: Any) -> list[dict[str, Any]]:
