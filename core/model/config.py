@@ -121,6 +121,10 @@ class ModelConfig:
             raise CheckpointError(
                 f"unsupported architecture {model_type!r} ({archs}); supported model_type values: "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        partial = (d.get("rope_parameters") or {}).get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0):  # transformers rotates only that fraction of each head
+            raise CheckpointError(f"config.json: partial_rotary_factor {partial} is not supported (RoPE over the "
+                                  "whole head only)")
         hidden_act = d.get("hidden_act", "silu")
         if hidden_act != "silu":
             raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")

@@ -102,3 +102,22 @@ def test_bad_config_json(good, tmp_path):
     (d / "config.json").unlink()
     with pytest.raises(CheckpointError, match="config.json not found"):
         load_model(d)
+
+
+@pytest.mark.parametrize("model_type, arch", [("gemma2", "Gemma2ForCausalLM"), ("mixtral", "MixtralForCausalLM"),
+                                              ("qwen3_moe", "Qwen3MoeForCausalLM"), ("phi3", "Phi3ForCausalLM")])
+def test_architectures_users_bring_are_named_with_the_supported_list(model_type, arch):
+    from hyspec.model.config import ModelConfig
+
+    with pytest.raises(CheckpointError, match=rf"unsupported architecture '{model_type}' \(\['{arch}'\]\); "
+                                              r"supported model_type values: llama, mistral, qwen2, qwen3"):
+        ModelConfig.from_dict({"model_type": model_type, "architectures": [arch]})
+
+
+def test_a_partial_rotary_factor_is_refused_rather_than_rotating_the_whole_head(good, tmp_path):
+    d = copy(good, tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["partial_rotary_factor"] = 0.5
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="partial_rotary_factor 0.5"):
+        load_model(d)
