@@ -153,7 +153,7 @@ class LLM:
             raise RequestError("chat needs a tokenizer: this LLM was created with skip_tokenizer_init=True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
-        template = chat_template if chat_template is not None else self.tokenizer.chat_template
+        template = self.tokenizer.chat_template_for(chat_template, tools)
         for conversation in conversations:
             if isinstance(conversation, list) and all(isinstance(m, dict) for m in conversation):
                 conversation = developer_as_system(conversation, template or "")  # as vLLM's LLM.chat does

@@ -38,8 +38,11 @@ class Tokenizer:
         else:
             self._from_directory(path)
         self.chat_template: str | None = self.config.get("chat_template")
-        if isinstance(self.chat_template, list):  # HF allows [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
+        # HF allows [{"name": "default", "template": ...}, {"name": "tool_use", ...}, ...]
+        self.named_chat_templates: dict[str, str] = {}
+        if isinstance(self.chat_template, list):
+            self.named_chat_templates = {t.get("name"): t.get("template") for t in self.chat_template}
+            named = self.named_chat_templates
             self.chat_template = named.get("default") or next(iter(named.values()), None)
         tmpl_file = path / "chat_template.jinja"
         if self.chat_template is None and not is_gguf(path) and tmpl_file.is_file():
@@ -141,14 +144,15 @@ class Tokenizer:
                             tools: list[dict[str, Any]] | None = None, documents: list[dict[str, Any]] | None = None,
                             max_output_chars: int | None = None, timeout_s: float | None = None) -> str:
         """The chat prompt's text, rendered as transformers' ``apply_chat_template(tokenize=False)`` renders it
-        (core/model/chat_inputs.py), with ``chat_template`` in place of the tokenizer's when given.
+        (core/model/chat_inputs.py), with ``chat_template`` (a template, or the name of one of the checkpoint's
+        named templates) in place of the tokenizer's when given.
 
         ``chat_template_kwargs`` are more template variables (Qwen3's ``enable_thinking``); names the template
         does not read are passed on unused.  ``continue_final_message`` (True, or the field to continue) leaves
         the final message open for the model to continue.  Rendering is bounded (ChatTemplateBoundError past a
         bound): at most ``max_output_chars`` characters and ``timeout_s`` seconds (defaults: RenderBounds').
         Any other failure, a template's ``raise_exception`` included, is a HyspecError with its message."""
-        source = chat_template if chat_template is not None else self.chat_template
+        source = self.chat_template_for(chat_template, tools)
         if not source:
             raise HyspecError("this model's tokenizer_config.json has no chat_template; use generate() with a prompt, "
                               "or pass a chat_template")
@@ -165,6 +169,16 @@ class Tokenizer:
         except Exception as exc:  # the template's own raise_exception, a syntax error, a type error in it, ...
             raise HyspecError(f"chat template failed: {exc}") from None
         return inputs.finish(rendered)
+
+    def chat_template_for(self, chat_template: str | None, tools: list[dict[str, Any]] | None) -> str | None:
+        """As transformers picks it: ``chat_template`` (a template, or the name of one of the checkpoint's), else
+        the checkpoint's ``tool_use`` template when tools are given, else the tokenizer's own."""
+        if chat_template is not None:
+            return self.named_chat_templates.get(chat_template, chat_template)
+        if (tools is not None and "tool_use" in self.named_chat_templates
+                and self.chat_template == self.named_chat_templates.get("default")):  # not replaced by the operator
+            return self.named_chat_templates["tool_use"]
+        return self.chat_template
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     split_special_tokens_in_content: bool = True, **options: Any) -> tuple[str, list[int]]:

@@ -58,7 +58,8 @@ def make_pair(directory: Path, tokenizer_json: Path, template: str, special: dic
 
 def both(pair, messages, **options):
     ours, reference = pair
-    kwargs = options.pop("chat_template_kwargs", {})
+    options = dict(options)
+    kwargs = dict(options.pop("chat_template_kwargs", {}))
     expected = reference.apply_chat_template(messages, tokenize=False, **options, **kwargs)
     return ours.apply_chat_template(messages, chat_template_kwargs=kwargs, **options), expected
 
@@ -124,6 +125,23 @@ def test_llama_dates_render_as_transformers_renders_them(families):
     # Without date_string the template asks strftime_now for today's date.
     ours, expected = both(families["llama-3.2"], CHAT, add_generation_prompt=True)
     assert ours == expected and "Today Date: 26 Jul 2024" not in ours
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add <two> numbers & more",
+                                            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+
+
+def test_named_templates_and_tools_render_as_transformers_renders_them(tmp_path, tiny_tokenizer_json):
+    """A checkpoint with named templates: ``tool_use`` is picked when tools are given (here Llama-3.2's, which
+    writes them with tojson(indent=4)), ``default`` otherwise, and either can be asked for by name."""
+    named = [{"name": "default", "template": "{% for m in messages %}{{ m.content }}{% endfor %}"},
+             {"name": "tool_use", "template": (TEMPLATES / "llama-3.2-3b-instruct.jinja").read_text()}]
+    pair = make_pair(tmp_path, tiny_tokenizer_json, named, LLAMA_TOKENS)
+    options = {"add_generation_prompt": True, "chat_template_kwargs": {"date_string": "06 Dec 2026"}}
+    for extra in ({"tools": TOOLS}, {}, {"chat_template": "tool_use"}, {"chat_template": "default", "tools": TOOLS}):
+        ours, expected = both(pair, CHAT, **options, **extra)
+        assert ours == expected, extra
+    assert '"description": "Add <two> numbers & more"' in both(pair, CHAT, tools=TOOLS, **options)[0]
 
 
 def test_continue_final_message_leaves_the_message_open(families):
