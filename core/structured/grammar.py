@@ -12,8 +12,11 @@ character, or llguidance's own message for what it cannot compile.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import threading
+from collections import OrderedDict
 import weakref
 from typing import TYPE_CHECKING, Any, Collection
 
@@ -114,9 +117,31 @@ class GrammarTokenizer:
             return per_tokenizer[key]
 
 
+#: compiled matchers at the start of the output, by (tokenizer, constraint): requests repeat their schema, and
+#: compiling one (~4 ms for a small regex) costs more than a whole step of a small model; copies are ~1 us
+_TEMPLATES: "OrderedDict[tuple[int, str], tuple[llguidance.LLTokenizer, llguidance.LLMatcher]]" = OrderedDict()
+_TEMPLATES_MAX = 64
+_templates_lock = threading.Lock()
+
+
 def compile_matcher(params: StructuredOutputsParams, ll_tokenizer: "llguidance.LLTokenizer") -> "llguidance.LLMatcher":
     """A fresh matcher for one output sequence, at the start of the output.  Raises StructuredOutputError for a
     constraint llguidance rejects, and for one that no output satisfies (no token allowed at the start)."""
+    key = (id(ll_tokenizer), json.dumps(dataclasses.asdict(params), sort_keys=True))
+    with _templates_lock:
+        hit = _TEMPLATES.get(key)
+        if hit is not None and hit[0] is ll_tokenizer:
+            _TEMPLATES.move_to_end(key)
+            return hit[1].deep_copy()
+    template = _compile(params, ll_tokenizer)
+    with _templates_lock:
+        _TEMPLATES[key] = (ll_tokenizer, template)
+        while len(_TEMPLATES) > _TEMPLATES_MAX:
+            _TEMPLATES.popitem(last=False)
+    return template.deep_copy()
+
+
+def _compile(params: StructuredOutputsParams, ll_tokenizer: "llguidance.LLTokenizer") -> "llguidance.LLMatcher":
     llg = _llguidance()
     grammar = grammar_text(params)
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, ll_tokenizer)
