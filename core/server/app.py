@@ -38,7 +38,8 @@ from hyspec.server.errors import APIError, error_body
 from hyspec.server.handlers import install_exception_handlers
 from hyspec.server.metrics import ServerMetrics
 from hyspec.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList)
+                                    CompletionResponse, ErrorResponse, HealthResponse, ModelCard, ModelList,
+                                    TokenizeCompletionRequest)
 from hyspec.server.serving import OpenAIServing
 from hyspec.server.tokenization import (DetokenizeRequest, DetokenizeResponse, OpenAITokenization,
                                         TokenizeResponse)
@@ -53,6 +54,10 @@ _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, tex
     (400, "invalid request (the message names the field)"), (401, "missing or invalid API key"),
     (404, "unknown model"), (413, "request body too large"), (429, "queue full; retry later"),
     (500, "the engine failed while running this request"), (503, "shutting down, or the engine failed"))}
+# /tokenize takes either body; the route reads it itself (hyspec.server.tokenization), so it is declared here
+_TOKENIZE_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+    {"$ref": "#/components/schemas/TokenizeCompletionRequest"},
+    {"$ref": "#/components/schemas/ChatCompletionRequest"}]}}}}}
 # OpenAPI 3.1: the schema of a text/event-stream describes one event (3.2's itemSchema).
 _SSE_DOC = {"schema": {
     "type": "object", "required": ["data"],
@@ -168,7 +173,7 @@ def create_app(
     # vLLM's tokenizer routes, at the root as vLLM serves them (behind the API key here, as every POST is)
     tok = APIRouter(dependencies=auth, responses=_ERRORS)
 
-    @tok.post("/tokenize", response_model=TokenizeResponse,
+    @tok.post("/tokenize", response_model=TokenizeResponse, openapi_extra=_TOKENIZE_BODY,
               description="a body with `prompt` (TokenizeCompletionRequest) or with `messages` (the chat "
                           "request's fields that vLLM's TokenizeChatRequest has, and return_token_strs)")
     async def tokenize(request: Request) -> TokenizeResponse:
@@ -347,6 +352,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components = schema.get("components", {}).get("schemas", {})
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
+        # /tokenize reads its body itself (a prompt or a conversation): its schema, for the docs and fuzzers
+        components["TokenizeCompletionRequest"] = TokenizeCompletionRequest.model_json_schema(
+            ref_template="#/components/schemas/{model}")
         app.openapi_schema = schema
     return app.openapi_schema
 

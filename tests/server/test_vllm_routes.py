@@ -1,4 +1,5 @@
-"""vLLM's /tokenize, /detokenize and /version, several served names, and a --chat-template, on a real server."""
+"""vLLM's /tokenize, /detokenize and /version, several served names, a --chat-template and
+--disable-fastapi-docs, on a real server."""
 from __future__ import annotations
 
 import httpx
@@ -10,7 +11,7 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor 
 
 @pytest.fixture(scope="module")
 def vllm_like(make_server):
-    srv = make_server(served_model_name=["tiny", "alias"], chat_template=TEMPLATE)
+    srv = make_server(served_model_name=["tiny", "alias"], chat_template=TEMPLATE, docs=False)
     yield srv
     srv.stop()
 
@@ -59,6 +60,7 @@ def test_tokenizer_routes_name_what_is_wrong(vllm_like, path, body, param, words
 
 def test_version_and_several_served_names(vllm_like):
     assert httpx.get(vllm_like.url + "/version").json() == {"version": __version__}
+    assert httpx.get(vllm_like.url + "/openapi.json").status_code == 404  # --disable-fastapi-docs
     assert [m["id"] for m in httpx.get(vllm_like.url + "/v1/models").json()["data"]] == ["tiny", "alias"]
     for name in ("tiny", "alias"):
         r = post(vllm_like, "/v1/completions", {"model": name, "prompt": "a", "max_tokens": 2, "temperature": 0})
