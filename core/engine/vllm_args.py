@@ -3,7 +3,7 @@
 The one table behind ``hyspec serve`` / ``generate`` / ``chat``'s vLLM flags (hyspec.cli.model_args builds
 them from it), ``LLM(**kwargs)`` (:func:`engine_kwargs`) and docs/vllm_compat.md (scripts/gen_vllm_compat_doc.py).
 Every argument of vLLM's ``vllm serve`` parser and of its ``LLM()`` is listed (``vllm_schemas.json``, read
-from the installed vLLM by scripts/gen_vllm_schemas.py; tests/test_vllm_args.py holds the two equal).
+from the installed vLLM by scripts/gen_vllm_schemas.py; tests/engine/test_vllm_args.py holds the two equal).
 
 There are two states, never a third: :class:`Implemented` (mapped onto hyspec's option ``dest``) and
 :class:`Refused` (an error naming the argument and the reason).  A refused argument still passes when its
@@ -367,6 +367,8 @@ def engine_kwargs(kwargs: Mapping[str, Any], hyspec_names: frozenset[str]) -> tu
                 raise ConfigError(name, f"is a server option: give it to `hyspec serve --{name.replace('_', '-')}`")
             if arg.dest == "seed":
                 seed = value
+            elif arg.dest in out or (arg.dest != name and arg.dest in kwargs):
+                raise ConfigError(name, f"and {arg.dest} are the same setting (vLLM's name and hyspec's): give one")
             else:
                 out[arg.dest] = value
         elif isinstance(arg, Refused):

@@ -167,6 +167,7 @@ def test_llm_keywords_translate_vllms_names():
     ({"tensor_parallel_size": 2}, "one device"), ({"trust_remote_code": True}, "Python code"),
     ({"enable_lora": True}, "LoRA"), ({"revision": "main"}, "downloads"),
     ({"served_model_name": "x"}, "server option"), ({"bogus_option": 1}, "unknown argument"),
+    ({"gpu_memory_utilization": 0.5, "memory_fraction": 0.4}, "same setting"),
 ])
 def test_llm_keywords_hyspec_has_not_got_are_refused_by_name(kwargs, words):
     with pytest.raises(ConfigError, match=words) as exc:
