@@ -71,6 +71,14 @@ class Tokenizer:
                 self.config = json.loads(cfg_file.read_text())
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
+        map_file = path / "special_tokens_map.json"
+        if "added_tokens_decoder" not in self.config and map_file.is_file():
+            # An older checkpoint's layout: as transformers reads it, the map's named tokens win over the config's.
+            try:
+                special = json.loads(map_file.read_text())
+            except json.JSONDecodeError as exc:
+                raise CheckpointError(f"{map_file} is not valid JSON: {exc}") from None
+            self.config.update({k: v for k, v in special.items() if k in chat_inputs.SPECIAL_TOKEN_NAMES and v})
 
     def _from_gguf(self, path: Path) -> None:
         from hyspec.model.gguf_checkpoint import gguf_metadata

@@ -144,6 +144,17 @@ def test_named_templates_and_tools_render_as_transformers_renders_them(tmp_path,
     assert '"description": "Add <two> numbers & more"' in both(pair, CHAT, tools=TOOLS, **options)[0]
 
 
+def test_special_tokens_come_from_where_transformers_reads_them(tmp_path, tiny_tokenizer_json):
+    """An older layout: the named tokens in special_tokens_map.json, over tokenizer_config.json's."""
+    ours, _ = make_pair(tmp_path, tiny_tokenizer_json, "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}",
+                        {"bos_token": "<pad>"})
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False, "normalized": False}}))
+    ours, reference = Tokenizer(tmp_path), transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    assert ours.apply_chat_template(CHAT) == reference.apply_chat_template(CHAT, tokenize=False) == "<s>|</s>|"
+    assert ours.eos_token_id == reference.eos_token_id
+
+
 def test_continue_final_message_leaves_the_message_open(families):
     text = families["qwen3"][0].apply_chat_template(PREFILL, add_generation_prompt=False,
                                                     continue_final_message=True)
