@@ -102,7 +102,8 @@ def api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else $HYSPEC_API_KEY or $VLLM_API_KEY (both set and different: an error)."""
     if args.api_key:
         if len(args.api_key) > 1:
-            raise HyspecError("--api-key: hyspec serve takes one key, got several")
+            raise HyspecError(f"--api-key: hyspec serve takes one key, got {len(args.api_key)} values (a MODEL "
+                              "written after --api-key is read as a key: put MODEL first)")
         return args.api_key[0]
     found = {name: os.environ[name] for name in API_KEY_VARIABLES if os.environ.get(name)}
     if len(set(found.values())) > 1:
