@@ -80,7 +80,7 @@ def _field_rows() -> list[str]:
             elif name in model.model_fields:
                 cells.append("implemented")
             else:
-                cells.append("not in this endpoint's schemas (a 400 as unknown)")
+                cells.append("refused: not a field of this endpoint (a 400 naming it as unknown)")
         origin_text = " + ".join(sorted(origin)) or "hyspec"
         rows.append(f"| `{name}` | {origin_text} | {_cell(cells[0])} | {_cell(cells[1])} |")
     return rows
