@@ -25,6 +25,7 @@ COMMANDS = {
     "draft-worker": ("draft_worker", "run or join a remote CPU draft worker node (Ray)"),
     "export-hf": ("export_hf", "write a GGUF model as a Hugging Face directory (for vLLM, transformers)"),
     "export-drafter": ("export_drafter", "write a hyspec drafter (eagle3, draft_model) as vLLM loads it"),
+    "convert": ("convert", "rewrite a pickled pytorch_model.bin checkpoint as safetensors (weights only)"),
 }
 
 

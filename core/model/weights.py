@@ -43,7 +43,11 @@ class SafetensorsCheckpoint:
         else:
             files = sorted(self.path.glob("*.safetensors"))
             if not files:
-                raise CheckpointError(f"no *.safetensors weights in {self.path} (hyspec never loads pickled .bin files)")
+                pickled = sorted(p.name for p in self.path.glob("*.bin"))
+                advice = (f"; {', '.join(pickled[:3])} can be converted once, explicitly: hyspec convert "
+                          f"{self.path} NEW_DIR (torch.load with weights_only=True, then safetensors)") if pickled else ""
+                raise CheckpointError(f"no *.safetensors weights in {self.path} (hyspec never loads pickled .bin "
+                                      f"files, a pickle can run code){advice}")
             for f in files:
                 for name in self._open(f).keys():
                     self._file_of[name] = f
