@@ -79,3 +79,29 @@ def test_cli_says_what_it_read_and_never_overwrites(tmp_path, capsys):
     assert "pytorch_model.bin with torch.load(weights_only=True)" in said and "float32" in said
     assert main(["convert", str(src), str(tmp_path / "out")]) == 2
     assert "not an empty directory" in capsys.readouterr().err
+
+
+def test_an_eagle1_head_published_as_bin_loads_after_conversion(tmp_path):
+    """SafeAILab's EAGLE-1/2 heads ship as pytorch_model.bin: converted, the head loads as the same head."""
+    from safetensors.torch import load_file
+
+    from hyspec.drafters.eagle.checkpoint import load_head
+    from hyspec.drafters.eagle.model import EAGLE
+    from hyspec.drafters.eagle.recipe import EagleRecipe
+    from tests.drafters.test_eagle_checkpoint import tiny_target
+
+    target = tiny_target()
+    recipe = EagleRecipe()
+    built = recipe.build(target, {}).eval()
+    recipe.save(built, tmp_path, tmp_path / "st")
+    published = tmp_path / "published"
+    published.mkdir()
+    shutil.copy(tmp_path / "st" / "config.json", published / "config.json")
+    torch.save(load_file(str(tmp_path / "st" / "model.safetensors")), published / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="hyspec convert"):
+        load_head(published, target, EAGLE)
+    convert_bin(published, tmp_path / "converted")
+    loaded = load_head(tmp_path / "converted", target, EAGLE)
+    ids, feats = torch.randint(0, 64, (1, 9)), torch.randn(1, 9, built.config.feature_size)
+    with torch.no_grad():
+        assert torch.equal(built.forward_dense(ids, built.fuse(feats)), loaded.forward_dense(ids, loaded.fuse(feats)))
