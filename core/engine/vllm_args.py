@@ -136,8 +136,8 @@ ENGINE_ARGS: dict[str, Arg] = {
     "override_generation_config": Refused("hyspec takes sampling defaults from each request only"),
     "scheduling_policy": Refused(SCHEDULER, ("fcfs",)),
     "use_tqdm_on_load": Refused("hyspec shows no progress bar while loading"),
-    "disable_log_stats": Refused("hyspec logs no periodic stats, so there is nothing to disable; the flag "
-                                 "would change nothing", ()),
+    "disable_log_stats": Refused("hyspec logs no periodic stats (they are in /metrics): --disable-log-stats asks for "
+                                 "what it does already; asking for stats logs is refused", (True,)),
     "logits_processors": Refused("hyspec's per-request processors are its sampling fields (penalties, logit_bias, "
                                  "...), applied at every verified position; it loads no user classes"),
     "allowed_local_media_path": Refused(MULTIMODAL, ("",)),

@@ -162,6 +162,8 @@ class CompletionRequest(_SamplingRequest):
                                                                   "(at most the server's --max-logprobs)")
     best_of: Optional[StrictInt] = Field(None, ge=1, description="sample this many, return the n with the "
                                                                  "highest mean token logprob (not streamed)")
+    add_special_tokens: StrictBool = Field(True, description="vLLM extension: encode text prompts with the "
+                                                             "tokenizer's special tokens (its BOS)")
 
     ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
 

@@ -31,7 +31,8 @@ class Refusal:
         return any(value == off and type(value) is type(off) for off in self.off)
 
 
-_NONE_OR_EMPTY = (None, [], {})
+NONE_OR_EMPTY_LIST = (None, [])
+NONE_OR_EMPTY_DICT = (None, {})
 NOT_YET = "not implemented yet: leave it out"  # a field being implemented now; its entry goes when it lands
 MULTIMODAL = "hyspec serves text-only models (no images, audio, video or multimodal processor options)"
 KV_TRANSFER = "hyspec has no disaggregated prefill or encoder-cache transfer"
@@ -46,10 +47,10 @@ COMMON: dict[str, Refusal] = {
     "presence_penalty": Refusal(NOT_YET, (None, 0, 0.0)),
     "frequency_penalty": Refusal(NOT_YET, (None, 0, 0.0)),
     "repetition_penalty": Refusal(NOT_YET, (None, 1, 1.0)),
-    "logit_bias": Refusal(NOT_YET, _NONE_OR_EMPTY),
-    "min_tokens": Refusal(NOT_YET, (None, 0)),
-    "bad_words": Refusal(NOT_YET, _NONE_OR_EMPTY),
-    "allowed_token_ids": Refusal(NOT_YET, _NONE_OR_EMPTY),
+    "logit_bias": Refusal(NOT_YET, NONE_OR_EMPTY_DICT),
+    "min_tokens": Refusal(NOT_YET, (0,)),
+    "bad_words": Refusal(NOT_YET, NONE_OR_EMPTY_LIST),
+    "allowed_token_ids": Refusal(NOT_YET, NONE_OR_EMPTY_LIST),
     "structured_outputs": Refusal(NOT_YET),
     # refused
     "user": Refusal("hyspec keeps no per-user records (OpenAI uses `user` for abuse monitoring)"),
@@ -72,7 +73,7 @@ COMMON: dict[str, Refusal] = {
     "repetition_detection": Refusal("hyspec has no repetition detector (see repetition_penalty)"),
     "thinking_token_budget": Refusal(REASONING),
     "vllm_xargs": Refusal("hyspec loads no custom logits processors that would read extra arguments",
-                          _NONE_OR_EMPTY),
+                          NONE_OR_EMPTY_DICT),
     "watermarking": Refusal("hyspec has no output watermarking"),
     "routed_experts_prompt_start": Refusal("hyspec's models are dense: no routed experts to report"),
     "kv_transfer_params": Refusal(KV_TRANSFER), "ec_transfer_params": Refusal(KV_TRANSFER),
@@ -83,8 +84,6 @@ COMPLETION_ONLY: dict[str, Refusal] = {
     "response_format": Refusal(NOT_YET, (None, {"type": "text"})),
     "suffix": Refusal("hyspec's models have no fill-in-the-middle template to place a suffix with"),
     "prompt_embeds": Refusal("hyspec takes text or token ids as prompts, not embeddings"),
-    "add_special_tokens": Refusal("hyspec encodes completion prompts with the tokenizer's special tokens (its BOS)",
-                                  (None, True)),
 }
 
 CHAT_ONLY: dict[str, Refusal] = {
@@ -95,21 +94,21 @@ CHAT_ONLY: dict[str, Refusal] = {
     "return_prompt_text": Refusal("hyspec does not return the rendered prompt (POST /tokenize with the messages "
                                   "gives its tokens)", (None, False)),
     "echo": Refusal("chat has no prompt to echo in hyspec (completions' echo returns the prompt)", (None, False)),
-    "tools": Refusal(TOOLS, _NONE_OR_EMPTY),
+    "tools": Refusal(TOOLS, NONE_OR_EMPTY_LIST),
     "tool_choice": Refusal(TOOLS, (None, "none", "auto")),
     "parallel_tool_calls": Refusal(TOOLS),
-    "functions": Refusal(TOOLS, _NONE_OR_EMPTY),
+    "functions": Refusal(TOOLS, NONE_OR_EMPTY_LIST),
     "function_call": Refusal(TOOLS, (None, "none", "auto")),
     "include_reasoning": Refusal(REASONING, (None, True)),
     "reasoning_effort": Refusal(REASONING + "; a template variable such as Qwen3's enable_thinking goes in "
                                             "chat_template_kwargs"),
     "verbosity": Refusal("a parameter of OpenAI's own models: hyspec's have no verbosity setting"),
     "audio": Refusal(MULTIMODAL), "modalities": Refusal(MULTIMODAL, (None, ["text"])),
-    "media_io_kwargs": Refusal(MULTIMODAL, _NONE_OR_EMPTY), "mm_processor_kwargs": Refusal(MULTIMODAL, _NONE_OR_EMPTY),
+    "media_io_kwargs": Refusal(MULTIMODAL, NONE_OR_EMPTY_DICT), "mm_processor_kwargs": Refusal(MULTIMODAL, NONE_OR_EMPTY_DICT),
     "prediction": Refusal("hyspec does not draft from a client's predicted output (its drafters are the "
                           "server's --speculative-config)"),
     "web_search_options": Refusal("hyspec has no web search"),
-    "metadata": Refusal(OPENAI_PLATFORM, _NONE_OR_EMPTY), "store": Refusal(OPENAI_PLATFORM, (None, False)),
+    "metadata": Refusal(OPENAI_PLATFORM, NONE_OR_EMPTY_DICT), "store": Refusal(OPENAI_PLATFORM, (None, False)),
     "moderation": Refusal(OPENAI_PLATFORM), "service_tier": Refusal(OPENAI_PLATFORM, (None, "auto", "default")),
     "safety_identifier": Refusal(OPENAI_PLATFORM), "prompt_cache_key": Refusal(OPENAI_PLATFORM),
     "prompt_cache_options": Refusal(OPENAI_PLATFORM), "prompt_cache_retention": Refusal(OPENAI_PLATFORM),

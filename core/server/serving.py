@@ -97,7 +97,7 @@ class OpenAIServing:
         self.check_model(req.model)
         self._check_logprobs(req.logprobs, "logprobs")
         self._check_prompt_chars(sum(len(p) for p in _texts(req.prompt)), "prompt")
-        prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
+        prompts = await asyncio.to_thread(self._completion_prompts, req.prompt, req.add_special_tokens)
         if "max_tokens" in req.model_fields_set:  # an explicit null: up to the context (under --max-tokens)
             max_tokens = self._max_tokens(req.max_tokens, "max_tokens", prompts)
         else:  # absent: OpenAI's default of 16, never above the ceiling
@@ -147,7 +147,7 @@ class OpenAIServing:
             return _token_id_text
         return lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _completion_prompts(self, prompt: Any) -> list[Prompt]:
+    def _completion_prompts(self, prompt: Any, add_special_tokens: bool = True) -> list[Prompt]:
         if isinstance(prompt, str):
             items: list[Any] = [prompt]
         elif prompt and isinstance(prompt[0], int):
@@ -157,7 +157,7 @@ class OpenAIServing:
         out = []
         for item in items:
             if isinstance(item, str):
-                out.append(Prompt(item, self.tokenizer.encode(item)))
+                out.append(Prompt(item, self.tokenizer.encode(item, add_special_tokens=add_special_tokens)))
             else:
                 if any(t < 0 or t >= self.vocab_size for t in item):
                     raise APIError(400, f"prompt: token ids must be in [0, {self.vocab_size})", param="prompt")

@@ -66,3 +66,12 @@ def test_version_and_several_served_names(vllm_like):
         r = post(vllm_like, "/v1/completions", {"model": name, "prompt": "a", "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200 and r.json()["model"] == "tiny"
     assert post(vllm_like, "/v1/completions", {"model": "nope", "prompt": "a"}).status_code == 404
+
+
+def test_completion_prompts_with_or_without_special_tokens(vllm_like):
+    tok = vllm_like.app.state.async_engine.engine.tokenizer
+    for flag in (True, False):
+        r = post(vllm_like, "/v1/completions", {"prompt": "hello world", "max_tokens": 1, "temperature": 0,
+                                                "add_special_tokens": flag})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(tok.encode("hello world", add_special_tokens=flag))
