@@ -88,6 +88,16 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         raise StructuredOutputError(kind, str(exc)) from None
 
 
+def check_constraint(params: StructuredOutputsParams) -> None:
+    """What can be checked without a tokenizer (the server does it while reading the request): the schema against
+    its meta-schema, and the regex or grammar's syntax.  Raises StructuredOutputError naming the problem."""
+    llg = _llguidance()
+    grammar = grammar_text(params)
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise _compile_error(params.kind, messages[0])
+
+
 def _compile_error(kind: str, message: str) -> StructuredOutputError:
     # llguidance appends the Lark grammar it wrapped a regex or choice in; the user wrote the part above it
     if kind in ("regex", "choice"):
