@@ -14,6 +14,10 @@ Two modes, as vLLM's ``logprobs_mode``:
 * ``processed_logprobs``: of the distribution the request samples from
   (temperature, top-k, top-p, min-p applied; filtered tokens are ``-inf``).
   Greedy rows report raw logprobs (temperature 0 is not a distribution).
+
+A request's sampling controls (``hyspec.engine.controls``) are in the processed numbers only: the
+engine hands this module the controlled rows in ``processed_logprobs`` mode (for greedy rows that is
+``log_softmax`` of the controlled logits, vLLM's all-greedy case) and the model's rows in ``raw_logprobs``.
 """
 from __future__ import annotations
 
