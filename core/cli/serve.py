@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model directory's name)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
-    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+    parser.add_argument("--api-key", nargs="+", default=_key_from_environment(), metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1/* and /openapi.json (and turn /docs off). "
                              "A key on the command line is visible to other local users (ps, /proc): prefer the "
                              "environment variable HYSPEC_API_KEY or VLLM_API_KEY (none if unset)")
@@ -98,9 +98,13 @@ def engine_args(args: argparse.Namespace) -> dict:
     return {"model": model, **kwargs}
 
 
+def _key_from_environment() -> str | None:
+    return next((os.environ[name] for name in API_KEY_VARIABLES if os.environ.get(name)), None)
+
+
 def api_key(args: argparse.Namespace) -> str | None:
     """--api-key, else $HYSPEC_API_KEY or $VLLM_API_KEY (both set and different: an error)."""
-    if args.api_key:
+    if isinstance(args.api_key, list):  # given on the command line (the environment's is the default, a str)
         if len(args.api_key) > 1:
             raise HyspecError(f"--api-key: hyspec serve takes one key, got {len(args.api_key)} values (a MODEL "
                               "written after --api-key is read as a key: put MODEL first)")
@@ -108,7 +112,7 @@ def api_key(args: argparse.Namespace) -> str | None:
     found = {name: os.environ[name] for name in API_KEY_VARIABLES if os.environ.get(name)}
     if len(set(found.values())) > 1:
         raise HyspecError(f"{' and '.join(found)} are both set, to different keys: unset one")
-    return next(iter(found.values()), None)
+    return args.api_key
 
 
 def chat_template(value: str | None) -> str | None:
