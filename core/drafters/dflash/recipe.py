@@ -44,7 +44,8 @@ def block_config(target: ModelConfig, options: dict[str, Any]) -> DFlashConfig:
         raise ConfigError("layers", f"must be >= 1, got {layers}")
     if not 1 <= block <= 64:
         raise ConfigError("block_size", f"must be in 1..64, got {block}")
-    cfg = dataclasses.replace(target, num_hidden_layers=layers,
+    # the draft layers attend to all they are given (a target's per-layer sliding windows do not carry over)
+    cfg = dataclasses.replace(target, num_hidden_layers=layers, layer_windows=(),
                               intermediate_size=int(options.get("intermediate_size") or target.intermediate_size))
     return DFlashConfig(layers=cfg, target_layers=default_target_layers(target.num_hidden_layers), block_size=block)
 
