@@ -13,7 +13,7 @@ from hyspec.bench.result import OK, SKIPPED
 
 RED, BOLD, RESET = "\033[31;1m", "\033[1m", "\033[0m"
 PEER_SHORT = {"hf_generate": "×HF gen", "hf_prompt_lookup": "×HF lookup", "hf_assisted": "×HF assist",
-              "llamacpp": "×llama.cpp", "llamacpp_prompt_lookup": "×lcpp lookup"}
+              "llamacpp": "×llama.cpp", "llamacpp_prompt_lookup": "×lcpp lookup", "vllm": "×vLLM"}
 IDENTITY_TEXT = {"identical": "yes", "near_tie": "near-tie", "mismatch": "MISMATCH", "not_applicable": "n/a (T>0)"}
 
 
@@ -31,6 +31,8 @@ def _rate(row: dict[str, Any]) -> str:
 
 
 def _identity(row: dict[str, Any]) -> str:
+    if row["engine"] == "vllm" and row.get("identity"):  # vLLM's speculative rows: against vLLM plain
+        return {"identical": "= vLLM plain", "mismatch": "≠ vLLM plain"}.get(row["identity"]["status"], "-")
     if row["engine"] != "hyspec":
         agreement = row.get("agreement_with_hyspec_plain")
         return "-" if agreement is None else {"identical": "same", "near_tie": "near-tie",
@@ -104,6 +106,11 @@ def format_table(doc: dict[str, Any], color: bool = False) -> str:
         lines.append("ceiling_kK: an oracle drafting K tokens of plain decoding's own answer every step (always "
                      "accepted, free to draft): the most any method reaches with K drafts on this machine")
     lines += _acceptance_lines(doc)
+    prefill = doc.get("prefill")
+    if prefill:
+        lines.append(f"prefill of one {prefill['prompt_tokens']}-token prompt, prompt tok/s: " + "; ".join(
+            f"{e['label']} {_rate(e)}" if "tokens_per_s" in e else f"{e['label']}: {e['error']}"
+            for e in prefill["engines"]))
     demo = doc["settings"].get("demo")
     if not demo:  # the goals are the full comparison's: the demo runs one method and no peers
         lines += _goal_lines(doc)

@@ -19,6 +19,7 @@ from hyspec.bench import vllm_peer, vllm_worker
 from hyspec.bench.identity import IDENTICAL, MISMATCH, IdentityVerdict
 from hyspec.bench.measure import Workload
 from hyspec.bench.readme import render_readme_section
+from hyspec.bench.report import format_table
 from hyspec.bench.result import OK, SKIPPED, VLLM, Document, Row, peer_engine
 from hyspec.bench.settings import DEFAULT_PEERS, VLLM_PEERS, BenchSettings
 from hyspec.bench.vllm_rows import VllmRows
@@ -197,6 +198,9 @@ def test_rows_run_the_worker_and_read_back_tokens_acceptance_identity_and_prefil
     ours = goals["vLLM + hyspec >= 1.5x vLLM plain (batch 1; issue 46: agentic)"]
     assert ours["measured"] is not None and "vLLM plain" in ours["detail"]
     assert goals["hyspec plain >= 1.5x vLLM plain at every batch size (issue 51)"]["measured"] is None  # no hyspec
+    table = format_table({**doc, "dataset": {"name": "t", "num_prompts": 2, "prompt_tokens": {"mean": 3},
+                                             "truncated": 0}, "model": {**doc["model"], "decode_weight_bytes": 1}})
+    assert "×vLLM" in table and "= vLLM plain" in table and "prefill of one 39-token prompt" in table
     text = render_readme_section(json.loads(json.dumps(doc)))
     assert "| × vLLM |" in text and "vLLM 0.0-standin (CPU build)" in text
     assert "| vLLM + hyspec | 1 | 0 |" in text and "yes (vs vLLM plain)" in text
