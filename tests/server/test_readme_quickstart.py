@@ -20,7 +20,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def quickstart_commands() -> list[list[str]]:
     text = README.read_text()
-    block = re.search(r"<!-- vllm-quickstart[^>]*-->\s*```bash\n(.*?)```", text, re.S)
+    block = re.search(r"<!-- vllm-quickstart[^>]*-->\s*```bash\n(.*?)```", text, re.DOTALL)
     assert block, "README.md lost its vllm-quickstart block"
     commands, pending = [], ""
     for line in block.group(1).replace("\\\n", " ").splitlines():
