@@ -145,14 +145,15 @@ def _expected(workload: Workload) -> list[list[int]]:
     return [[(sum(p) + i) % 50 for i in range(workload.max_tokens)] for p in workload.prompts]
 
 
-def _rows(settings: BenchSettings, model: Path, workloads, prefill=None, peers=VLLM_PEERS):
+def _rows(settings: BenchSettings, model: Path, workloads, prefill=None, peers=VLLM_PEERS, log_dir=None):
     seen = []
 
     def agreement(w, outputs):
         seen.append(w.key())
         return IdentityVerdict(IDENTICAL, sequences=len(outputs))
 
-    runner = VllmRows(settings, model, workloads, agreement, prefill_prompt=prefill)
+    runner = VllmRows(settings, model, workloads, agreement, prefill_prompt=prefill,
+                      log_dir=log_dir or model.parent / "vllm-logs")
     return runner, runner.run(peers), seen
 
 
