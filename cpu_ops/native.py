@@ -68,9 +68,16 @@ def load(source_name: str, march: str = "native") -> ctypes.CDLL | None:
         log.info("hyspec %s kernel unavailable: no C compiler (cc/gcc) on PATH; using torch", stem)
         return None
     source = HERE / source_name
-    # what the sources #include: the headers, and the kernels a source builds on (decoder_stack.c includes qgemm.c)
-    included = re.findall(rb'#include "([^"]+\.c)"', source.read_bytes())
-    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")) + [HERE / n.decode() for n in included])
+    # what the sources #include: the headers, and the kernels a source builds on, followed through every level
+    # (decoder_stack.c includes qgemm.c, which includes kquants.c)
+    included: list[str] = []
+    pending = [source]
+    while pending:
+        for name in re.findall(rb'#include "([^"]+\.c)"', pending.pop().read_bytes()):
+            if name.decode() not in included:
+                included.append(name.decode())
+                pending.append(HERE / name.decode())
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")) + [HERE / n for n in included])
     key = hashlib.sha256(source.read_bytes() + headers + cc.encode() + _cpu_key().encode()
                          + march.encode()).hexdigest()[:16]
     target = cache_dir() / f"{stem}-{key}.so"

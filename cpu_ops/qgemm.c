@@ -1,5 +1,6 @@
 /*
  * y[m, n] = sum_k x[m, k] * w[n, k] over llama.cpp's own blocks (Q4_0, Q4_1, Q8_0), fp32 activations.
+ * (Q5_0, Q5_1, Q4_K, Q5_K and Q6_K: kquants.c, included below and dispatched from hyspec_qgemm.)
  *
  * Built at first use by hyspec.cpu_ops.qgemm (gcc -O3 -march=native -fopenmp) and called through
  * ctypes.  The weights are read as the GGUF stores them, 32 per block:
@@ -49,7 +50,7 @@ enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
 enum { PREFETCH_BYTES = 4096, PREFETCH_BYTES_ONE_ROW = 8192 };
 static const int BLOCK_BYTES[3] __attribute__((unused)) = {18, 20, 34};
 
-int hyspec_qgemm_version(void) { return 1; }
+int hyspec_qgemm_version(void) { return 2; }
 
 #if defined(HYSPEC_AVX512)
 const char *hyspec_qgemm_isa(void) { return "avx512f+f16c"; }
@@ -389,9 +390,12 @@ static inline __attribute__((always_inline)) void output_rows(const int qtype, i
 #endif
 }
 
-/* x [M, K] fp32, w [N, K / 32 blocks], y [M, N] fp32; K a multiple of 32.  Returns 0, -1 on bad arguments,
- * -2 when out of memory. */
+#include "kquants.c"
+
+/* x [M, K] fp32, w [N, K / 32 blocks] (K-quants: K / 256 super-blocks), y [M, N] fp32; K a multiple of the
+ * block.  Returns 0, -1 on bad arguments, -2 when out of memory. */
 int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
+    if (qtype >= Q5_0 && qtype <= LAST_QTYPE) return kq_gemm(qtype, x, M, K, w, N, y);
     if (qtype < 0 || qtype > 2 || K % 32 || M < 0 || N < 0) return -1;
 #if defined(HYSPEC_AVX512)
     float *xs = NULL; /* the AVX-512 path folds m into the dequantized weights */

@@ -23,8 +23,14 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-QTYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+#: qgemm.c's type codes: Q4_0 .. Q8_0 in qgemm.c itself, Q5_0 .. Q6_K in kquants.c (dequantized block by block
+#: to gguf's values, then summed in one fixed order), F32 a dense fp32 matrix summed in that same order: the
+#: reference the kquants types are tested against bit for bit.
+QTYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4, "Q4_K": 5, "Q5_K": 6, "Q6_K": 7, "F32": 8}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210,
+               "F32": 128}
+#: weights per block (the K-quants' super-blocks hold 256)
+BLOCK_ELEMS = {t: 256 if t.endswith("_K") else 32 for t in QTYPES}
 
 
 @functools.cache
@@ -57,16 +63,20 @@ def isa(lib: ctypes.CDLL | None = None) -> str | None:
 
 
 def qgemm(block_type: str, x: torch.Tensor, blocks: torch.Tensor, n: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """``x [M, K] fp32`` times the ``[n, K]`` matrix stored as GGML ``blocks [n, K/32 * bytes]`` -> ``[M, n]``.
+    """``x [M, K] fp32`` times the ``[n, K]`` matrix stored as GGML ``blocks [n, K / elems * bytes]`` -> ``[M, n]``.
 
-    ``lib``: a :func:`variant` to run instead of the native build (tests)."""
+    ``block_type``: a key of :data:`QTYPES` (``"F32"``: ``blocks`` is a dense fp32 matrix's bytes, summed the
+    way the K-quants are).  ``lib``: a :func:`variant` to run instead of the native build (tests)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the hyspec qgemm kernel is not available here")
+    if block_type not in QTYPES:
+        raise ValueError(f"qgemm: unknown block type {block_type!r}; it computes {', '.join(QTYPES)}")
     m, k = x.shape
     if x.dtype != torch.float32 or not x.is_contiguous() or blocks.dtype != torch.uint8 or not blocks.is_contiguous():
         raise ValueError("qgemm needs a contiguous fp32 x and contiguous uint8 blocks")
-    if k % 32 or tuple(blocks.shape) != (n, k // 32 * BLOCK_BYTES[block_type]):
+    elems = BLOCK_ELEMS[block_type]
+    if k % elems or tuple(blocks.shape) != (n, k // elems * BLOCK_BYTES[block_type]):
         raise ValueError(f"qgemm: blocks of shape {tuple(blocks.shape)} do not hold a {n}x{k} {block_type} matrix")
     y = torch.empty(m, n, dtype=torch.float32)
     if lib.hyspec_qgemm(QTYPES[block_type], x.data_ptr(), m, k, blocks.data_ptr(), n, y.data_ptr()) != 0:
@@ -110,4 +120,4 @@ class BlockLinear(nn.Module):
                 f"({self.source}), hyspec qgemm" + (", int8 activations" if self.a8 else ""))
 
 
-__all__ = ["BlockLinear", "QTYPES", "isa", "library", "qgemm", "variant"]
+__all__ = ["BLOCK_BYTES", "BLOCK_ELEMS", "BlockLinear", "QTYPES", "isa", "library", "qgemm", "variant"]

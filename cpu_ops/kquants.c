@@ -1,0 +1,258 @@
+/*
+ * The GGUF types a Q4_K_M / Q5_K_M file holds besides Q4_0 / Q4_1 / Q8_0, computed from their stored blocks:
+ * Q5_0, Q5_1 (32 weights a block) and the K-quants Q4_K, Q5_K, Q6_K (256 weights a super-block).
+ * Included by qgemm.c after its ISA section (it uses that section's f16, hsum / hsum16 and ISA macros);
+ * hyspec_qgemm hands these types to kq_gemm.
+ *
+ * Layouts, as the gguf package's quants.py reads them (llama.cpp's ggml-common.h block_q4_K etc. for
+ * reference; github.com/ggml-org/llama.cpp, ggml/src/ggml-common.h):
+ *   Q5_0  fp16 d, 4 bytes qh, 16 bytes qs           w = d * (q - 16)
+ *   Q5_1  fp16 d, fp16 m, 4 bytes qh, 16 bytes qs   w = d * q + m
+ *         q = nibble j of qs (low nibbles elements 0..15, high 16..31) | bit j of qh << 4
+ *   Q4_K  fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes qs      w = (d sc) q - dmin mn
+ *         eight sub-blocks of 32; sub-block 2c / 2c+1 are the low / high nibbles of qs[32c .. 32c+31]
+ *   Q5_K  as Q4_K with 32 bytes qh before qs: bit i of qh[e] is the fifth bit of sub-block i's element e
+ *   Q6_K  128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d     w = (d sc) (q - 32), a scale per 16
+ *         element h*128 + r: low four bits (ql[64h + r%64] >> 4(r/64)), high two (qh[32h + r%32] >> 2(r/32))
+ *
+ * Each block is dequantized to the fp32 values gguf's dequantize gives, bit for bit: (d sc), dmin mn and
+ * d q are exact fp32 products (at most 11 + 6 + 5 significant bits), so (d sc) q - dmin mn and d q + m are
+ * rounded once whether computed as an fma or as gguf's product-then-add; Q6_K's (d sc) (q - 32) is rounded
+ * once in both, in the same order.  Then w * x is summed in one fixed lane order (kq_dot32), the order the
+ * F32_ROWS type uses on a dense fp32 matrix: so the kernel's result on blocks equals, bit for bit, the same
+ * kernel on gguf's dequantized matrix (tests/test_cpu_ops_kquants.py).  Rows of x never share sums, and
+ * blocking depends on nothing but the row's own position: a row's result is the same alone or in a batch.
+ */
+
+enum { Q5_0 = 3, Q5_1 = 4, Q4_K = 5, Q5_K = 6, Q6_K = 7, F32_ROWS = 8, LAST_QTYPE = 8 };
+
+static inline int kq_block_elems(int t) { return t == Q5_0 || t == Q5_1 || t == F32_ROWS ? 32 : 256; }
+static inline int kq_block_bytes(int t) {
+    return t == Q5_0 ? 22 : t == Q5_1 ? 24 : t == Q4_K ? 144 : t == Q5_K ? 176 : t == Q6_K ? 210 : 128;
+}
+
+/* sub-block i (0..7) of a Q4_K / Q5_K super-block: its 6-bit scale and min from the 12 packed bytes */
+static inline void kq_scale_min(const uint8_t *s, int i, int *sc, int *mn) {
+    if (i < 4) {
+        *sc = s[i] & 63;
+        *mn = s[i + 4] & 63;
+    } else {
+        *sc = (s[i + 4] & 0x0F) | ((s[i - 4] >> 6) << 4);
+        *mn = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
+    }
+}
+
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+/* 32 codes (bytes, unsigned; signed for Q6_K) to fp32, then q * s + b (fma: one rounding of an exact
+ * product plus b) or q * s (b_none) into out[0..31]; s0 scales codes 0..15, s1 codes 16..31 */
+static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_signed, float s0, float s1, float b,
+                                                             int b_none, float *out) {
+    const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+#if defined(HYSPEC_AVX512)
+    const __m512 vs0 = _mm512_set1_ps(s0), vs1 = _mm512_set1_ps(s1), vb = _mm512_set1_ps(b);
+    const __m512 f0 = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q0) : _mm512_cvtepu8_epi32(q0));
+    const __m512 f1 = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q1) : _mm512_cvtepu8_epi32(q1));
+    _mm512_storeu_ps(out, b_none ? _mm512_mul_ps(f0, vs0) : _mm512_fmadd_ps(f0, vs0, vb));
+    _mm512_storeu_ps(out + 16, b_none ? _mm512_mul_ps(f1, vs1) : _mm512_fmadd_ps(f1, vs1, vb));
+#else
+    const __m256 vb = _mm256_set1_ps(b);
+    const __m128i parts[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
+    for (int i = 0; i < 4; i++) {
+        const __m256 vs = _mm256_set1_ps(i < 2 ? s0 : s1);
+        const __m256 f = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+        _mm256_storeu_ps(out + 8 * i, b_none ? _mm256_mul_ps(f, vs) : _mm256_fmadd_ps(f, vs, vb));
+    }
+#endif
+}
+
+/* Q5_0 / Q5_1's 32 codes as bytes: the nibbles of qs with bit j of qh as bit 4 of element j */
+static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *qh4, const uint8_t *qs) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+    /* byte j of `bytes` is the byte of qh holding bit j; its bit (j % 8) is selected by a per-byte mask */
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+    return _mm256_or_si256(nib, high);
+}
+
+static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out) {
+    if (qtype == Q5_0 || qtype == Q5_1) {
+        const int one = qtype == Q5_1;
+        const __m256i q = kq_q5_codes(b + 2 + 2 * one, b + 6 + 2 * one);
+        if (one) kq_store32(q, 0, f16(b), f16(b), f16(b + 2), 0, out);
+        else kq_store32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), 1, f16(b), f16(b), 0.0f, 1, out);
+        return;
+    }
+    if (qtype == Q6_K) {
+        const float d = f16(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (k & 1)));
+                const __m256i lo = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), k32);
+                const int t = 128 * h + 32 * k; /* two scales in these 32: elements t..t+15 and t+16..t+31 */
+                kq_store32(q, 1, d * (float)sc[t / 16], d * (float)sc[t / 16 + 1], 0.0f, 1, out + t);
+            }
+        }
+        return;
+    }
+    /* Q4_K, Q5_K */
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *s = b + 4, *qs = b + (qtype == Q5_K ? 48 : 16);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i qh = qtype == Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        for (int h = 0; h < 2; h++) {
+            const int i = 2 * c + h;
+            int sc, mn;
+            kq_scale_min(s, i, &sc, &mn);
+            __m256i q = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m4);
+            if (qtype == Q5_K)
+                q = _mm256_or_si256(q, _mm256_slli_epi16(
+                                           _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(i)), one), 4));
+            kq_store32(q, 0, d * (float)sc, d * (float)sc, -(dmin * (float)mn), 0, out + 32 * i);
+        }
+    }
+}
+#else
+/* portable: the same values, one at a time (every product below is exact, see the header) */
+static inline void kq_dequant(const int qtype, const uint8_t *b, float *out) {
+    if (qtype == Q5_0 || qtype == Q5_1) {
+        const int one = qtype == Q5_1;
+        uint32_t qh;
+        memcpy(&qh, b + 2 + 2 * one, 4);
+        const uint8_t *qs = b + 6 + 2 * one;
+        const float d = f16(b), m = one ? f16(b + 2) : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const int q = (j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
+            out[j] = one ? d * (float)q + m : d * (float)(q - 16);
+        }
+        return;
+    }
+    if (qtype == Q6_K) {
+        const float d = f16(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int t = 0; t < 256; t++) {
+            const int h = t / 128, r = t % 128;
+            const int lo = (b[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+            const int hi = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+            out[t] = (d * (float)sc[t / 16]) * (float)((lo | hi << 4) - 32);
+        }
+        return;
+    }
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (qtype == Q5_K ? 48 : 16);
+    for (int i = 0; i < 8; i++) {
+        int sc, mn;
+        kq_scale_min(s, i, &sc, &mn);
+        const float ds = d * (float)sc, dm = dmin * (float)mn;
+        for (int e = 0; e < 32; e++) {
+            int q = (qs[32 * (i / 2) + e] >> (4 * (i % 2))) & 0x0F;
+            if (qtype == Q5_K) q |= ((qh[e] >> i) & 1) << 4;
+            out[32 * i + e] = ds * (float)q - dm;
+        }
+    }
+}
+#endif
+
+/* The one summation order of these types: per 32 weights of the row (index g32 along K), w * x into
+ * 32 lanes -- AVX2 and portable: four 8-lane accumulators, weights 8i..8i+7 into accumulator i;
+ * AVX-512: two 16-lane accumulators, alternating between two pairs with g32's parity -- then the
+ * accumulators added pairwise and the lanes summed (hsum / hsum8 / hsum16). */
+#if defined(HYSPEC_AVX512)
+typedef struct { __m512 v[4]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm512_setzero_ps(); }
+static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    const int p = (int)(g32 & 1) * 2;
+    a->v[p] = _mm512_fmadd_ps(_mm512_loadu_ps(w), _mm512_loadu_ps(x), a->v[p]);
+    a->v[p + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), _mm512_loadu_ps(x + 16), a->v[p + 1]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    return hsum16(_mm512_add_ps(_mm512_add_ps(a->v[0], a->v[1]), _mm512_add_ps(a->v[2], a->v[3])));
+}
+#elif defined(HYSPEC_AVX2)
+typedef struct { __m256 v[4]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm256_setzero_ps(); }
+static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    (void)g32;
+    for (int i = 0; i < 4; i++)
+        a->v[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8 * i), _mm256_loadu_ps(x + 8 * i), a->v[i]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    return hsum(_mm256_add_ps(_mm256_add_ps(a->v[0], a->v[1]), _mm256_add_ps(a->v[2], a->v[3])));
+}
+#else
+typedef struct { float v[4][8]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { memset(a, 0, sizeof(*a)); }
+static inline void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    (void)g32;
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 8; l++) a->v[i][l] = __builtin_fmaf(w[8 * i + l], x[8 * i + l], a->v[i][l]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    float s[8];
+    for (int l = 0; l < 8; l++) s[l] = (a->v[0][l] + a->v[1][l]) + (a->v[2][l] + a->v[3][l]);
+    return hsum8(s);
+}
+#endif
+
+/* One output row (its blocks at wr) against every row of x, eight rows at a time: each block is
+ * dequantized once per chunk of rows into an L1 buffer, then every row of the chunk takes its w * x. */
+static inline __attribute__((always_inline)) void kq_output_row(const int qtype, const float *x, int64_t M, int64_t K,
+                                                                const uint8_t *wr, float *y, int64_t N) {
+    const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
+    const int64_t G = K / E;
+    float buf[256] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+        const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
+        kq_acc acc[ROW_CHUNK];
+        for (int r = 0; r < R; r++) kq_zero(&acc[r]);
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *b = wr + g * B;
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+            _mm_prefetch((const char *)(b + (R == 1 ? PREFETCH_BYTES_ONE_ROW : PREFETCH_BYTES)), _MM_HINT_T0);
+#endif
+            const float *w = (const float *)b; /* F32_ROWS: the row's own values */
+            if (qtype != F32_ROWS) {
+                kq_dequant(qtype, b, buf);
+                w = buf;
+            }
+            for (int r = 0; r < R; r++) {
+                const float *xg = x + (m0 + r) * K + g * E;
+                for (int t = 0; t < E / 32; t++) kq_dot32(&acc[r], w + 32 * t, xg + 32 * t, g * (E / 32) + t);
+            }
+        }
+        for (int r = 0; r < R; r++) y[(m0 + r) * N] = kq_sum(&acc[r]);
+    }
+}
+
+/* x [M, K] fp32, w [N, K / E blocks of the type], y [M, N]; OpenMP over blocks of four output rows */
+static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
+    if (qtype < Q5_0 || qtype > LAST_QTYPE || K % kq_block_elems(qtype) || M < 0 || N < 0) return -1;
+    const int64_t rowbytes = K / kq_block_elems(qtype) * kq_block_bytes(qtype), nblocks = (N + 3) / 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t nb = 0; nb < nblocks; nb++) {
+        for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n++) {
+            const uint8_t *wr = w + n * rowbytes;
+            switch (qtype) { /* each type compiled on its own: no type branch in the inner loops */
+                case Q5_0: kq_output_row(Q5_0, x, M, K, wr, y + n, N); break;
+                case Q5_1: kq_output_row(Q5_1, x, M, K, wr, y + n, N); break;
+                case Q4_K: kq_output_row(Q4_K, x, M, K, wr, y + n, N); break;
+                case Q5_K: kq_output_row(Q5_K, x, M, K, wr, y + n, N); break;
+                case Q6_K: kq_output_row(Q6_K, x, M, K, wr, y + n, N); break;
+                default: kq_output_row(F32_ROWS, x, M, K, wr, y + n, N); break;
+            }
+        }
+    }
+    return 0;
+}
