@@ -39,20 +39,29 @@ _UNAVAILABLE = (ImportError, ModuleNotFoundError)
 
 
 def forget_between_passes(worker: Any) -> int:
-    """Run in vLLM's worker (``collective_rpc``): the drafter forgets finished requests' responses, so the next
-    pass cannot copy answers it saw in an earlier one.  Returns how many responses it dropped."""
+    """Run in vLLM's worker (``collective_rpc``) between passes, when no request is in flight: the drafter forgets
+    the responses of finished requests, so the next pass cannot copy answers it saw in an earlier one.  Both
+    drafters below notice that a request left the batch only at their next ``propose``, so the requests they
+    still hold as live (the previous pass's last wave) are dropped too, not cached.  Returns how many
+    responses and requests it dropped."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     dropped = 0
     cache = getattr(drafter, "suffix_cache", None)  # vLLM's suffix method (arctic_inference's SuffixDecodingCache)
     if cache is not None:
+        for request_id in list(cache.active_requests):
+            cache.stop_request(request_id)
         for request_id in list(cache.cached_requests):
             cache.evict_cached_response(request_id)
             dropped += 1
-    store = getattr(drafter, "cache", None)  # hyspec's proposer: the TokenStore of finished responses
+    store = getattr(drafter, "cache", None)  # hyspec's proposer: the TokenStore of finished responses ...
     if store is not None and hasattr(store, "evict_oldest"):
         while len(store):
             store.evict_oldest()
             dropped += 1
+    table = getattr(drafter, "requests", None)  # ... and its RequestTable of live requests (hyspec.vllm.requests)
+    if table is not None and hasattr(table, "follow"):
+        dropped += len(getattr(table, "live", {}) or {})
+        drafter.requests = type(table)()
     return dropped
 
 

@@ -304,3 +304,33 @@ def test_settings_and_cli_options(monkeypatch):
 def test_row_json_of_a_skipped_vllm_peer():
     row = Row(VLLM, "vllm_eagle3", 8, 0.0, SKIPPED, "no EAGLE-3 head").to_dict()
     assert row["engine"] == "vllm" and row["label"] == "vLLM eagle3 (hyspec's head)" and row["tokens_per_s"] is None
+
+
+def test_forget_between_passes_drops_finished_and_still_live_requests_of_both_drafters():
+    from types import SimpleNamespace
+
+    from hyspec.drafters.suffix.store import TokenStore
+    from hyspec.vllm.requests import RequestTable
+
+    class SuffixCache:  # arctic_inference's SuffixDecodingCache, the part vLLM's suffix method uses
+        def __init__(self):
+            self.active_requests, self.cached_requests = {"r3"}, {"r1", "r2"}
+
+        def stop_request(self, rid):
+            self.active_requests.remove(rid)
+            self.cached_requests.add(rid)
+
+        def evict_cached_response(self, rid):
+            self.cached_requests.remove(rid)
+
+    vllm_suffix = SimpleNamespace(suffix_cache=SuffixCache())
+    assert vllm_worker.forget_between_passes(SimpleNamespace(model_runner=SimpleNamespace(drafter=vllm_suffix))) == 3
+    assert not vllm_suffix.suffix_cache.active_requests and not vllm_suffix.suffix_cache.cached_requests
+    store, table = TokenStore(16), RequestTable()
+    store.extend(0, [1, 2, 3])
+    table.row("req-9", 2, [5, 6, 7])  # the previous pass's last request, not yet seen to leave
+    ours = SimpleNamespace(cache=store, requests=table)
+    assert vllm_worker.forget_between_passes(SimpleNamespace(model_runner=SimpleNamespace(drafter=ours))) == 2
+    assert len(ours.cache) == 0 and ours.requests is not table and not ours.requests.live
+    no_drafter = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace()))  # ngram, eagle3
+    assert vllm_worker.forget_between_passes(no_drafter) == 0
