@@ -120,4 +120,25 @@ class BlockLinear(nn.Module):
                 f"({self.source}), hyspec qgemm" + (", int8 activations" if self.a8 else ""))
 
 
-__all__ = ["BLOCK_BYTES", "BLOCK_ELEMS", "BlockLinear", "QTYPES", "isa", "library", "qgemm", "variant"]
+class RowConcatLinear(nn.Module):
+    """A fused linear whose row ranges are stored in different block types (a Q4_K_M file's Q4_K q/k beside a
+    Q6_K v): each part through qgemm, the outputs side by side.  Each output row is computed as in its part
+    alone, so the result is as batch-invariant as the parts'."""
+
+    kernel = "hyspec qgemm, fp32"
+
+    def __init__(self, parts: list[BlockLinear]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def extra_repr(self) -> str:
+        types = "+".join(p.block_type for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, {types} blocks, hyspec qgemm"
+
+
+__all__ = ["BLOCK_BYTES", "BLOCK_ELEMS", "BlockLinear", "QTYPES", "RowConcatLinear", "isa", "library", "qgemm", "variant"]

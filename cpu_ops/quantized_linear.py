@@ -69,6 +69,8 @@ def int8_kernel_available() -> bool:
 
 def kernel_for(w: GroupQuantized) -> str | None:
     """``"int4"`` / ``"int8"`` when this CPU can compute with ``w`` as stored, else None (dequantize it)."""
+    if w.q is None:  # blocks-only types (Q4_K ...): only hyspec's block kernel takes them
+        return None
     n, k = w.shape
     if w.bits == 4 and int4_kernel_available() and n % 16 == 0 and k % w.group_size == 0 \
             and w.group_size in (32, 64, 128, 256):
@@ -150,7 +152,10 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     fp32 activations go to hyspec's own kernel over the GGML blocks (qgemm.c: exact weights, fp32
     sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
     (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
+    Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None).
     """
+    if w.q is None:
+        return _stored_blocks_linear(w, bias) if dtype == torch.float32 and activations == "native" else None
     if activations == "int8":
         from hyspec.cpu_ops.qgemm import BlockLinear
         from hyspec.cpu_ops.qgemm_a8 import available
@@ -171,6 +176,28 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     if kind == "int8":
         return Int8Linear(w, bias)
     return None
+
+
+def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None) -> nn.Module | None:
+    """hyspec's block kernel over a blocks-only matrix, or over its parts in several types (row-concatenated)."""
+    from hyspec.cpu_ops.qgemm import BLOCK_ELEMS, BlockLinear, RowConcatLinear, library
+    from hyspec.model.quant import encode_blocks
+
+    if library() is None:
+        return None
+    n, k = w.shape
+    if not w.parts:
+        return BlockLinear(w.block_type, w.blocks, k, bias, w.source) if k % BLOCK_ELEMS[w.block_type] == 0 else None
+    modules, start = [], 0
+    for part in w.parts:
+        encoded = encode_blocks(part)
+        rows = part.shape[0]
+        if encoded is None or k % BLOCK_ELEMS[encoded[0]]:
+            return None
+        modules.append(BlockLinear(encoded[0], encoded[1], k, None if bias is None else bias[start:start + rows],
+                                   part.source))
+        start += rows
+    return RowConcatLinear(modules)
 
 
 class QuantizedHeads:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hyspec.errors import CheckpointError
-from hyspec.model.quant import from_gguf, permute_rows
+from hyspec.model.quant import from_gguf, permute_rows, stored_blocks
 
 #: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes.
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -194,9 +194,12 @@ class GGUFCheckpoint:
 
     def group_quantized(self, name: str):
         """The tensor as codes + scales + zeros in Hugging Face row order (q/k rows un-interleaved, exactly:
-        a row permutation), or None when its GGML type is not a group type (F32, F16, K-quants, ...)."""
+        a row permutation); Q5_0 / Q5_1 / K-quants as their blocks only (hyspec.model.quant.stored_blocks);
+        None for other types (F32, F16, Q2_K, IQ*, ...)."""
         t = self._get(name)
         w = from_gguf(t.tensor_type.name, t.data, self.shape(name), name)
+        if w is None:
+            w = stored_blocks(t.tensor_type.name, t.data, self.shape(name), name)
         proj = name.split(".")[-2]
         if w is not None and self.architecture == "llama" and proj in self._heads:
             if self._heads[proj] is None:

@@ -16,7 +16,14 @@ it exactly:
 * Q8_0 (``w = d * q``, q int8): scale ``d``, zero 0, offset 0.
 
 The codes are the file's own; a backend that computes with them reads 4.5 or
-8.5 bits a weight instead of 16.  Where a backend's kernel wants another
+8.5 bits a weight instead of 16.
+
+Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K (what a Q4_K_M / Q5_K_M file holds
+besides those) are kept as their blocks only (:func:`stored_blocks`): ``q``,
+``scale`` and ``zero`` are None, their values are gguf's own dequantization
+(:func:`dequantize`), and a backend computes with them as stored or not at all.
+A fused matrix whose parts are stored in different types (Q4_K q/k with a Q6_K
+v) keeps its parts (``parts``) rather than converting any of them.  Where a backend's kernel wants another
 layout (per-channel int8 scales, bf16 scales) it converts, and says how exact
 the conversion is (hyspec.cpu_ops.quantized_linear).
 
@@ -38,23 +45,30 @@ from hyspec.errors import CheckpointError
 #: GGML block types hyspec can keep quantized, and the bits of their codes.
 GGUF_GROUP_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
 _GGUF_BLOCK = 32  # the block (group) size of Q4_0, Q4_1 and Q8_0
+#: GGML types kept as their stored blocks only: (bits of a code, weights per scale, weights per block, bytes per block)
+GGUF_STORED_TYPES = {"Q5_0": (5, 32, 32, 22), "Q5_1": (5, 32, 32, 24), "Q4_K": (4, 32, 256, 144),
+                     "Q5_K": (5, 32, 256, 176), "Q6_K": (6, 16, 256, 210)}
 
 
 @dataclass
 class GroupQuantized:
     """An ``[N, K]`` matrix as integer codes with group-wise scales and zeros (see the module docstring)."""
 
-    q: torch.Tensor  # [N, K] uint8 codes 0..15 (bits 4) or int8 -128..127 (bits 8)
-    scale: torch.Tensor  # [N, K // group_size] fp32
-    zero: torch.Tensor  # [N, K // group_size] fp32
+    q: torch.Tensor | None  # [N, K] uint8 codes 0..15 (bits 4) or int8 -128..127 (bits 8); None: blocks only
+    scale: torch.Tensor | None  # [N, K // group_size] fp32
+    zero: torch.Tensor | None  # [N, K // group_size] fp32
     group_size: int
     bits: int
     source: str  # where the codes came from: a GGML type (Q4_1 ...) or "int4" / "int8" (quantized here)
     blocks: torch.Tensor | None = None  # [N, bytes per row] uint8: the GGML blocks these values are (if known)
-    block_type: str | None = None  # their GGML type: Q4_0, Q4_1 or Q8_0
+    block_type: str | None = None  # their GGML type: Q4_0, Q4_1, Q8_0, or one of GGUF_STORED_TYPES
+    dims: tuple[int, int] | None = None  # (N, K) of a blocks-only matrix (q is None)
+    parts: tuple["GroupQuantized", ...] = ()  # row-wise parts stored in different types (blocks and q None)
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.q is None:
+            return self.dims
         return int(self.q.shape[0]), int(self.q.shape[1])
 
     @property
@@ -63,15 +77,35 @@ class GroupQuantized:
 
 
 def dequantize(w: GroupQuantized) -> torch.Tensor:
-    """The reference values ``[N, K]`` in fp32, computed as the module docstring's formula says."""
+    """The reference values ``[N, K]`` in fp32, computed as the module docstring's formula says (blocks-only
+    types: the gguf package's dequantization of the blocks)."""
+    if w.parts:
+        return torch.cat([dequantize(p) for p in w.parts])
     n, k = w.shape
+    if w.q is None:
+        from gguf import GGMLQuantizationType, quants
+
+        values = quants.dequantize(w.blocks.numpy(), getattr(GGMLQuantizationType, w.block_type))
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(n, k))
     codes = w.q.to(torch.float32).view(n, k // w.group_size, w.group_size) - w.offset
     return (codes * w.scale[..., None] + w.zero[..., None]).view(n, k)
 
 
 def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized | None:
-    """Row-wise concatenation (fused q/k/v and gate/up); None when the parts are not alike."""
+    """Row-wise concatenation (fused q/k/v and gate/up); None when the parts are not alike.  Parts kept as
+    blocks (one of them blocks-only) concatenate their blocks when of one type, else stay ``parts``."""
     first = parts[0]
+    if any(p.q is None for p in parts):
+        if any(p.blocks is None and not p.parts for p in parts) or any(p.shape[1] != first.shape[1] for p in parts):
+            return None
+        dims = (sum(p.shape[0] for p in parts), first.shape[1])
+        sources = "+".join(sorted({p.source for p in parts}))
+        if all(p.block_type == first.block_type and p.blocks is not None for p in parts):
+            return GroupQuantized(None, None, None, first.group_size, first.bits, sources,
+                                  torch.cat([p.blocks for p in parts]), first.block_type, dims)
+        flat = tuple(q for p in parts for q in (p.parts or (p,)))
+        return GroupQuantized(None, None, None, first.group_size, max(p.bits for p in parts), sources,
+                              dims=dims, parts=flat)
     if any(p.bits != first.bits or p.group_size != first.group_size or p.shape[1] != first.shape[1] for p in parts):
         return None
     sources = sorted({p.source for p in parts})
@@ -84,15 +118,23 @@ def concat_rows(parts: list[GroupQuantized]) -> GroupQuantized | None:
 
 def permute_rows(w: GroupQuantized, rows: torch.Tensor) -> GroupQuantized:
     """The same matrix with its rows reordered (llama.cpp's q/k RoPE order back to Hugging Face's)."""
+    if w.parts:
+        raise ValueError("permute_rows: a matrix of parts in several types is permuted part by part, before joining")
+    if w.q is None:
+        return GroupQuantized(None, None, None, w.group_size, w.bits, w.source, w.blocks[rows].contiguous(),
+                              w.block_type, w.dims)
     return GroupQuantized(w.q[rows], w.scale[rows], w.zero[rows], w.group_size, w.bits, w.source,
                           None if w.blocks is None else w.blocks[rows].contiguous(), w.block_type)
 
 
 def encode_blocks(w: GroupQuantized) -> tuple[str, torch.Tensor] | None:
     """``w`` as GGML blocks ``[N, bytes per row]`` (Q4_1 for 4-bit codes, Q8_0 for 8-bit), when its group size is
-    32 and its scales (and ``zero - 8 scale`` offsets) are fp16 values; None otherwise."""
+    32 and its scales (and ``zero - 8 scale`` offsets) are fp16 values; None otherwise (and for parts in
+    several types).  A blocks-only matrix is its own blocks."""
     if w.blocks is not None:
         return w.block_type, w.blocks
+    if w.q is None:
+        return None
     n, k = w.shape
     if w.group_size != _GGUF_BLOCK:
         return None
@@ -140,6 +182,21 @@ def from_gguf(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str 
     return GroupQuantized(codes, d, zero, _GGUF_BLOCK, 4, qtype, kept, qtype)
 
 
+def stored_blocks(qtype: str, blocks: np.ndarray, shape: tuple[int, int], name: str = "") -> GroupQuantized | None:
+    """A GGUF tensor of one of GGUF_STORED_TYPES as its blocks only (values: :func:`dequantize`); None for
+    other types."""
+    if qtype not in GGUF_STORED_TYPES:
+        return None
+    bits, group, elems, nbytes = GGUF_STORED_TYPES[qtype]
+    n, k = shape
+    if k % elems:
+        raise CheckpointError(f"{name}: {qtype} tensor with {k} columns is not a whole number of {elems}-weight blocks")
+    raw = np.ascontiguousarray(blocks).reshape(n, -1)
+    if raw.shape[1] != k // elems * nbytes:
+        raise CheckpointError(f"{name}: {qtype} tensor of {raw.shape[1]} bytes a row does not hold {k} columns")
+    return GroupQuantized(None, None, None, group, bits, qtype, torch.from_numpy(raw.copy()), qtype, (n, k))
+
+
 def quantize(w: torch.Tensor, bits: int, group_size: int = 32) -> GroupQuantized:
     """Weight-only quantization of a dense ``[N, K]`` matrix, group-wise, llama.cpp's Q4_1 / Q8_0 formats.
 
@@ -167,5 +224,5 @@ def quantize(w: torch.Tensor, bits: int, group_size: int = 32) -> GroupQuantized
     return GroupQuantized(codes, d, m + 8 * d, group_size, 4, "int4")
 
 
-__all__ = ["GGUF_GROUP_TYPES", "GroupQuantized", "concat_rows", "dequantize", "encode_blocks", "from_gguf",
-           "permute_rows", "quantize"]
+__all__ = ["GGUF_GROUP_TYPES", "GGUF_STORED_TYPES", "GroupQuantized", "concat_rows", "dequantize", "encode_blocks",
+           "from_gguf", "permute_rows", "quantize", "stored_blocks"]

@@ -97,7 +97,8 @@ def _stored(ckpt, names: list[str], bits: int | None) -> tuple[GroupQuantized | 
     if group is None:
         return None, types
     parts = [group(n + ".weight") for n in names]
-    if any(p is None or (bits is not None and p.bits != bits) for p in parts):
+    # a demanded int4 / int8 needs codes torch's kernels take: blocks-only types (Q4_K ...) are requantized
+    if any(p is None or (bits is not None and (p.bits != bits or p.q is None)) for p in parts):
         return None, types
     return concat_rows(parts), types
 
@@ -155,7 +156,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
                    report: QuantizationReport, dtype: torch.dtype, activations: str = "native") -> str:
     name = "model.embed_tokens.weight" if model.config.tie_word_embeddings else "lm_head.weight"
     w = ckpt.group_quantized(name) if hasattr(ckpt, "group_quantized") else None
-    if demanded is not None and (w is None or w.bits != 8):
+    if demanded is not None and (w is None or w.bits != 8 or w.q is None):
         w = quantize(ckpt.get(name).to(torch.float32), 8)  # the head stays 8-bit even for int4 (see above)
     if w is None:
         if activations != "native":
