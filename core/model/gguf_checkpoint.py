@@ -131,6 +131,7 @@ class GGUFCheckpoint:
             "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
         }
+        self._sliding_window(cfg)
         freqs = self._optional_tensor("rope_freqs.weight")
         if freqs is not None:
             # llama.cpp's converter writes llama3 RoPE scaling (Llama 3.1 / 3.2 / 3.3) as this tensor, not as
@@ -146,6 +147,31 @@ class GGUFCheckpoint:
                                    "original_max_position_embeddings":
                                        md.get(f"{arch}.rope.scaling.original_context_length")}
         return cfg
+
+    def _sliding_window(self, cfg: dict[str, Any]) -> None:
+        """``{arch}.attention.sliding_window`` (and ``.sliding_window_pattern``: per layer, True = windowed) into
+        the config keys transformers reads: a windowed llama file is a Mistral, a Qwen gets ``layer_types``."""
+        md, arch = self.metadata, self.architecture
+        window = md.get(f"{arch}.attention.sliding_window")
+        if not window:
+            return
+        layers = cfg["num_hidden_layers"]
+        pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+        if pattern is None:
+            windowed = [True] * layers
+        elif isinstance(pattern, (list, tuple)) and len(pattern) == layers:
+            windowed = [bool(p) for p in pattern]
+        else:
+            raise CheckpointError(f"{self.path.name}: GGUF {arch}.attention.sliding_window_pattern {pattern!r} is not "
+                                  f"supported (only one boolean per layer, {layers} layers)")
+        cfg["sliding_window"] = int(window)
+        if arch == "llama":
+            if not all(windowed):
+                raise CheckpointError(f"{self.path.name}: a llama GGUF with a window on some layers only is not supported")
+            cfg["model_type"] = "mistral"  # transformers' Llama has no window; Mistral is Llama with one
+        else:
+            cfg["use_sliding_window"] = True
+            cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
 
     def _natural_dtype(self) -> str:
         """bf16 unless every matrix is fp32: quantized or 16-bit weights lose nothing that matters in bf16

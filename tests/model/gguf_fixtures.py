@@ -79,6 +79,8 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
     if cfg.get("head_dim") and cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])

@@ -54,3 +54,22 @@ def test_export_hf_refuses_a_gguf_whose_rope_scaling_transformers_would_drop(tmp
     with pytest.raises(HyspecError, match="rope_freqs"):
         export_hf(gguf_file, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_windowed_gguf_keeps_its_sliding_window(tmp_path):
+    """``llama.attention.sliding_window`` in the file (a Mistral converted to the llama architecture): the
+    window is applied as transformers' Mistral applies it, past the window."""
+    import transformers
+
+    from tests.model.hf_fixtures import make_hf_model
+
+    hf = make_hf_model("mistral_window", tmp_path / "src", intermediate_size=128)
+    gguf_file = write_gguf(tmp_path / "src", tmp_path / "mistral.gguf", "F32", "llama", tokenizer=False)
+    model = load_model(gguf_file, dtype="float32")
+    assert model.config.model_type == "mistral" and set(model.config.layer_windows) == {8}
+    prompt = list(range(3, 30, 3))
+    tokens, logits = greedy_paged(model, prompt, steps=20, block_size=16)
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].float()
+    assert isinstance(hf, transformers.MistralForCausalLM)
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
