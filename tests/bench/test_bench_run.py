@@ -17,7 +17,7 @@ ROW_KEYS = {"engine", "method", "label", "batch_size", "temperature", "status", 
             "bandwidth_ratio", "cost_per_million_tokens"}
 TOP_KEYS = {"schema_version", "kind", "created_utc", "hyspec_version", "command", "machine", "machine_label", "model",
             "dataset", "settings", "bandwidth", "memory_method", "drafters", "results", "identity", "failed",
-            "goals", "passed", "complete"}
+            "goals", "prefill", "passed", "complete"}
 
 
 def rows_of(doc, method, engine="hyspec"):

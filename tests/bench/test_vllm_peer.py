@@ -334,3 +334,13 @@ def test_forget_between_passes_drops_finished_and_still_live_requests_of_both_dr
     assert len(ours.cache) == 0 and ours.requests is not table and not ours.requests.live
     no_drafter = SimpleNamespace(model_runner=SimpleNamespace(drafter=SimpleNamespace()))  # ngram, eagle3
     assert vllm_worker.forget_between_passes(no_drafter) == 0
+
+
+def test_prefill_prompt_and_hyspec_prefill_on_the_tiny_target(tiny):
+    from hyspec.bench.prefill import hyspec_prefill, long_prompt
+
+    assert long_prompt([(1, 2, 3), (4, 5)], 7) == [1, 2, 3, 4, 5, 1, 2]  # the prompts end to end, cut at N
+    with pytest.raises(ValueError, match="no prompt tokens"):
+        long_prompt([()], 4)
+    figure = hyspec_prefill(tiny["target"], BenchSettings(), list(range(3, 67)), repeats=2)
+    assert figure["engine"] == "hyspec" and len(figure["tokens_per_s"]["runs"]) == 2  # the untimed first run dropped
