@@ -3,6 +3,7 @@
     hyspec export-drafter eagle3 OUT_DIR --target MODEL_DIR          # the committed SmolLM2 EAGLE-3 head
     hyspec export-drafter draft_model OUT_DIR --target MODEL_DIR     # the committed SmolLM2 draft model
     hyspec export-drafter eagle3 OUT_DIR --drafter DIR --target MODEL_DIR --dtype bfloat16
+    hyspec export-drafter draft_model OUT_DIR --target MODEL_DIR --head-dim 64     # for vLLM's CPU build
 
 then, in vLLM (0.32):  LLM(MODEL_DIR, speculative_config={"method": "eagle3", "model": "OUT_DIR",
 "num_speculative_tokens": 3}), or "method": "draft_model".
@@ -26,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the hyspec drafter directory (default: the one committed for the default model)")
     parser.add_argument("--target", default=None, metavar="MODEL_DIR|FILE.gguf",
                         help="the target vLLM will serve the drafter with (default: the default model's GGUF)")
+    parser.add_argument("--head-dim", type=int, default=None, metavar="N",
+                        help="draft_model: write the attention heads N wide, zero-padded (the same function; for "
+                             "vLLM's CPU build, whose attention runs head sizes 32, 64, 80, ... but not the committed "
+                             "draft model's 40: use 64 there).  vLLM-only: it relies on a partial rotary factor")
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
                         help="the written weights' dtype (default float32: int8-stored weights dequantized exactly)")
 
@@ -33,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     drafter = args.drafter if args.drafter is not None else default_drafter(args.method)
     target = args.target if args.target is not None else default_model()
-    out = export_drafter(args.method, drafter, target, args.out, args.dtype)
+    out = export_drafter(args.method, drafter, target, args.out, args.dtype, args.head_dim)
     print(f"wrote {out} ({args.method} drafter from {drafter}, {args.dtype}, for target {target}); in vLLM: "
           f'speculative_config={{"method": "{VLLM_METHODS[args.method]}", "model": "{out}", '
           '"num_speculative_tokens": K}')

@@ -115,14 +115,20 @@ def _refuse_other_target(method: str, drafter: Path, source: TargetFacts | None,
 
 
 def export_drafter(method: str, drafter: str | Path, target: str | Path, out: str | Path,
-                   dtype: str = "float32") -> Path:
+                   dtype: str = "float32", head_dim: int | None = None) -> Path:
     """Write hyspec drafter ``drafter`` (method ``eagle3`` or ``draft_model``) to the new directory ``out`` in
-    vLLM's layout for ``target`` (the model directory vLLM serves, or its GGUF); return ``out``."""
+    vLLM's layout for ``target`` (the model directory vLLM serves, or its GGUF); return ``out``.
+
+    ``head_dim`` (draft_model only) writes the attention heads that wide, zero-padded, the same function
+    (:func:`pad_attention_heads`): vLLM's CPU attention runs only some head sizes (32, 64, 80, ... in 0.32),
+    and the committed draft model's heads are 40 wide."""
     if method not in VLLM_METHODS:
         raise HyspecError(f"method {method!r}: export-drafter writes {' and '.join(VLLM_METHODS)} drafters "
                           "(the methods whose hyspec drafters vLLM loads)")
     if dtype not in DTYPES:
         raise HyspecError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if head_dim is not None and method != DRAFT_MODEL:
+        raise HyspecError(f"head_dim: padding the attention heads applies to draft_model exports, not {method}")
     src, dst = Path(drafter), Path(out)
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise HyspecError(f"{dst} exists and is not an empty directory: choose a new one (nothing was written)")
@@ -137,6 +143,8 @@ def export_drafter(method: str, drafter: str | Path, target: str | Path, out: st
     else:
         _refuse_other_target(method, src, source, facts, int(raw.get("vocab_size") or 0), None)
         tensors, config = _draft_model(src, raw, target_cfg, DTYPES[dtype])
+        if head_dim is not None:
+            tensors, config = pad_attention_heads(tensors, config, head_dim)
     config["torch_dtype"] = dtype
     config[TARGET_KEY] = asdict(facts)
     _write(dst, tensors, config, Path(target) if method == DRAFT_MODEL else None, src)
@@ -165,6 +173,48 @@ def _draft_model(src: Path, raw: dict[str, Any], target_cfg: ModelConfig,
                               f"the target's vocabulary has {target_cfg.vocab_size} tokens")
     config = {k: v for k, v in raw.items() if not k.startswith("hyspec_")}
     return tensors, config
+
+
+def pad_attention_heads(tensors: dict[str, torch.Tensor], config: dict[str, Any],
+                        head_dim: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The same Llama with every attention head ``head_dim`` wide instead of ``d``: each head's q/k/v rows
+    zero-padded from d to ``head_dim`` (o_proj's columns likewise), q scaled by sqrt(head_dim / d) so that
+    q.k / sqrt(head_dim) is the original q.k / sqrt(d), and RoPE kept on the first d dimensions of each head
+    (``rope_parameters.partial_rotary_factor`` = d / head_dim: vLLM's get_rope rotates ``x[..., :rotary_dim]``
+    in pairs (i, i + rotary_dim / 2), which are the original pairs).  The padded dimensions of q, k and v are
+    zero, so they add nothing to q.k and nothing to the output.  Only engines that apply a partial rotary
+    factor run it the same (vLLM does; transformers' Llama and hyspec do not): it is a vLLM-only layout."""
+    heads, kv_heads = int(config["num_attention_heads"]), int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    d = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    rope = dict(config.get("rope_parameters") or {})
+    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) not in (1, 1.0):
+        raise HyspecError("head_dim: the draft model already rotates part of each head; padding it is not supported")
+    if head_dim <= d or head_dim % 2:
+        raise HyspecError(f"head_dim {head_dim}: must be even and wider than the draft model's heads ({d})")
+    scale = (head_dim / d) ** 0.5
+    out = dict(tensors)
+    for name, t in tensors.items():
+        proj = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+        if ".self_attn." not in name or proj not in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            continue
+        if proj == "o_proj":
+            if name.endswith(".weight"):  # columns are the heads' outputs
+                rows = t.shape[0]
+                padded = t.new_zeros(rows, heads, head_dim)
+                padded[:, :, :d] = t.view(rows, heads, d)
+                out[name] = padded.view(rows, heads * head_dim)
+            continue
+        n = heads if proj == "q_proj" else kv_heads
+        rest = t.shape[1:]  # (hidden,) for a weight, () for a bias
+        padded = t.new_zeros(n, head_dim, *rest)
+        padded[:, :d] = t.view(n, d, *rest) * (scale if proj == "q_proj" else 1.0)
+        out[name] = padded.view(n * head_dim, *rest)
+    theta = rope.get("rope_theta", config.get("rope_theta"))
+    rope.setdefault("rope_type", "default")
+    if theta is not None:
+        rope["rope_theta"] = theta
+    rope["partial_rotary_factor"] = d / head_dim
+    return out, {**config, "head_dim": head_dim, "rope_parameters": rope}
 
 
 def _write(dst: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any], tokenizer_from: Path | None,
@@ -230,4 +280,4 @@ def check_exported_drafter(drafter: str | Path, target: str | Path) -> dict[str,
 
 
 __all__ = ["DTYPES", "TARGET_KEY", "VLLM_METHODS", "TargetFacts", "check_exported_drafter", "export_drafter",
-           "trained_for"]
+           "pad_attention_heads", "trained_for"]

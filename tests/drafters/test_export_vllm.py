@@ -165,3 +165,51 @@ def test_cli(exported, tmp_path, capsys):
     other = write_target(tmp_path / "other", vocab_size=1000)
     assert main(["export-drafter", "eagle3", str(tmp_path / "e"), "--target", str(other)]) == 2
     assert "'other' (vocab_size 1000" in capsys.readouterr().err
+
+
+def _attention(x: torch.Tensor, t: dict[str, torch.Tensor], prefix: str, heads: int, kv_heads: int, d: int,
+               rotary_dim: int, theta: float = 100000.0) -> torch.Tensor:
+    """Causal self-attention as vLLM's Llama computes it: scale d ** -0.5, RoPE (neox style) on each head's
+    first ``rotary_dim`` dimensions in pairs (i, i + rotary_dim / 2), the rest passed through."""
+    T = x.shape[0]
+    q, k, v = (x @ t[f"{prefix}{p}_proj.weight"].T for p in "qkv")
+    q, k, v = q.view(T, heads, d), k.view(T, kv_heads, d), v.view(T, kv_heads, d)
+    inv = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
+    cos, sin = (torch.cat([f(angles)] * 2, -1)[:, None].float() for f in (torch.cos, torch.sin))
+
+    def rope(z):
+        r, rest = z[..., :rotary_dim], z[..., rotary_dim:]
+        a, b = r.chunk(2, -1)
+        return torch.cat([r * cos + torch.cat([-b, a], -1) * sin, rest], -1)
+
+    q, k = rope(q), rope(k)
+    k, v = (z.repeat_interleave(heads // kv_heads, 1) for z in (k, v))
+    scores = torch.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(T, heads * d)
+    return out @ t[f"{prefix}o_proj.weight"].T
+
+
+def test_padded_heads_compute_the_same_attention(exported, tmp_path):
+    """The committed draft model's 40-wide heads padded to 64 for vLLM's CPU attention: the same function."""
+    target, dirs = exported
+    out = export_drafter("draft_model", DRAFT_SRC, target, tmp_path / "p64", head_dim=64)
+    config = json.loads((out / "config.json").read_text())
+    assert config["head_dim"] == 64 and config["rope_parameters"]["partial_rotary_factor"] == 40 / 64
+    assert int(64 * config["rope_parameters"]["partial_rotary_factor"]) == 40  # vLLM's rotary_dim
+    padded, plain = _tensors(out), _tensors(dirs["draft_model"])
+    assert padded["model.layers.0.self_attn.q_proj.weight"].shape == (2 * 64, 80)
+    assert padded["model.layers.0.self_attn.k_proj.weight"].shape == (1 * 64, 80)
+    assert padded["model.layers.0.self_attn.o_proj.weight"].shape == (80, 2 * 64)
+    assert torch.equal(padded["model.embed_tokens.weight"], plain["model.embed_tokens.weight"])
+    x = torch.randn(7, 80, generator=torch.Generator().manual_seed(0))
+    for layer in range(2):
+        prefix = f"model.layers.{layer}.self_attn."
+        want = _attention(x, plain, prefix, 2, 1, 40, 40)
+        got = _attention(x, padded, prefix, 2, 1, 64, 40)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(HyspecError, match="wider than the draft model's heads"):
+        export_drafter("draft_model", DRAFT_SRC, target, tmp_path / "p32", head_dim=32)
+    with pytest.raises(HyspecError, match="applies to draft_model exports"):
+        export_drafter("eagle3", EAGLE3_SRC, target, tmp_path / "e64", head_dim=64)
