@@ -72,10 +72,16 @@ def export_hf(gguf_file: str | Path, out: str | Path, dtype: str = "float32") ->
 
 def _refuse_what_transformers_drops(src: Path) -> None:
     """transformers' GGUF reader drops llama.cpp's ``rope_freqs`` tensor (llama3 RoPE scaling, which the file
-    keeps in no other form): the written directory would run unscaled RoPE, so it is not written."""
+    keeps in no other form) and a llama file's sliding window: the written directory would be another model,
+    so it is not written."""
     from hyspec.model.gguf_checkpoint import GGUFCheckpoint
 
-    if "rope_freq_factors" in GGUFCheckpoint(src).hf_config():
+    config = GGUFCheckpoint(src).hf_config()
+    if config.get("sliding_window"):
+        raise HyspecError(f"{src.name} has a sliding attention window ({config['sliding_window']}), which "
+                          "transformers' GGUF reader does not carry into the config: the exported directory would "
+                          "attend in full, so nothing was written; serve the GGUF itself")
+    if "rope_freq_factors" in config:
         raise HyspecError(f"{src.name} stores its RoPE scaling as llama.cpp's rope_freqs tensor (llama3 scaling), "
                           "which transformers' GGUF reader ignores: the exported directory would be wrong, so "
                           "nothing was written; use the model's Hugging Face release, or serve the GGUF itself")

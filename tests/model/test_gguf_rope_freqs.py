@@ -73,3 +73,15 @@ def test_a_windowed_gguf_keeps_its_sliding_window(tmp_path):
         ref = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].float()
     assert isinstance(hf, transformers.MistralForCausalLM)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_export_hf_refuses_a_windowed_gguf(tmp_path):
+    from hyspec.errors import HyspecError
+    from hyspec.model.export_hf import export_hf
+    from tests.model.hf_fixtures import make_hf_model
+
+    make_hf_model("mistral_window", tmp_path / "src", intermediate_size=128)
+    gguf_file = write_gguf(tmp_path / "src", tmp_path / "mistral.gguf", "F32", "llama", tokenizer=False)
+    with pytest.raises(HyspecError, match="sliding attention window"):
+        export_hf(gguf_file, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
