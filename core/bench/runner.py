@@ -171,7 +171,8 @@ class BenchRunner:
             if any(p in VLLM_PEERS for p in s.peers):
                 self._save(doc, rows)
                 vllm = VllmRows(s, model, workloads, lambda w, out: self._agreement(w, out, reference, logits, dtype),
-                                self._tick, self.bar.update, prompt)
+                                self._tick, self.bar.update, prompt,
+                                checkpoint=lambda so_far: self._save(doc, rows + so_far))
                 rows += vllm.run(s.peers)
                 if prefill_doc is not None and vllm.prefill is not None:
                     prefill_doc["engines"].append(vllm.prefill)

@@ -27,7 +27,8 @@ class VllmRows:
 
     def __init__(self, settings: BenchSettings, bench_model: Path, workloads: list[Workload], agreement: Agreement,
                  tick: Callable[[str], None] = lambda _: None, advance: Callable[[int], None] = lambda _: None,
-                 prefill_prompt: Sequence[int] | None = None, log_dir: Path | None = None):
+                 prefill_prompt: Sequence[int] | None = None, log_dir: Path | None = None,
+                 checkpoint: Callable[[list[Row]], None] = lambda _: None):
         self.s, self.workloads, self.agreement = settings, workloads, agreement
         self.tick, self.advance = tick, advance
         self.prefill_prompt = prefill_prompt
@@ -35,6 +36,7 @@ class VllmRows:
         self.log_dir = log_dir
         self.bench_model = bench_model
         self.info: dict[str, Any] = {}
+        self.checkpoint = checkpoint  # called with the rows so far after each peer (a vLLM engine loads for minutes)
 
     def _skip_all(self, peers: Sequence[str], reason: str) -> list[Row]:
         self.advance(len(peers) * len(self.workloads))
@@ -66,6 +68,7 @@ class VllmRows:
         rows: list[Row] = []
         for peer in peers:
             rows += self._peer(peer, setup, facts, plain)
+            self.checkpoint(list(rows))
         return rows
 
     def _peer(self, peer: str, setup: vllm_peer.VllmSetup, facts: dict[str, Any],
