@@ -18,6 +18,8 @@ from hyspec.bench.result import FAILED, OK, SKIPPED, VLLM, Row
 from hyspec.bench.settings import BenchSettings, VLLM_PEERS
 from hyspec.bench.stats import Spread
 
+#: vLLM's max_model_len unless a prompt needs more (then the next multiple of 1024)
+MAX_MODEL_LEN = 4096
 #: a workload's hyspec-plain outputs and a judge of another engine's outputs against them
 Agreement = Callable[[Workload, list[list[int]]], IdentityVerdict | None]
 
@@ -59,8 +61,11 @@ class VllmRows:
             self.log_dir = vllm_peer.temp_log_dir()
         self.info["logs"] = str(self.log_dir)
         longest = max(len(p) for w in self.workloads for p in w.prompts)
-        needed = max(longest + s.max_tokens, len(self.prefill_prompt) + 1 if self.prefill_prompt else 0)
-        setup = vllm_peer.VllmSetup(python=python, model=model, dtype=s.vllm_dtype, max_model_len=needed + 16,
+        needed = max(longest + s.max_tokens, len(self.prefill_prompt) + 1 if self.prefill_prompt else 0) + 16
+        # one length for every run that fits it: vLLM's compiled graphs are cached by a hash that includes
+        # max_model_len, so runs of other workloads reuse them instead of compiling for minutes each
+        max_model_len = max(MAX_MODEL_LEN, -(-needed // 1024) * 1024)
+        setup = vllm_peer.VllmSetup(python=python, model=model, dtype=s.vllm_dtype, max_model_len=max_model_len,
                                     memory_fraction=s.vllm_memory_fraction,
                                     num_speculative_tokens=s.num_speculative_tokens, eagle3=s.vllm_eagle3,
                                     hyspec_options=s.vllm_hyspec_options, seed=s.seed, log_dir=self.log_dir)
