@@ -109,3 +109,24 @@ def test_regex_and_choice_under_ngram(ws):
                    StructuredOutputsParams(choice=['{"name":"rex"}', '{"name":"tom","age":7}', "none"])):
         assert constrained(spec_llm, params) == constrained(plain_llm, params)
     spec_llm.engine.spec.close()
+
+
+def test_each_parallel_sample_has_its_own_grammar_state(ws):
+    """n samples fork one prompt: each keeps its own matcher (dict form of the constraint, as vLLM's)."""
+    choices = ["alpha beta", "alpha gamma", "delta"]
+    llm = _llm(ws, method_config("ngram", ws))
+    out = llm.generate(PROMPTS[:1], SamplingParams(n=6, temperature=1.5, seed=3, max_tokens=16,
+                                                   structured_outputs={"choice": choices}))[0]
+    assert {c.text for c in out.outputs} <= set(choices) and all(c.finish_reason == "stop" for c in out.outputs)
+    llm.engine.spec.close()
+
+
+def test_sampling_params_refuse_what_a_grammar_cannot_do():
+    from hyspec.errors import RequestError
+
+    with pytest.raises(RequestError, match="ignore_eos cannot be combined"):
+        SamplingParams(ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(RequestError, match="unexpected keyword argument 'jsn'"):
+        SamplingParams(structured_outputs={"jsn": {}})
+    with pytest.raises(RequestError, match="must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs="a+")
