@@ -20,9 +20,10 @@ _REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:@(?P<revision>[
 
 
 def looks_like_model_id(model: str | Path) -> bool:
-    """``org/name`` or ``org/name@revision``, and not an existing path."""
+    """``org/name`` or ``org/name@revision``, and not an existing path (nor a ``.gguf`` file name)."""
     text = str(model)
-    return not Path(text).exists() and _REPO_ID.match(text) is not None and not text.startswith((".", "~"))
+    return (not Path(text).exists() and _REPO_ID.match(text) is not None and not text.startswith((".", "~"))
+            and not text.lower().endswith(".gguf"))
 
 
 def resolve_model(model: str | Path) -> Path:

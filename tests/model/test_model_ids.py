@@ -75,6 +75,7 @@ def test_existing_paths_stay_paths(tmp_path, monkeypatch):
     assert not looks_like_model_id("org/name")  # a relative directory that exists wins over the Hub id
     assert resolve_model("org/name") == Path("org/name")
     assert not looks_like_model_id("/abs/path") and not looks_like_model_id("./rel/x")
+    assert not looks_like_model_id("models/missing.gguf")  # a missing file keeps the loader's own message
     assert looks_like_model_id("org/other") and looks_like_model_id("Qwen/Qwen3-0.6B@main")
 
 
