@@ -42,26 +42,80 @@ static inline void kq_scale_min(const uint8_t *s, int i, int *sc, int *mn) {
     }
 }
 
+/* The one summation order of these types: per 32 weights of the row (index g32 along K), w * x into
+ * 32 lanes -- AVX2 and portable: four 8-lane accumulators, weights 8i..8i+7 into accumulator i;
+ * AVX-512: two 16-lane accumulators, alternating between two pairs with g32's parity -- then the
+ * accumulators added pairwise and the lanes summed (hsum / hsum8 / hsum16). */
+#if defined(HYSPEC_AVX512)
+typedef struct { __m512 v[4]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm512_setzero_ps(); }
+static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    const int p = (int)(g32 & 1) * 2;
+    a->v[p] = _mm512_fmadd_ps(_mm512_loadu_ps(w), _mm512_loadu_ps(x), a->v[p]);
+    a->v[p + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), _mm512_loadu_ps(x + 16), a->v[p + 1]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    return hsum16(_mm512_add_ps(_mm512_add_ps(a->v[0], a->v[1]), _mm512_add_ps(a->v[2], a->v[3])));
+}
+#elif defined(HYSPEC_AVX2)
+typedef struct { __m256 v[4]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm256_setzero_ps(); }
+static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    (void)g32;
+    for (int i = 0; i < 4; i++)
+        a->v[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8 * i), _mm256_loadu_ps(x + 8 * i), a->v[i]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    return hsum(_mm256_add_ps(_mm256_add_ps(a->v[0], a->v[1]), _mm256_add_ps(a->v[2], a->v[3])));
+}
+#else
+typedef struct { float v[4][8]; } kq_acc;
+static inline void kq_zero(kq_acc *a) { memset(a, 0, sizeof(*a)); }
+static inline void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
+    (void)g32;
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 8; l++) a->v[i][l] = __builtin_fmaf(w[8 * i + l], x[8 * i + l], a->v[i][l]);
+}
+static inline float kq_sum(const kq_acc *a) {
+    float s[8];
+    for (int l = 0; l < 8; l++) s[l] = (a->v[0][l] + a->v[1][l]) + (a->v[2][l] + a->v[3][l]);
+    return hsum8(s);
+}
+#endif
+
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
 /* 32 codes (bytes, unsigned; signed for Q6_K) to fp32, then q * s + b (fma: one rounding of an exact
- * product plus b) or q * s (b_none) into out[0..31]; s0 scales codes 0..15, s1 codes 16..31 */
+ * product plus b) or q * s (b_none); s0 scales codes 0..15, s1 codes 16..31.  The weights go to out[0..31],
+ * or (fused, one row of x) straight into that row's accumulators with x[0..31], as kq_dot32 would add them. */
 static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_signed, float s0, float s1, float b,
-                                                             int b_none, float *out) {
+                                                             int b_none, float *out, const int fused, kq_acc *acc,
+                                                             const float *x, int64_t g32) {
     const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
 #if defined(HYSPEC_AVX512)
     const __m512 vs0 = _mm512_set1_ps(s0), vs1 = _mm512_set1_ps(s1), vb = _mm512_set1_ps(b);
     const __m512 f0 = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q0) : _mm512_cvtepu8_epi32(q0));
     const __m512 f1 = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q1) : _mm512_cvtepu8_epi32(q1));
-    _mm512_storeu_ps(out, b_none ? _mm512_mul_ps(f0, vs0) : _mm512_fmadd_ps(f0, vs0, vb));
-    _mm512_storeu_ps(out + 16, b_none ? _mm512_mul_ps(f1, vs1) : _mm512_fmadd_ps(f1, vs1, vb));
+    const __m512 w0 = b_none ? _mm512_mul_ps(f0, vs0) : _mm512_fmadd_ps(f0, vs0, vb);
+    const __m512 w1 = b_none ? _mm512_mul_ps(f1, vs1) : _mm512_fmadd_ps(f1, vs1, vb);
+    if (fused) {
+        const int p = (int)(g32 & 1) * 2;
+        acc->v[p] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc->v[p]);
+        acc->v[p + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc->v[p + 1]);
+    } else {
+        _mm512_storeu_ps(out, w0);
+        _mm512_storeu_ps(out + 16, w1);
+    }
 #else
     const __m256 vb = _mm256_set1_ps(b);
     const __m128i parts[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
     for (int i = 0; i < 4; i++) {
         const __m256 vs = _mm256_set1_ps(i < 2 ? s0 : s1);
         const __m256 f = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
-        _mm256_storeu_ps(out + 8 * i, b_none ? _mm256_mul_ps(f, vs) : _mm256_fmadd_ps(f, vs, vb));
+        const __m256 w = b_none ? _mm256_mul_ps(f, vs) : _mm256_fmadd_ps(f, vs, vb);
+        if (fused) acc->v[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * i), acc->v[i]);
+        else _mm256_storeu_ps(out + 8 * i, w);
     }
+    (void)g32;
 #endif
 }
 
@@ -80,12 +134,15 @@ static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *
     return _mm256_or_si256(nib, high);
 }
 
-static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out) {
+/* block b's weights into out[], or (fused) w * x into one row's accumulators; x: the block's first column of that
+ * row, g0: the index of the block's first 32 weights along K */
+static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out,
+                                                             const int fused, kq_acc *acc, const float *x, int64_t g0) {
     if (qtype == Q5_0 || qtype == Q5_1) {
         const int one = qtype == Q5_1;
         const __m256i q = kq_q5_codes(b + 2 + 2 * one, b + 6 + 2 * one);
-        if (one) kq_store32(q, 0, f16(b), f16(b), f16(b + 2), 0, out);
-        else kq_store32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), 1, f16(b), f16(b), 0.0f, 1, out);
+        if (one) kq_store32(q, 0, f16(b), f16(b), f16(b + 2), 0, out, fused, acc, x, g0);
+        else kq_store32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), 1, f16(b), f16(b), 0.0f, 1, out, fused, acc, x, g0);
         return;
     }
     if (qtype == Q6_K) {
@@ -100,7 +157,8 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
                 const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
                 const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), k32);
                 const int t = 128 * h + 32 * k; /* two scales in these 32: elements t..t+15 and t+16..t+31 */
-                kq_store32(q, 1, d * (float)sc[t / 16], d * (float)sc[t / 16 + 1], 0.0f, 1, out + t);
+                kq_store32(q, 1, d * (float)sc[t / 16], d * (float)sc[t / 16 + 1], 0.0f, 1, out + t, fused, acc,
+                           x + t, g0 + t / 32);
             }
         }
         return;
@@ -120,7 +178,8 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
             if (qtype == Q5_K)
                 q = _mm256_or_si256(q, _mm256_slli_epi16(
                                            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(i)), one), 4));
-            kq_store32(q, 0, d * (float)sc, d * (float)sc, -(dmin * (float)mn), 0, out + 32 * i);
+            kq_store32(q, 0, d * (float)sc, d * (float)sc, -(dmin * (float)mn), 0, out + 32 * i, fused, acc,
+                       x + 32 * i, g0 + i);
         }
     }
 }
@@ -165,47 +224,6 @@ static inline void kq_dequant(const int qtype, const uint8_t *b, float *out) {
 }
 #endif
 
-/* The one summation order of these types: per 32 weights of the row (index g32 along K), w * x into
- * 32 lanes -- AVX2 and portable: four 8-lane accumulators, weights 8i..8i+7 into accumulator i;
- * AVX-512: two 16-lane accumulators, alternating between two pairs with g32's parity -- then the
- * accumulators added pairwise and the lanes summed (hsum / hsum8 / hsum16). */
-#if defined(HYSPEC_AVX512)
-typedef struct { __m512 v[4]; } kq_acc;
-static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm512_setzero_ps(); }
-static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
-    const int p = (int)(g32 & 1) * 2;
-    a->v[p] = _mm512_fmadd_ps(_mm512_loadu_ps(w), _mm512_loadu_ps(x), a->v[p]);
-    a->v[p + 1] = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), _mm512_loadu_ps(x + 16), a->v[p + 1]);
-}
-static inline float kq_sum(const kq_acc *a) {
-    return hsum16(_mm512_add_ps(_mm512_add_ps(a->v[0], a->v[1]), _mm512_add_ps(a->v[2], a->v[3])));
-}
-#elif defined(HYSPEC_AVX2)
-typedef struct { __m256 v[4]; } kq_acc;
-static inline void kq_zero(kq_acc *a) { for (int i = 0; i < 4; i++) a->v[i] = _mm256_setzero_ps(); }
-static inline __attribute__((always_inline)) void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
-    (void)g32;
-    for (int i = 0; i < 4; i++)
-        a->v[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w + 8 * i), _mm256_loadu_ps(x + 8 * i), a->v[i]);
-}
-static inline float kq_sum(const kq_acc *a) {
-    return hsum(_mm256_add_ps(_mm256_add_ps(a->v[0], a->v[1]), _mm256_add_ps(a->v[2], a->v[3])));
-}
-#else
-typedef struct { float v[4][8]; } kq_acc;
-static inline void kq_zero(kq_acc *a) { memset(a, 0, sizeof(*a)); }
-static inline void kq_dot32(kq_acc *a, const float *w, const float *x, int64_t g32) {
-    (void)g32;
-    for (int i = 0; i < 4; i++)
-        for (int l = 0; l < 8; l++) a->v[i][l] = __builtin_fmaf(w[8 * i + l], x[8 * i + l], a->v[i][l]);
-}
-static inline float kq_sum(const kq_acc *a) {
-    float s[8];
-    for (int l = 0; l < 8; l++) s[l] = (a->v[0][l] + a->v[1][l]) + (a->v[2][l] + a->v[3][l]);
-    return hsum8(s);
-}
-#endif
-
 /* One output row (its blocks at wr) against every row of x, eight rows at a time: each block is
  * dequantized once per chunk of rows into an L1 buffer, then every row of the chunk takes its w * x. */
 static inline __attribute__((always_inline)) void kq_output_row(const int qtype, const float *x, int64_t M, int64_t K,
@@ -223,10 +241,21 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
             _mm_prefetch((const char *)(b + (R == 1 ? PREFETCH_BYTES_ONE_ROW : PREFETCH_BYTES)), _MM_HINT_T0);
 #endif
             const float *w = (const float *)b; /* F32_ROWS: the row's own values */
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+            if (qtype != F32_ROWS && R == 1) { /* one row: the weights go from registers into its sums */
+                kq_dequant(qtype, b, NULL, 1, &acc[0], x + m0 * K + g * E, g * (E / 32));
+                continue;
+            }
+            if (qtype != F32_ROWS) {
+                kq_dequant(qtype, b, buf, 0, NULL, NULL, 0);
+                w = buf;
+            }
+#else
             if (qtype != F32_ROWS) {
                 kq_dequant(qtype, b, buf);
                 w = buf;
             }
+#endif
             for (int r = 0; r < R; r++) {
                 const float *xg = x + (m0 + r) * K + g * E;
                 for (int t = 0; t < E / 32; t++) kq_dot32(&acc[r], w + 32 * t, xg + 32 * t, g * (E / 32) + t);
