@@ -25,6 +25,15 @@ def _lp(value: float) -> float:
     return max(value, FLOOR)
 
 
+def prompt_logprobs(entries: list[dict[int, Logprob] | None] | None, token_text: TokenText
+                    ) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first None), token id -> logprob, rank, decoded token."""
+    return [None if entry is None else {
+        str(tid): {"logprob": _lp(lp.logprob), "rank": lp.rank,
+                   "decoded_token": lp.decoded_token if lp.decoded_token is not None else token_text(tid)}
+        for tid, lp in entry.items()} for entry in entries or []]
+
+
 class CompletionLogprobBuilder:
     """Builds one choice's legacy logprobs, incrementally (a stream sends each step's slice)."""
 

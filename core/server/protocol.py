@@ -81,6 +81,9 @@ class _SamplingRequest(_Strict):
     return_token_ids: StrictBool = Field(False, description="vLLM extension: token ids with each choice/delta")
     return_tokens_as_token_ids: StrictBool = Field(
         False, description="vLLM extension: logprob tokens as 'token_id:N' (token texts can collide)")
+    prompt_logprobs: Optional[StrictInt] = Field(
+        None, ge=0, description="vLLM extension: each prompt token's logprob and the k most likely at each "
+                                "(k <= --max-logprobs; not with stream)")
     presence_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens already generated")
     frequency_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens by their count so far")
     repetition_penalty: Optional[Float] = Field(None, description="vLLM extension: > 0, 1 is off")
@@ -111,6 +114,8 @@ class _SamplingRequest(_Strict):
     def _check_combinations(self) -> "_SamplingRequest":
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise FieldError("prompt_logprobs", "not available with stream: true (as in vLLM)")
         return self
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
@@ -176,7 +181,9 @@ class CompletionRequest(_SamplingRequest):
         return self
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
-        return self.logprobs, (self.logprobs if self.echo else None)
+        # vLLM's rule: prompt_logprobs when given, else echo's prompt gets logprobs' k
+        return self.logprobs, (self.prompt_logprobs if self.prompt_logprobs is not None
+                               else self.logprobs if self.echo else None)
 
     @property
     def best_of_value(self) -> int | None:
@@ -240,7 +247,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return self
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
-        return (self.top_logprobs or 0) if self.logprobs else None, None
+        return (self.top_logprobs or 0) if self.logprobs else None, self.prompt_logprobs
 
     def prompt_chars(self) -> int:
         """Characters of the client's text the chat template may write (bounded by --max-prompt-chars)."""
@@ -278,6 +285,14 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob: a prompt position's entry for one token id."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -285,6 +300,8 @@ class CompletionChoice(BaseModel):
     finish_reason: Optional[Literal["stop", "length", "abort"]] = None
     stop_reason: Optional[Union[int, str]] = Field(None, description="vLLM extension: the stop string or token id")
     token_ids: Optional[list[int]] = Field(None, description="with return_token_ids")
+    prompt_logprobs: Optional[list[Optional[dict[str, PromptLogprob]]]] = Field(
+        None, description="with prompt_logprobs: per prompt token (the first null), token id -> its logprob")
 
 
 class CompletionResponse(BaseModel):
@@ -332,6 +349,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: Optional[list[Optional[dict[str, PromptLogprob]]]] = Field(
+        None, description="with prompt_logprobs: per prompt token (the first null), token id -> its logprob")
 
 
 class ModelCard(BaseModel):

@@ -58,7 +58,6 @@ COMMON: dict[str, Refusal] = {
     "length_penalty": Refusal("a beam-search option; hyspec has no beam search", (None, 1, 1.0)),
     "truncate_prompt_tokens": Refusal("hyspec never truncates a prompt: a prompt past the context is a 400"),
     "truncation_side": Refusal("hyspec never truncates a prompt: a prompt past the context is a 400"),
-    "prompt_logprobs": Refusal("the prompt's logprobs come with echo and logprobs (completions)"),
     "logprob_token_ids": Refusal("hyspec returns the top-k logprobs (logprobs / top_logprobs), not those of "
                                  "chosen token ids"),
     "return_token_offsets": Refusal("hyspec's logprobs carry text offsets (completions' text_offset) instead"),

@@ -25,7 +25,7 @@ from hyspec.errors import HyspecError, RequestError
 from hyspec.model.chat_inputs import ChatInputError, developer_as_system
 from hyspec.server.async_engine import AsyncEngine, RequestAbortedError, RequestStream, ServiceUnavailableError
 from hyspec.server.errors import APIError, request_error_param, sse_error
-from hyspec.server.logprobs_format import CompletionLogprobBuilder, chat_logprobs
+from hyspec.server.logprobs_format import CompletionLogprobBuilder, chat_logprobs, prompt_logprobs
 from hyspec.server.protocol import (ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
                                     ChatResponseMessage, CompletionChoice, CompletionLogprobs, CompletionRequest,
                                     CompletionResponse, UsageInfo)
@@ -96,6 +96,7 @@ class OpenAIServing:
     async def completions(self, req: CompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.logprobs, "logprobs")
+        self._check_logprobs(req.prompt_logprobs, "prompt_logprobs")
         self._check_prompt_chars(sum(len(p) for p in _texts(req.prompt)), "prompt")
         prompts = await asyncio.to_thread(self._completion_prompts, req.prompt, req.add_special_tokens)
         if "max_tokens" in req.model_fields_set:  # an explicit null: up to the context (under --max-tokens)
@@ -119,7 +120,8 @@ class OpenAIServing:
                 choices.append(CompletionChoice(
                     index=i * params.n + out.index, text=(echo[0] if echo else "") + out.text,
                     logprobs=self._completion_logprobs(req, out, echo), finish_reason=out.finish_reason,
-                    stop_reason=out.stop_reason, token_ids=out.token_ids if req.return_token_ids else None))
+                    stop_reason=out.stop_reason, token_ids=out.token_ids if req.return_token_ids else None,
+                    prompt_logprobs=self._prompt_logprobs(req, outs[0])))
         return CompletionResponse(id=request_id, created=created, model=self.served_model_name, choices=choices,
                                   usage=_usage(prompts, finals))
 
@@ -140,6 +142,12 @@ class OpenAIServing:
             _extend(parts, builder.entries(ids, prompt_logprobs or [None] * len(ids)))
         _extend(parts, builder.entries(out.token_ids, out.logprobs or []))
         return CompletionLogprobs(**parts)
+
+    def _prompt_logprobs(self, req: Any, out: RequestOutput) -> list | None:
+        """vLLM's ``prompt_logprobs`` of a response, when the request asked for them."""
+        if req.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(out.prompt_logprobs, lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
 
     def _text_for(self, req: Any):
         """How logprob entries name tokens: their text, or ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
@@ -226,6 +234,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw_request: Any):
         self.check_model(req.model)
         self._check_logprobs(req.top_logprobs, "top_logprobs")
+        self._check_logprobs(req.prompt_logprobs, "prompt_logprobs")
         self._check_prompt_chars(req.prompt_chars(), "messages")
         prompt = await asyncio.to_thread(self._chat_prompt, req)
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -247,7 +256,8 @@ class OpenAIServing:
                               token_ids=out.token_ids if req.return_token_ids else None)
                    for out in select(params, [f.outputs[0] for f in finals])]
         return ChatCompletionResponse(id=request_id, created=created, model=self.served_model_name,
-                                      choices=choices, usage=_usage([prompt], finals))
+                                      choices=choices, usage=_usage([prompt], finals),
+                                      prompt_logprobs=self._prompt_logprobs(req, finals[0]))
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
         messages = [{"role": m.role, "content": m.text(),

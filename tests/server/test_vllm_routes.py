@@ -75,3 +75,26 @@ def test_completion_prompts_with_or_without_special_tokens(vllm_like):
                                                 "add_special_tokens": flag})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] == len(tok.encode("hello world", add_special_tokens=flag))
+
+
+def test_prompt_logprobs_as_vllm_returns_them(vllm_like):
+    body = {"prompt": "hello world again", "max_tokens": 1, "temperature": 0}
+    ids = post(vllm_like, "/tokenize", {"prompt": body["prompt"]}).json()["tokens"]
+    r = post(vllm_like, "/v1/completions", {**body, "prompt_logprobs": 2, "echo": True, "logprobs": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    entries = choice["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    echoed = choice["logprobs"]["token_logprobs"][:len(ids)]  # echo's logprobs: the same numbers, another layout
+    for tok, entry, same in zip(ids[1:], entries[1:], echoed[1:]):
+        assert str(tok) in entry and entry[str(tok)]["logprob"] == same and entry[str(tok)]["rank"] >= 1
+        assert sum(1 for e in entry.values() if e["rank"] <= 2) >= 2  # the top 2 as well
+    chat = post(vllm_like, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                                    "temperature": 0, "prompt_logprobs": 0})
+    chat_ids = post(vllm_like, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
+    assert chat.status_code == 200 and len(chat.json()["prompt_logprobs"]) == len(chat_ids)
+    assert post(vllm_like, "/v1/completions", {**body, "prompt_logprobs": 1}).json()["choices"][0]["logprobs"] is None
+    refused = post(vllm_like, "/v1/completions", {**body, "prompt_logprobs": 1, "stream": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    too_many = post(vllm_like, "/v1/completions", {**body, "prompt_logprobs": 21})
+    assert too_many.status_code == 400 and "--max-logprobs" in too_many.json()["error"]["message"]
