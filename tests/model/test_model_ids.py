@@ -89,3 +89,25 @@ def test_hf_home_from_the_environment_is_where_the_id_is_found(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == snapshot
+
+
+def _word_tokenizer(path: Path, vocab: int = 128) -> None:
+    """A whole-word tokenizer over the tiny vocabulary: enough for the server, no training."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                            "pad_token": "<pad>"}))
+
+
+def test_the_server_answers_to_the_id(hub):
+    pytest.importorskip("fastapi")
+    from hyspec.engine.engine import LLMEngine
+    from hyspec.server.app import create_app
+
+    _cache_repo(hub, "tiny-org/served", lambda p: (make_hf_model("llama_gqa", p), _word_tokenizer(p)))
+    engine = LLMEngine("tiny-org/served", dtype="float32", backend="cpu", kv_cache_bytes=4 << 20, max_model_len=64)
+    assert create_app(engine).state.served_model_name == "tiny-org/served"
