@@ -29,7 +29,7 @@
 
 #include <math.h>
 
-int hyspec_decoder_stack_version(void) { return 4; }
+int hyspec_decoder_stack_version(void) { return 5; }
 
 /* Entries per layer in the layer table (int64): the four projections' weight pointers, their types (a GGML
  * block type, or DENSE_F32 / DENSE_BF16), their bias pointers (0: none; fp32 for blocks, the weight's dtype
@@ -37,6 +37,9 @@ int hyspec_decoder_stack_version(void) { return 4; }
 enum { W_QKV = 0, W_O, W_GU, W_DOWN, T_QKV = 4, B_QKV = 8, N_IN = 12, N_POST, LAYER_ENTRIES };
 enum { DENSE_F32 = 16, DENSE_BF16 = 17 };
 enum { A8_TYPES = 32 }; /* A8_TYPES + a GGML block type: that matrix in qgemm_a8's layout, 8-bit activations */
+/* PARTS: row ranges stored in different block types (a Q4_K_M file's Q4_K q/k beside a Q6_K v); the weight
+ * pointer is an int64 descriptor: the count, then each part's block type, blocks address and rows */
+enum { PARTS = 48 };
 
 /* hyspec_dense_gemm's signature (dense_gemm.c): dtype 0 fp32 / 1 bf16, x, M, K, w, N, bias, y */
 typedef int (*dense_gemm_fn)(int, const void *, int64_t, int64_t, const void *, int64_t, const void *, void *);
@@ -48,6 +51,24 @@ static int linear(int type, const float *x, int64_t M, int64_t K, const void *w,
                   float *y, uint16_t *xb, uint16_t *yb, dense_gemm_fn dense) {
     if (type >= Q4_0 && type <= LAST_QTYPE) { /* Q4_0 .. Q8_0 (qgemm.c), Q5_0 .. Q6_K (kquants.c) */
         const int rc = hyspec_qgemm(type, x, M, K, (const uint8_t *)w, N, y);
+        if (rc == 0) add_bias(y, (const float *)bias, M, N);
+        return rc;
+    }
+    if (type == PARTS) { /* each part into scratch, then into its columns of y */
+        const int64_t *d = (const int64_t *)w, parts = d[0];
+        int64_t most = 0, col = 0;
+        for (int64_t p = 0; p < parts; p++) most = d[3 + 3 * p] > most ? d[3 + 3 * p] : most;
+        float *part_y = malloc(sizeof(float) * (size_t)(M * most + 1));
+        if (!part_y) return -2;
+        int rc = 0;
+        for (int64_t p = 0; p < parts && rc == 0; p++) {
+            const int64_t rows = d[3 + 3 * p];
+            rc = hyspec_qgemm((int)d[1 + 3 * p], x, M, K, (const uint8_t *)(intptr_t)d[2 + 3 * p], rows, part_y);
+            for (int64_t m = 0; rc == 0 && m < M; m++) memcpy(y + m * N + col, part_y + m * rows, sizeof(float) * rows);
+            col += rows;
+        }
+        free(part_y);
+        if (rc == 0 && col != N) rc = -1;
         if (rc == 0) add_bias(y, (const float *)bias, M, N);
         return rc;
     }

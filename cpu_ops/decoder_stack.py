@@ -8,7 +8,8 @@ same kernels (qgemm and the paged attention are compiled into it) and does the
 small element-wise work in C, row by row.
 
 A model qualifies when every decoder projection is a :class:`BlockLinear`
-(Q4_0 / Q4_1 / Q8_0 blocks, fp32 or 8-bit activations) or a :class:`PackedLinear`
+(GGML blocks, fp32 or 8-bit activations), a :class:`RowConcatLinear` (row ranges
+in different block types) or a :class:`PackedLinear`
 with fp32 / bf16 weights served by hyspec's batch-invariant dense kernel
 (dense_gemm.c), it has no q/k norm, its RoPE table covers the whole head
 and its caches are fp32 or bf16; then
@@ -27,13 +28,14 @@ import os
 
 import torch
 
-from hyspec.cpu_ops.qgemm import QTYPES, BlockLinear
+from hyspec.cpu_ops.qgemm import QTYPES, BlockLinear, RowConcatLinear
 
 log = logging.getLogger(__name__)
 
 LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 types, 4 bias pointers, 2 norm weights
 DENSE_TYPES = {torch.float32: 16, torch.bfloat16: 17}  # decoder_stack.c's DENSE_F32 / DENSE_BF16
 A8_TYPES = 32  # decoder_stack.c: + a block type = that matrix in qgemm_a8's layout (8-bit activations)
+PARTS = 48  # decoder_stack.c: row ranges in different block types (RowConcatLinear), its descriptor as the weight
 
 
 @functools.cache
@@ -76,6 +78,8 @@ def _weight_type(lin: torch.nn.Module) -> int | None:
 
     if isinstance(lin, BlockLinear):
         return QTYPES[lin.block_type] + (A8_TYPES if lin.a8 else 0)
+    if isinstance(lin, RowConcatLinear):
+        return PARTS
     if (isinstance(lin, PackedLinear) and lin.weight.dtype in DENSE_TYPES and lin.weight.is_contiguous()
             and invariant_kernel_available(lin.weight.dtype) and _dense_gemm_address() is not None
             and (lin.bias is None or lin.bias.dtype == lin.weight.dtype)):
@@ -107,6 +111,13 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _weight(lin: torch.nn.Module) -> torch.Tensor:
+    """What the stack's weight pointer of a projection points at (its type: _weight_type)."""
+    if isinstance(lin, BlockLinear):
+        return lin.blocks
+    return lin.descriptor if isinstance(lin, RowConcatLinear) else lin.weight
+
+
 class DecoderStack:
     """Runs layers ``[first, last)`` of one model in a single call (see the module docstring)."""
 
@@ -127,7 +138,7 @@ class DecoderStack:
             attn, mlp = layer.self_attn, layer.mlp
             # raw pointers: the tensors they point into belong to the model (which holds this stack) or to it
             lins = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            rows.append([(lin.blocks if isinstance(lin, BlockLinear) else lin.weight).data_ptr() for lin in lins]
+            rows.append([_weight(lin).data_ptr() for lin in lins]
                         + [_weight_type(lin) for lin in lins]
                         + [0 if lin.bias is None else lin.bias.data_ptr() for lin in lins]
                         + [norms[0].data_ptr(), norms[1].data_ptr()])

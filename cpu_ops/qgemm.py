@@ -123,18 +123,26 @@ class BlockLinear(nn.Module):
 class RowConcatLinear(nn.Module):
     """A fused linear whose row ranges are stored in different block types (a Q4_K_M file's Q4_K q/k beside a
     Q6_K v): each part through qgemm, the outputs side by side.  Each output row is computed as in its part
-    alone, so the result is as batch-invariant as the parts'."""
+    alone, so the result is as batch-invariant as the parts'.  ``descriptor`` lists the parts for the decoder
+    stack (decoder_stack.c's PARTS type): their count, then type code, blocks address and rows of each."""
 
     kernel = "hyspec qgemm, fp32"
 
-    def __init__(self, parts: list[BlockLinear]):
+    def __init__(self, parts: list[BlockLinear], bias: torch.Tensor | None = None):
         super().__init__()
+        if any(p.a8 or p.bias is not None for p in parts):
+            raise ValueError("RowConcatLinear joins fp32-activation parts without biases (the bias is the whole's)")
         self.parts = nn.ModuleList(parts)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.descriptor = torch.tensor([len(parts)] + [v for p in parts for v in
+                                                       (QTYPES[p.block_type], p.blocks.data_ptr(), p.out_features)],
+                                       dtype=torch.int64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p(x) for p in self.parts], dim=-1)
+        out = torch.cat([p(x) for p in self.parts], dim=-1)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
 
     def extra_repr(self) -> str:
         types = "+".join(p.block_type for p in self.parts)

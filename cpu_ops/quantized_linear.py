@@ -188,16 +188,13 @@ def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None) -> nn.Mo
     n, k = w.shape
     if not w.parts:
         return BlockLinear(w.block_type, w.blocks, k, bias, w.source) if k % BLOCK_ELEMS[w.block_type] == 0 else None
-    modules, start = [], 0
+    modules = []
     for part in w.parts:
         encoded = encode_blocks(part)
-        rows = part.shape[0]
         if encoded is None or k % BLOCK_ELEMS[encoded[0]]:
             return None
-        modules.append(BlockLinear(encoded[0], encoded[1], k, None if bias is None else bias[start:start + rows],
-                                   part.source))
-        start += rows
-    return RowConcatLinear(modules)
+        modules.append(BlockLinear(encoded[0], encoded[1], k, None, part.source))
+    return RowConcatLinear(modules, bias)
 
 
 class QuantizedHeads:

@@ -198,6 +198,7 @@ def write_k_quant_gguf(path, tmp_path):
 @needs_kernel
 def test_a_q4_k_m_like_gguf_decodes_its_dense_paths_tokens_from_the_blocks(tmp_path):
     from hyspec import LLM, SamplingParams
+    from hyspec.cpu_ops import decoder_stack
     from hyspec.cpu_ops.qgemm import BlockLinear, RowConcatLinear
 
     path = write_k_quant_gguf(tmp_path / "q4_k_m.gguf", tmp_path)
@@ -209,6 +210,8 @@ def test_a_q4_k_m_like_gguf_decodes_its_dense_paths_tokens_from_the_blocks(tmp_p
     assert isinstance(layers[0].self_attn.qkv_proj, RowConcatLinear)  # Q4_K q/k, Q6_K v
     assert [p.block_type for p in layers[0].self_attn.qkv_proj.parts] == ["Q4_K", "Q4_K", "Q6_K"]
     assert isinstance(layers[1].self_attn.qkv_proj, BlockLinear) and layers[1].mlp.down_proj.block_type == "Q4_K"
+    if decoder_stack.library() is not None:  # the decoder stack runs the mixed-type projections too
+        assert quant.engine.model.layer_stack is not None
     dense = LLM(str(path), kv_cache_bytes=4 << 20, dtype="float32", quantization="none")
     ids = torch.arange(3, 200, 7)
     a, b = quant.engine.model, dense.engine.model
@@ -216,6 +219,13 @@ def test_a_q4_k_m_like_gguf_decodes_its_dense_paths_tokens_from_the_blocks(tmp_p
         la = a.compute_logits(a.forward_dense(ids[None]).hidden[0])
         lb = b.compute_logits(b.forward_dense(ids[None]).hidden[0])
     assert (la - lb).abs().max() < 1e-4 * lb.abs().max()
+    stack, a.layer_stack = a.layer_stack, None  # the layer loop over the same modules
+    try:
+        with torch.inference_mode():
+            lc = a.compute_logits(a.forward_dense(ids[None]).hidden[0])
+    finally:
+        a.layer_stack = stack
+    assert (la - lc).abs().max() < 1e-4 * lc.abs().max()
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     plain = quant.generate(["def f(x):"], params)[0].outputs[0].token_ids
     assert plain == dense.generate(["def f(x):"], params)[0].outputs[0].token_ids
