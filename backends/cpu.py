@@ -70,7 +70,7 @@ class CPUBackend(Backend):
 
         kinds = [kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok]
         if library() is not None:
-            kinds.append("gguf-blocks-fp32")  # hyspec's exact kernel over Q4_0/Q4_1/Q8_0 blocks (cpu_ops/qgemm.c)
+            kinds.append("gguf-blocks-fp32")  # hyspec's exact kernel over Q4_0..Q8_0, Q5_0/Q5_1 and K-quant blocks (cpu_ops/qgemm.c)
         from hyspec.cpu_ops.qgemm_a8 import available
 
         if available()[0]:

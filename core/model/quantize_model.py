@@ -3,8 +3,8 @@
 ``quantization`` (vLLM's argument name) says what is asked:
 
 * ``None`` (the default) -- the checkpoint's own quantization: a GGUF's Q4_0 /
-  Q4_1 / Q8_0 tensors stay as their codes wherever the backend computes with
-  them; a tensor of another type, or one the backend has no kernel for, is
+  Q4_1 / Q8_0 tensors stay as their codes, and its Q5_0 / Q5_1 / K-quant ones
+  as their blocks, wherever the backend computes with them; a tensor of another type, or one the backend has no kernel for, is
   dequantized, and one log line names each such type.  Safetensors
   checkpoints stay dense.  The activation dtype picks the kernel (the CPU:
   torch's bf16 kernels for bf16, hyspec's exact fp32 kernel for float32).
