@@ -45,6 +45,33 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+_VLLM_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+
+
+def vllm_int(text: str) -> int:
+    """A positive integer as vLLM's flags read it: ``2048``, ``1k`` (1,000), ``25.6k``, ``1K`` (1,024), ``2G``
+    (2**31); decimal suffixes lower-case, binary ones upper-case (vllm.utils.argparse_utils, v0.32)."""
+    text = text.strip()
+    m = _VLLM_INT.fullmatch(text)
+    if m is None:
+        value = int(text)
+    elif m.group(2).islower():
+        value = int(float(m.group(1)) * 1000 ** " kmgt".index(m.group(2)))
+    elif "." in m.group(1):
+        raise argparse.ArgumentTypeError(f"{text!r}: no decimals with a binary suffix (did you mean "
+                                         f"{m.group(1)}{m.group(2).lower()}?)")
+    else:
+        value = int(m.group(1)) * 1024 ** " KMGT".index(m.group(2))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def vllm_int_or_auto(text: str) -> int | None:
+    """:func:`vllm_int`, or ``auto`` / ``-1``: None (the model's own value), as vLLM's --max-model-len."""
+    return None if text.strip() in ("auto", "-1") else vllm_int(text)
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value <= 1.0:
@@ -77,12 +104,12 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
                                      "default: the checkpoint's own (a GGUF's Q4_0/Q4_1/Q8_0 codes where the backend "
                                      "has kernels, dequantized elsewhere); a8: those codes times 8-bit activations "
                                      "(llama.cpp's arithmetic, CPU with AVX-512 VNNI)"), always=False),
-    Option("max_model_len", dict(type=positive_int, default=None, metavar="N",
-                                 help="longest prompt + output in tokens (default: the model's "
-                                      "max_position_embeddings)")),
+    Option("max_model_len", dict(type=vllm_int_or_auto, default=None, metavar="N",
+                                 help="longest prompt + output in tokens, e.g. 4096, 4k, 4K (vLLM's forms); "
+                                      "default, or auto: the model's max_position_embeddings")),
     Option("max_num_seqs", dict(type=positive_int, default=64, metavar="N",
                                 help="requests in the running batch (default 64)")),
-    Option("max_num_batched_tokens", dict(type=positive_int, default=1024, metavar="N",
+    Option("max_num_batched_tokens", dict(type=vllm_int, default=1024, metavar="N",
                                           help="tokens per engine step, prefill chunks included (default 1024)")),
     Option("kv_cache_bytes", dict(type=byte_size, default=None, metavar="SIZE",
                                   help="KV cache size, e.g. 2GiB (default: from --memory-fraction)")),
@@ -106,6 +133,10 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
                                  help="logprobs of the model's logits (default) or of the request's processed "
                                       "distribution")),
 )
+
+# vLLM's spellings that read their value otherwise than hyspec's own option: vLLM's 1g is 10**9 bytes, where
+# hyspec's --kv-cache-bytes reads 1g and 1G as 2**30
+_VLLM_TYPES = {"kv_cache_memory_bytes": vllm_int}
 
 # vLLM engine arguments the table implements that a command line cannot use
 _CLI_REFUSED = {"skip_tokenizer_init": "a command needs the tokenizer to read text; "
@@ -131,6 +162,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, server: bool = False) 
     for option in ENGINE_OPTIONS:
         names = [option.flag] + [f for f in aliases.get(option.dest, ()) if f != option.flag]
         parser.add_argument(*_free(parser, names), dest=option.dest, **option.kwargs)
+    for name, parse in _VLLM_TYPES.items():
+        arg, entry = ENGINE_ARGS[name], vllm_flag(name)
+        parser.add_argument(*_free(parser, entry["flags"]), dest=arg.dest, type=parse, default=argparse.SUPPRESS,
+                            metavar="N", help=f"vLLM's spelling of --{arg.dest.replace('_', '-')}, its value read "
+                                             "as vLLM reads it: 8g = 8*10**9, 8G = 8*2**30")
     tables = [ENGINE_ARGS, SERVER_ARGS] if server else [ENGINE_ARGS]
     for table in tables:
         for name, arg in table.items():
@@ -166,7 +202,7 @@ def _vllm_aliases() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name, arg in ENGINE_ARGS.items():
         entry = vllm_flag(name)
-        if isinstance(arg, Implemented) and entry is not None and name not in _CLI_REFUSED:
+        if isinstance(arg, Implemented) and entry is not None and name not in _CLI_REFUSED and name not in _VLLM_TYPES:
             out.setdefault(arg.dest, []).extend(f for f in entry["flags"] if not f.startswith("--no-"))
     return out
 

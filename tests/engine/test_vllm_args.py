@@ -71,7 +71,7 @@ def test_implemented_engine_arguments_land_on_real_destinations():
 def test_serve_takes_vllms_spelling_of_its_options():
     args = parse("/models/m", "--gpu-memory-utilization", "0.5", "--served-model-name", "a", "b", "--seed", "7",
                  "--max-model-len", "64", "--tensor-parallel-size", "1", "--dtype", "half", "--no-trust-remote-code",
-                 "--kv-cache-memory-bytes", "64MiB", "-q", "int8", "--host", "0.0.0.0", "--port", "8001",
+                 "--kv-cache-memory-bytes", "64M", "-q", "int8", "--host", "0.0.0.0", "--port", "8001",
                  "--uvicorn-log-level", "warning", "--enable-chunked-prefill")
     kwargs = serve.engine_args(args)
     assert kwargs["model"] == "/models/m" and kwargs["memory_fraction"] == 0.5 and kwargs["max_model_len"] == 64
@@ -124,6 +124,17 @@ def test_generate_and_chat_share_the_engine_options(capsys):
         assert "not supported by hyspec" in refused(capsys, "-tp", "2", module=module)
         assert "hyspec serve" in refused(capsys, "--served-model-name", "x", module=module)
     assert parse("--seed", "3", module=generate).seed == 3  # generate's own --seed (the requests') stays
+
+
+@pytest.mark.parametrize("flag, text, value", [
+    ("--kv-cache-memory-bytes", "8g", 8 * 10**9), ("--kv-cache-memory-bytes", "8G", 8 << 30),  # vLLM's reading
+    ("--kv-cache-bytes", "8G", 8 << 30), ("--kv-cache-bytes", "8g", 8 << 30),  # hyspec's: powers of 1024
+    ("--max-model-len", "4k", 4000), ("--max-model-len", "4K", 4096), ("--max-model-len", "auto", None),
+    ("--max-model-len", "-1", None), ("--max-num-batched-tokens", "25.6k", 25600),
+])
+def test_sizes_read_as_each_spelling_reads_them(flag, text, value):
+    dest = {"--kv-cache-memory-bytes": "kv_cache_bytes"}.get(flag, flag[2:].replace("-", "_"))
+    assert getattr(parse(flag, text), dest) == value
 
 
 def test_api_key_from_vllms_variable(monkeypatch):
