@@ -70,7 +70,8 @@ class CPUBackend(Backend):
 
         kinds = [kind for kind, ok in (("int4", int4_kernel_available()), ("int8", int8_kernel_available())) if ok]
         if library() is not None:
-            kinds.append("gguf-blocks-fp32")  # hyspec's exact kernel over Q4_0..Q8_0, Q5_0/Q5_1 and K-quant blocks (cpu_ops/qgemm.c)
+            # hyspec's exact kernel over Q4_0 .. Q8_0, Q5_0 / Q5_1 and K-quant blocks (cpu_ops/qgemm.c, kquants.c)
+            kinds.append("gguf-blocks-fp32")
         from hyspec.cpu_ops.qgemm_a8 import available
 
         if available()[0]:

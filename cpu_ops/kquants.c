@@ -110,7 +110,8 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
     const __m128i parts[4] = {q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)};
     for (int i = 0; i < 4; i++) {
         const __m256 vs = _mm256_set1_ps(i < 2 ? s0 : s1);
-        const __m256 f = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]));
+        const __m256i wide = is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
+        const __m256 f = _mm256_cvtepi32_ps(wide);
         const __m256 w = b_none ? _mm256_mul_ps(f, vs) : _mm256_fmadd_ps(f, vs, vb);
         if (fused) acc->v[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * i), acc->v[i]);
         else _mm256_storeu_ps(out + 8 * i, w);

@@ -149,4 +149,5 @@ class RowConcatLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {types} blocks, hyspec qgemm"
 
 
-__all__ = ["BLOCK_BYTES", "BLOCK_ELEMS", "BlockLinear", "QTYPES", "RowConcatLinear", "isa", "library", "qgemm", "variant"]
+__all__ = ["BLOCK_BYTES", "BLOCK_ELEMS", "QTYPES", "BlockLinear", "RowConcatLinear", "isa", "library", "qgemm",
+           "variant"]

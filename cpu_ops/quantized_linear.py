@@ -185,7 +185,7 @@ def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None) -> nn.Mo
 
     if library() is None:
         return None
-    n, k = w.shape
+    k = w.shape[1]
     if not w.parts:
         return BlockLinear(w.block_type, w.blocks, k, bias, w.source) if k % BLOCK_ELEMS[w.block_type] == 0 else None
     modules = []

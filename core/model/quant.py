@@ -63,7 +63,7 @@ class GroupQuantized:
     blocks: torch.Tensor | None = None  # [N, bytes per row] uint8: the GGML blocks these values are (if known)
     block_type: str | None = None  # their GGML type: Q4_0, Q4_1, Q8_0, or one of GGUF_STORED_TYPES
     dims: tuple[int, int] | None = None  # (N, K) of a blocks-only matrix (q is None)
-    parts: tuple["GroupQuantized", ...] = ()  # row-wise parts stored in different types (blocks and q None)
+    parts: tuple[GroupQuantized, ...] = ()  # row-wise parts stored in different types (blocks and q None)
 
     @property
     def shape(self) -> tuple[int, int]:
