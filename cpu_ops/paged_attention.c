@@ -4,7 +4,9 @@
  * Semantics are the reference op's (core/ops/attention.py): packed query rows, row t belongs to
  * sequence row_seq[t] as its query row_i[t]; the sequence's committed context is c = seq_len - n and
  * query i sees every context entry j < c and new entry c + k iff k <= i (causal) or, with a tree,
- * iff tree_mask[t, k].
+ * iff tree_mask[t, k].  With a sliding window w > 0 (hyspec_paged_attention_windowed) it sees, of
+ * those, only the entries at positions > positions[t] - w: context entry j sits at position j, new
+ * entry c + k at the position of its sequence's query row k.
  *
  * Each (row, head) is computed alone: scores over the visible entries in position order, their
  * maximum, exp and sum in that order, then the value rows weighted in the same order and divided
@@ -206,12 +208,14 @@ static inline __attribute__((always_inline)) void softmax_pv_wide(const int ND, 
 /* q [T, Hq, D] contiguous; caches: element (block, offset, head, d) at block * sb + offset * so + head * sh + d;
  * block_tables [B, bt_stride] int32; seq_lens, query_lens [B] int32; row_seq, row_i [T] int32;
  * tree_mask [T, max_q] uint8 or NULL; out [T, Hq, D].  bf16 != 0: q, caches and out are bf16, else fp32.
+ * positions [T] int64 and window: the sliding window (window 0: none, positions unread).
  * Returns 0, or -2 when out of memory. */
-int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, const void *kc, const void *vc,
-                           int64_t sb, int64_t so, int64_t sh, int64_t block_size, int64_t Hkv,
-                           const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                           const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
-                           const uint8_t *tree_mask, int64_t max_q, float scale, void *out, int bf16) {
+static int paged_attention_rows(const void *q, int64_t T, int64_t Hq, int64_t D, const void *kc, const void *vc,
+                                int64_t sb, int64_t so, int64_t sh, int64_t block_size, int64_t Hkv,
+                                const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                                const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
+                                const uint8_t *tree_mask, int64_t max_q, float scale, void *out, int bf16,
+                                const int64_t *positions, int64_t window) {
     int64_t max_len = 1;
     for (int64_t t = 0; t < T; t++)
         if (seq_lens[row_seq[t]] > max_len) max_len = seq_lens[row_seq[t]];
@@ -235,14 +239,18 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
                 if (t != at_row) { /* the entries row t sees, in position order, page by page */
                     const int64_t b = row_seq[t], i = row_i[t], len = seq_lens[b], ctx = len - query_lens[b];
                     const int32_t *table = block_tables + b * bt_stride;
+                    const int64_t oldest = window > 0 ? positions[t] - window : INT64_MIN; /* positions <= it: out */
                     n = 0;
                     for (int64_t p0 = 0; p0 < len; p0 += block_size) {
                         const int64_t base = (int64_t)table[p0 / block_size] * sb, end = p0 + block_size < len ? p0 + block_size : len;
                         for (int64_t j = p0; j < end; j++) {
+                            int64_t position = j;
                             if (j >= ctx) {
                                 const int64_t k = j - ctx;
                                 if (tree_mask ? !tree_mask[t * max_q + k] : k > i) continue;
+                                if (window > 0) position = positions[t - i + k]; /* query row k of the sequence */
                             }
+                            if (position <= oldest) continue;
                             at[n++] = base + (j - p0) * so;
                         }
                     }
@@ -298,4 +306,24 @@ int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, cons
         free(acc);
     }
     return failed ? -2 : 0;
+}
+
+int hyspec_paged_attention(const void *q, int64_t T, int64_t Hq, int64_t D, const void *kc, const void *vc,
+                           int64_t sb, int64_t so, int64_t sh, int64_t block_size, int64_t Hkv,
+                           const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                           const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
+                           const uint8_t *tree_mask, int64_t max_q, float scale, void *out, int bf16) {
+    return paged_attention_rows(q, T, Hq, D, kc, vc, sb, so, sh, block_size, Hkv, block_tables, bt_stride, seq_lens,
+                           query_lens, row_seq, row_i, tree_mask, max_q, scale, out, bf16, NULL, 0);
+}
+
+/* hyspec_paged_attention with a sliding window (see the top of this file) */
+int hyspec_paged_attention_windowed(const void *q, int64_t T, int64_t Hq, int64_t D, const void *kc, const void *vc,
+                                    int64_t sb, int64_t so, int64_t sh, int64_t block_size, int64_t Hkv,
+                                    const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                                    const int32_t *query_lens, const int32_t *row_seq, const int32_t *row_i,
+                                    const uint8_t *tree_mask, int64_t max_q, float scale, void *out, int bf16,
+                                    const int64_t *positions, int64_t window) {
+    return paged_attention_rows(q, T, Hq, D, kc, vc, sb, so, sh, block_size, Hkv, block_tables, bt_stride, seq_lens,
+                           query_lens, row_seq, row_i, tree_mask, max_q, scale, out, bf16, positions, window);
 }

@@ -37,6 +37,8 @@ def variant(march: str) -> ctypes.CDLL | None:
     lib.hyspec_paged_attention.restype = ctypes.c_int
     lib.hyspec_paged_attention.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, i64, i64, i64, ptr, i64, ptr,
                                            ptr, ptr, ptr, ptr, i64, ctypes.c_float, ptr, ctypes.c_int]
+    lib.hyspec_paged_attention_windowed.restype = ctypes.c_int
+    lib.hyspec_paged_attention_windowed.argtypes = lib.hyspec_paged_attention.argtypes + [ptr, i64]
     return lib
 
 
@@ -54,16 +56,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     sliding_window: int | None = None) -> torch.Tensor:  # [T, Hq, D]
     """The op (``lib``: a :func:`variant` to run instead of the native build, for tests).
 
-    A ``sliding_window`` that cuts anything in this step (a sequence longer than the window) runs the
-    reference op, which masks by position; the kernel has no window of its own."""
-    if sliding_window is not None and meta.max_seq_len > sliding_window:
-        return reference_attention(q, k_cache, v_cache, meta, scale, sliding_window=sliding_window)
+    ``sliding_window``: a query at position p sees only entries at positions > p - w, by position as the
+    reference op masks; a step in which no sequence is longer than the window runs without it (the same
+    entries, the same bits)."""
+    if sliding_window is not None and meta.max_seq_len <= sliding_window:
+        sliding_window = None
     lib = lib or library()
     if not (q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in (torch.float32, torch.bfloat16)
             and q.shape[-1] % 8 == 0
             and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
             and not (torch.is_grad_enabled() and q.requires_grad)) or lib is None:
-        return reference_attention(q, k_cache, v_cache, meta, scale)
+        return reference_attention(q, k_cache, v_cache, meta, scale, sliding_window=sliding_window)
     T, Hq, D = q.shape
     seq_lens, query_lens, row_seq, row_i, table = meta.derived("cpu_rows", lambda: _rows(meta))
     tree = None
@@ -72,11 +75,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qc = q.contiguous()
     out = torch.empty_like(qc)
     sb, so, sh, _ = k_cache.stride()
-    rc = lib.hyspec_paged_attention(
-        qc.data_ptr(), T, Hq, D, k_cache.data_ptr(), v_cache.data_ptr(), sb, so, sh, k_cache.shape[1],
-        k_cache.shape[2], table.data_ptr(), table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(),
-        row_seq.data_ptr(), row_i.data_ptr(), 0 if tree is None else tree.data_ptr(),
-        meta.max_query_len, float(scale), out.data_ptr(), int(q.dtype == torch.bfloat16))
+    args = (qc.data_ptr(), T, Hq, D, k_cache.data_ptr(), v_cache.data_ptr(), sb, so, sh, k_cache.shape[1],
+            k_cache.shape[2], table.data_ptr(), table.stride(0), seq_lens.data_ptr(), query_lens.data_ptr(),
+            row_seq.data_ptr(), row_i.data_ptr(), 0 if tree is None else tree.data_ptr(),
+            meta.max_query_len, float(scale), out.data_ptr(), int(q.dtype == torch.bfloat16))
+    if sliding_window is None:
+        rc = lib.hyspec_paged_attention(*args)
+    else:
+        positions = meta.derived("cpu_positions", lambda: meta.positions.to(torch.int64).contiguous())  # [T]
+        rc = lib.hyspec_paged_attention_windowed(*args, positions.data_ptr(), int(sliding_window))
     if rc != 0:
         raise MemoryError("hyspec_paged_attention: out of memory for its score buffers")
     return out

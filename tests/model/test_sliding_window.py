@@ -144,3 +144,36 @@ def test_speculative_methods_past_the_window_return_plain_decodings_tokens(windo
                 "quantization": "none"}) == plain
     refs = {tuple(p): out for p, out in zip(prompts, plain)}
     assert run({"method": "ngram", "num_speculative_tokens": 8}, OracleTreeProposer(refs, 128, seed=1)) == plain
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_kernel_windows_as_the_reference_does_and_a_row_is_the_same_in_decode_and_verify(dtype):
+    """cpu_ops/paged_attention.c with a window against the reference op (decode, prefill, a tree whose nodes
+    sit at depth positions), and its property kept under the window: a query row gives the same bits in a
+    decode step and inside a verification, in every ISA build this CPU runs."""
+    from hyspec.cpu_ops import paged_attention as cpu
+    from hyspec.cuda_ops.cases import paged_attention_case
+    from tests.test_cpu_ops_attention import _meta
+    from tests.test_cpu_ops_dense_gemm import MARCHES  # portable, AVX2 where the CPU has it, native
+
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the attention kernel cannot build")
+    for ctx, qlens, tree in (([70, 40, 5], [1, 1, 1], False), ([0, 13], [33, 20], False),
+                             ([20, 70, 0], [8, 1, 13], True)):
+        case = paged_attention_case(ctx, qlens, 9, 3, 64, 16, dtype, tree=tree, seed=3)
+        expected = reference_ops().attention(*case.args(), sliding_window=WINDOW)
+        torch.testing.assert_close(cpu.paged_attention(*case.args(), sliding_window=WINDOW), expected,
+                                   atol=2e-6 if dtype == torch.float32 else 2e-2, rtol=1e-5 if dtype == torch.float32 else 2e-2)
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(16, 16, 3, 64).to(dtype), torch.randn(16, 16, 3, 64).to(dtype)
+    table = torch.randperm(16)[:8].to(torch.int32)[None]
+    q = torch.randn(5, 9, 64).to(dtype)
+    for march in MARCHES:
+        lib = cpu.variant(march)
+        if lib is None:
+            continue
+        verify = cpu.paged_attention(q, k_cache, v_cache, _meta(table, 5, 100), 0.125, lib=lib, sliding_window=WINDOW)
+        for i in range(5):
+            decode = cpu.paged_attention(q[i:i + 1].contiguous(), k_cache, v_cache, _meta(table, 1, 96 + i), 0.125,
+                                         lib=lib, sliding_window=WINDOW)
+            assert torch.equal(decode, verify[i:i + 1]), (march, i)
