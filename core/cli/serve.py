@@ -4,6 +4,10 @@ Binds 127.0.0.1 unless --host says otherwise.  SIGINT/SIGTERM shut it down
 gracefully: new requests get 503, in-flight ones finish (up to
 --shutdown-timeout seconds), then the engine stops.  Needs the serve extra:
 pip install 'hyspec[serve]'.
+
+`hyspec serve MODEL` takes vLLM's flags where hyspec has the feature (--gpu-memory-utilization,
+--served-model-name A B, --seed, --chat-template, -tp 1, ...) and refuses the others with the reason
+(--tensor-parallel-size 2, --trust-remote-code, ...): every one is listed in docs/vllm_compat.md.
 """
 from __future__ import annotations
 
