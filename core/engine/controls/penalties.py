@@ -10,47 +10,63 @@ path, so the counts of a verified position include the earlier drafts on its pat
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 import torch
 
 
 class PenaltyProcessor:
-    """One request's penalties; its state is the committed output's token counts."""
+    """One request's penalties; its state is the committed output's token counts.
+
+    Only the tokens of the prompt and the output are touched: every row gets the committed output's
+    penalties on those columns, then the few (row, token) entries its draft path adds are recomputed
+    from the raw logit with the row's own count -- O(rows x seen tokens), not O(rows x vocabulary).
+    """
 
     def __init__(self, prompt_token_ids: Sequence[int], vocab_size: int, device: torch.device, *,
                  presence: float, frequency: float, repetition: float):
         self.presence, self.frequency, self.repetition = float(presence), float(frequency), float(repetition)
-        self.vocab_size = vocab_size
-        self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        if prompt_token_ids:
-            self.prompt_mask[torch.as_tensor(list(prompt_token_ids), dtype=torch.int64, device=device)] = True
+        # vLLM multiplies by fp32 1 / penalty for positive logits (scaling = where(x > 0, 1 / p, p))
+        self.inverse = float(torch.tensor(self.repetition, dtype=torch.float32).reciprocal())
+        self.device = device
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # output token counts
+        self.subtract = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # frequency x count + presence
+        self.seen = set(prompt_token_ids)  # prompt and output tokens: the columns any penalty touches
+        self._columns: torch.Tensor | None = None
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        if self.repetition == 1.0:
+            return x
+        return x * torch.where(x > 0, self.inverse, self.repetition)
 
     def process(self, paths: Sequence[Sequence[int]], logits: torch.Tensor) -> None:
-        counts = self.counts.expand(len(paths), -1).clone()  # [P, V]
-        rows = [j for j, path in enumerate(paths) for _ in path]
-        if rows:
-            cols = [t for path in paths for t in path]
-            device = counts.device
-            counts.index_put_((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
-                              torch.ones(len(rows), device=device), accumulate=True)
-        seen = counts > 0
-        x = logits.float()
-        if self.repetition != 1.0:
-            penalised = seen | self.prompt_mask
-            factor = torch.where(x > 0, 1.0 / self.repetition, self.repetition)
-            x = torch.where(penalised, x * factor, x)
-        if self.frequency:
-            x = x - self.frequency * counts
-        if self.presence:
-            x = x - self.presence * seen.float()
-        logits.copy_(x)
+        extra = Counter((j, t) for j, path in enumerate(paths) for t in path)  # (row, token) -> count on the path
+        if extra:
+            rows = torch.tensor([j for j, _ in extra], dtype=torch.int64, device=logits.device)
+            cols = torch.tensor([t for _, t in extra], dtype=torch.int64, device=logits.device)
+            raw = logits[rows, cols].float()  # before the committed output's penalties below change them
+        if self.seen:
+            if self._columns is None:
+                self._columns = torch.tensor(sorted(self.seen), dtype=torch.int64, device=self.device)
+            index = self._columns.to(logits.device)
+            part = self._scaled(logits[:, index].float()) - self.subtract[index].to(logits.device)
+            logits[:, index] = part.to(logits.dtype)
+        if extra:  # a token on the row's path is in the output there: repetition applies, its count grows
+            count = self.counts.to(logits.device)[cols] + torch.tensor(list(extra.values()), dtype=torch.float32,
+                                                                       device=logits.device)
+            value = self._scaled(raw) - self.frequency * count - self.presence
+            logits[rows, cols] = value.to(logits.dtype)
 
     def allowed_prefix(self, path: Sequence[int]) -> int:
         return len(path)  # a penalty lowers a logit, it never forbids a token
 
     def commit(self, tokens: Sequence[int]) -> None:
-        if tokens:
-            index = torch.as_tensor(list(tokens), dtype=torch.int64, device=self.counts.device)
-            self.counts.index_put_((index,), torch.ones(len(tokens), device=self.counts.device), accumulate=True)
+        if not tokens:
+            return
+        for token, n in Counter(tokens).items():
+            self.counts[token] += n
+            self.subtract[token] = self.frequency * self.counts[token] + self.presence
+            if token not in self.seen:
+                self.seen.add(token)
+                self._columns = None
