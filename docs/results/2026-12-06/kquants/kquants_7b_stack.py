@@ -7,7 +7,8 @@ projections the engine builds from the file:
 
 * before: what hyspec did with these types until kquants.c -- the gguf package's dequantization to fp32 and
   the engine's dense fp32 linear (PackedLinear, hyspec's batch-invariant dense_gemm.c where it builds);
-* after: the same blocks through hyspec.cpu_ops.quantized_linear (BlockLinear / RowConcatLinear on qgemm).
+* after: the same blocks through hyspec.cpu_ops.quantized_linear (BlockLinear / RowConcatLinear on qgemm);
+* q4_1 (reference, other values): every matrix in Q4_1 blocks, the path hyspec already computed as stored.
 
 Both compute the same values (checked below on the first layer, fp32 rounding apart).  Timed: the projections
 of one decode step (attention and norms are a small part of a 7B step at short context and are not in it),
@@ -32,12 +33,12 @@ HIDDEN, INTERMEDIATE = 4096, 11008
 
 
 def random_blocks(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Random codes and packed scales, fp16 scale fields of a trained 7B's magnitude (the layouts of gguf's quants.py)."""
+    """Random codes and packed scales, fp16 scale fields of a trained 7B's magnitude (layouts: gguf's quants.py)."""
     import gguf
 
     elems, nbytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, qtype)]
     raw = rng.integers(0, 256, (n, k // elems, nbytes), dtype=np.uint8)
-    for off in {"Q4_K": (0, 2), "Q6_K": (208,)}[qtype]:
+    for off in {"Q4_K": (0, 2), "Q6_K": (208,), "Q4_1": (0, 2)}[qtype]:
         raw[..., off:off + 2] = (np.abs(rng.standard_normal((n, k // elems))) * 1e-3 + 1e-4).astype(
             np.float16).view(np.uint8).reshape(n, k // elems, 2)
     return raw.reshape(n, -1)
@@ -49,17 +50,17 @@ def layer_types(i: int) -> dict[str, str]:
 
 
 def build_layer(i: int, rng: np.random.Generator):
-    """(before modules, after modules) for the fused qkv, o, gate_up and down projections of layer i."""
+    """(before, after, q4_1) modules for the fused qkv, o, gate_up and down projections of layer i."""
     from hyspec.cpu_ops.packed_linear import PackedLinear
     from hyspec.cpu_ops.quantized_linear import quantized_linear
-    from hyspec.model.quant import concat_rows, dequantize, stored_blocks
+    from hyspec.model.quant import concat_rows, dequantize, from_gguf, stored_blocks
 
     types = layer_types(i)
     shapes = {"q": (HIDDEN, HIDDEN), "k": (HIDDEN, HIDDEN), "v": (HIDDEN, HIDDEN), "o": (HIDDEN, HIDDEN),
               "gate": (INTERMEDIATE, HIDDEN), "up": (INTERMEDIATE, HIDDEN), "down": (HIDDEN, INTERMEDIATE)}
     stored = {name: stored_blocks(types[name], random_blocks(types[name], *shape, rng), shape, name)
               for name, shape in shapes.items()}
-    before, after = [], []
+    before, after, q4_1 = [], [], []
     for group in (("q", "k", "v"), ("o",), ("gate", "up"), ("down",)):
         w = concat_rows([stored[n] for n in group])
         module = quantized_linear(w, None, torch.float32)
@@ -67,7 +68,9 @@ def build_layer(i: int, rng: np.random.Generator):
             raise SystemExit("hyspec's qgemm kernel did not build here: nothing to measure")
         after.append(module)
         before.append(PackedLinear(dequantize(w), None))
-    return before, after
+        n, k = w.shape
+        q4_1.append(quantized_linear(from_gguf("Q4_1", random_blocks("Q4_1", n, k, rng), (n, k)), None, torch.float32))
+    return before, after, q4_1
 
 
 def step(modules: list, inputs: dict[int, torch.Tensor]) -> None:
@@ -89,8 +92,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     layers = [build_layer(i, rng) for i in range(args.layers)]
-    before = [m for b, _ in layers for m in b]
-    after = [m for _, a in layers for m in a]
+    paths = {"before": [m for b, _, _ in layers for m in b], "after": [m for _, a, _ in layers for m in a],
+             "q4_1": [m for _, _, q in layers for m in q]}
+    before, after = paths["before"], paths["after"]
     # the two paths compute the same matrix: compare layer 0's projections on one row
     worst = 0.0
     with torch.inference_mode():
@@ -106,25 +110,33 @@ def main() -> None:
               "threads": args.threads, "layers": args.layers, "kernel_isa": qgemm.isa(),
               "load_average_at_start": os.getloadavg(), "max_relative_difference_layer0": worst,
               "bytes_per_step": {"before": sum(m.weight.numel() * 4 for m in before),
-                                 "after": sum(sum(b.numel() for b in m.buffers()) for m in after)},
+                                 "after": sum(sum(b.numel() for b in m.buffers()) for m in after),
+                                 "q4_1": sum(sum(b.numel() for b in m.buffers()) for m in paths["q4_1"])},
               "rows": {}}
     for rows in args.rows:
         x = {HIDDEN: torch.randn(rows, HIDDEN), INTERMEDIATE: torch.randn(rows, INTERMEDIATE)}
-        step(before, x), step(after, x)  # warm
-        times = {"before": [], "after": []}
+        for modules in paths.values():  # warm
+            step(modules, x)
+        times = {name: [] for name in paths}
+        cpu = {name: [] for name in paths}  # this process's CPU time (all threads): less moved by other load
         for _ in range(args.rounds):
-            for name, modules in (("before", before), ("after", after)):
-                t0 = time.perf_counter()
+            for name, modules in paths.items():
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(args.steps):
                     step(modules, x)
                 times[name].append((time.perf_counter() - t0) / args.steps)
+                cpu[name].append((time.process_time() - c0) / args.steps)
         med = {k: statistics.median(v) for k, v in times.items()}
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
         result["rows"][rows] = {
             "step_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
             "tokens_per_s": {k: round(rows / v, 2) for k, v in med.items()},
             "speedup_after_over_before": round(med["before"] / med["after"], 2),
+            "step_cpu_ms": {k: round(v * 1e3, 2) for k, v in med_cpu.items()},
+            "cpu_time_ratio_before_over_after": round(med_cpu["before"] / med_cpu["after"], 2),
             "per_round_ms": {k: [round(t * 1e3, 2) for t in v] for k, v in times.items()}}
-        print(rows, result["rows"][rows]["step_ms"], result["rows"][rows]["speedup_after_over_before"], flush=True)
+        print(rows, result["rows"][rows]["step_ms"], result["rows"][rows]["speedup_after_over_before"],
+              result["rows"][rows]["step_cpu_ms"], flush=True)
     result["load_average_at_end"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     if args.out:
