@@ -22,6 +22,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
 
 from hyspec.engine.sampling_params import SamplingParams
 from hyspec.server import request_fields
+from hyspec.server.structured_fields import StructuredOutputFields
 
 # torch.Generator.manual_seed accepts exactly this range.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -59,7 +60,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: StrictBool = Field(False, description="vLLM extension: usage on every chunk")
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(_Strict, StructuredOutputFields):
     """What both endpoints share: model, sampling, stopping, streaming."""
 
     model: Optional[Text] = Field(None, description="the served model name (optional: it has only one)")
@@ -84,10 +85,18 @@ class _SamplingRequest(_Strict):
     prompt_logprobs: Optional[StrictInt] = Field(
         None, ge=0, description="vLLM extension: each prompt token's logprob and the k most likely at each "
                                 "(k <= --max-logprobs; not with stream)")
-    presence_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens already generated")
-    frequency_penalty: Optional[Float] = Field(None, description="-2 to 2: penalise tokens by their count so far")
-    repetition_penalty: Optional[Float] = Field(None, description="vLLM extension: > 0, 1 is off")
-    logit_bias: Optional[dict[str, Float]] = Field(None, description="token id -> bias added to its logit")
+    # sampling controls: vLLM's ranges and semantics, lossless under speculation (docs/sampling_controls.md)
+    presence_penalty: Optional[Float] = Field(None, ge=-2, le=2,
+                                              description="-2 to 2: penalise tokens already generated")
+    frequency_penalty: Optional[Float] = Field(None, ge=-2, le=2,
+                                               description="-2 to 2: penalise tokens by their count so far")
+    repetition_penalty: Optional[Float] = Field(None, gt=0, description="vLLM extension: > 0, 1 is off")
+    logit_bias: Optional[dict[str, Float]] = Field(
+        None, description="token id -> bias added to its logit (clamped to [-100, 100]); unknown ids are a 400")
+    bad_words: Optional[list[Text]] = Field(None, description="vLLM extension: words never generated")
+    allowed_token_ids: Optional[Annotated[list[Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]],
+                                          Field(min_length=1)]] = Field(
+        None, description="vLLM extension: only these token ids may be generated")
 
     #: which request_fields table applies ("completions" or "chat")
     ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
@@ -141,11 +150,18 @@ class _SamplingRequest(_Strict):
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
+            presence_penalty=0.0 if self.presence_penalty is None else float(self.presence_penalty),
+            frequency_penalty=0.0 if self.frequency_penalty is None else float(self.frequency_penalty),
+            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+            logit_bias=self.logit_bias or None,
+            bad_words=self.bad_words or None,
+            allowed_token_ids=self.allowed_token_ids,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_outputs_params,
         )
 
     @property

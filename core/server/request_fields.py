@@ -44,14 +44,6 @@ OPENAI_PLATFORM = "an OpenAI platform feature (storage, moderation, tiers, cachi
 # field -> refusal, for both endpoints; COMPLETION_ONLY / CHAT_ONLY hold what differs
 COMMON: dict[str, Refusal] = {
     # being implemented now (issue 47): each entry is removed when its field is wired
-    "presence_penalty": Refusal(NOT_YET, (None, 0, 0.0)),
-    "frequency_penalty": Refusal(NOT_YET, (None, 0, 0.0)),
-    "repetition_penalty": Refusal(NOT_YET, (None, 1, 1.0)),
-    "logit_bias": Refusal(NOT_YET, NONE_OR_EMPTY_DICT),
-    "min_tokens": Refusal(NOT_YET, (0,)),
-    "bad_words": Refusal(NOT_YET, NONE_OR_EMPTY_LIST),
-    "allowed_token_ids": Refusal(NOT_YET, NONE_OR_EMPTY_LIST),
-    "structured_outputs": Refusal(NOT_YET),
     # refused
     "user": Refusal("hyspec keeps no per-user records (OpenAI uses `user` for abuse monitoring)"),
     "use_beam_search": Refusal("hyspec has no beam search (n and best_of sample)", (None, False)),
@@ -80,13 +72,11 @@ COMMON: dict[str, Refusal] = {
 }
 
 COMPLETION_ONLY: dict[str, Refusal] = {
-    "response_format": Refusal(NOT_YET, (None, {"type": "text"})),
     "suffix": Refusal("hyspec's models have no fill-in-the-middle template to place a suffix with"),
     "prompt_embeds": Refusal("hyspec takes text or token ids as prompts, not embeddings"),
 }
 
 CHAT_ONLY: dict[str, Refusal] = {
-    "response_format": Refusal(NOT_YET, (None, {"type": "text"})),
     "chat_template": Refusal("hyspec never renders a template sent in a request (vLLM also refuses it unless "
                              "started with --trust-request-chat-template); start hyspec serve with --chat-template"),
     "add_special_tokens": Refusal("the chat template writes every special token (BOS included)", (None, False)),
