@@ -24,12 +24,14 @@ unless the head needs its own (EAGLE-3 with a hidden size unlike the target's).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hyspec.drafters.eagle import published
 from hyspec.drafters.checkpoint_io import StoredTensors, read_config_json, save_checkpoint, stored_tensors
 from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
@@ -51,27 +53,38 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 class _Names:
-    """Tensor names of a head checkpoint with an optional ``model.`` prefix stripped."""
+    """Tensor names of a head checkpoint with an optional ``model.`` prefix stripped, and an EAGLE-3 layer
+    stored as ``layers.0.*`` (vLLM, speculators) read under SafeAILab's ``midlayer.*``."""
 
     def __init__(self, ckpt: "SafetensorsCheckpoint | StoredTensors"):
         self.ckpt = ckpt
         names = ckpt.names()
-        self.prefix = "model." if names and all(n.startswith("model.") or n == "lm_head.weight" for n in names) else ""
-        self.names = {n[len(self.prefix):] if n.startswith(self.prefix) else n for n in names}
+        prefix = "model." if names and all(n.startswith("model.") or n == "lm_head.weight" for n in names) else ""
+        stored = {n[len(prefix):] if n.startswith(prefix) else n: n for n in names}
+        self.layer_count = published.decoder_layer_count(stored)
+        if "layers.0.hidden_norm.weight" in stored:  # hidden_norm: only EAGLE-3's first layer has one
+            stored = {"midlayer." + n[len("layers.0."):] if n.startswith("layers.0.") else n: full
+                      for n, full in stored.items()}
+        self.stored = stored
+        self.names = set(stored)
 
     def __contains__(self, name: str) -> bool:
-        return name in self.names
+        return name in self.stored
+
+    def _stored(self, name: str) -> str:
+        if name not in self.stored:
+            raise CheckpointError(f"tensor {name!r} is missing from the EAGLE head checkpoint")
+        return self.stored[name]
 
     def get(self, name: str, shape) -> torch.Tensor:
-        full = name if name == "lm_head.weight" and name in self.ckpt else self.prefix + name
-        return check_shape(name, self.ckpt.get(full), shape)
+        return check_shape(name, self.ckpt.get(self._stored(name)), shape)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        full = name if name == "lm_head.weight" and name in self.ckpt else self.prefix + name
-        return self.ckpt.shape(full)
+        return self.ckpt.shape(self._stored(name))
 
 
 def detect_layout(names: _Names) -> str:
+    published.refuse_multi_layer(names.layer_count)
     if any(n.startswith("midlayer.") for n in names.names):
         return EAGLE3
     if any(n.startswith("layers.0.") for n in names.names):
@@ -84,18 +97,21 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
     """Validate a head's config against its tensors and the target it is loaded for."""
     layout = detect_layout(names)
     if layout != method:
-        other = "an EAGLE-3 head (midlayer.*)" if layout == EAGLE3 else "an EAGLE-1/2 head (layers.0.*)"
+        other = ("an EAGLE-3 head (midlayer.*, or layers.0.* with hidden_norm)" if layout == EAGLE3 else "an EAGLE-1/2 head (layers.0.*)")
         raise CheckpointError(f"the drafter is {other}, but method {method!r} was requested; use method {layout!r}")
-    body = dict(raw.get("model") or raw) if raw.get("model_type") == "eagle" else dict(raw)
+    body = published.speculators_eagle3_body(raw)
+    if body is None:
+        body = dict(raw.get("model") or raw) if raw.get("model_type") == "eagle" else dict(raw)
     body.setdefault("model_type", "llama")
     body.setdefault("hidden_act", "silu")
     try:
         layers = int(body.get("num_hidden_layers", 1))
         layer = ModelConfig.from_dict({**body, "num_hidden_layers": 1, "tie_word_embeddings": False})
+    except KeyError as exc:
+        raise CheckpointError(f"the head's config.json is missing required key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"the head's config.json has a malformed value: {exc}") from None
-    if layers != 1:
-        raise CheckpointError(f"EAGLE heads with {layers} decoder layers are not supported (one layer)")
+    published.refuse_multi_layer(layers)
     H, V = target_cfg.hidden_size, target_cfg.vocab_size
     target_hidden = int(body.get("target_hidden_size") or layer.hidden_size)
     if layer.vocab_size != V:
@@ -104,6 +120,8 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
     if target_hidden != H:
         raise CheckpointError(f"the EAGLE head was trained for a target with hidden size {target_hidden}; "
                               f"this target has {H}")
+    if method == EAGLE3:
+        published.refuse_variants(body, names.names)
     fc_in = (3 if method == EAGLE3 else 2) * (target_hidden if method == EAGLE3 else layer.hidden_size)
     fc_shape = names.shape("fc.weight") if "fc.weight" in names else None
     if fc_shape != (layer.hidden_size, fc_in):
@@ -160,6 +178,9 @@ def _layer_state(cfg: EagleConfig, names: _Names) -> dict[str, torch.Tensor]:
         state["layer.mlp.down_proj.bias"] = names.get(m + "down_proj.bias", (H,))
     if cfg.input_layernorm:
         state["layer.input_layernorm.weight"] = names.get(prefix + "input_layernorm.weight", (H,))
+    if lc.qk_norm:  # a Qwen3 layer (speculators' qwen3 transformer_layer_config)
+        for norm in ("q_norm", "k_norm"):
+            state[f"layer.self_attn.{norm}.weight"] = names.get(a + f"{norm}.weight", (lc.head_dim,))
     return state
 
 
@@ -198,6 +219,17 @@ def _vocabulary(cfg: EagleConfig, names: _Names) -> torch.Tensor:  # [draft_voca
     return ids
 
 
+def _embeddings_differ_from_targets(cfg: EagleConfig, names: _Names, target_weight: torch.Tensor) -> bool:
+    """An EAGLE-3 file's ``embed_tokens`` of the target's shape is the target's copy (speculators saves one)
+    unless it differs: then the head was trained with its own, and sharing the target's would draft wrong.
+    vLLM decides the same way (torch.equal against the target's embedding)."""
+    if cfg.method != EAGLE3 or cfg.own_embeddings or "embed_tokens.weight" not in names:
+        return False
+    own = names.get("embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    target = target_weight.detach()
+    return target.shape != own.shape or not torch.equal(own.to(device=target.device, dtype=target.dtype), target)
+
+
 def load_head(
     path: str | Path,
     target: CausalLM,
@@ -213,6 +245,9 @@ def load_head(
     names = _Names(StoredTensors(path))
     cfg = eagle_config(raw, names, method, target.config)
     weight = target.embed_tokens.weight
+    if _embeddings_differ_from_targets(cfg, names, weight):
+        cfg = dataclasses.replace(cfg, own_embeddings=True)
+        log.info("the EAGLE-3 head's embed_tokens differ from the target's: the head uses its own (as vLLM does)")
     dtype = dtype or weight.dtype
     device = torch.device(device) if device is not None else weight.device
     state = {k: v.to(dtype) for k, v in _head_state(cfg, names).items()}
@@ -279,6 +314,8 @@ def head_tensors(head: EagleHeadBase) -> dict[str, torch.Tensor]:
     out[prefix + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
     if layer.input_layernorm is not None:
         out[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight
+    if layer.self_attn.q_norm is not None:
+        out.update({a + "q_norm.weight": layer.self_attn.q_norm.weight, a + "k_norm.weight": layer.self_attn.k_norm.weight})
     if isinstance(head, Eagle3Head):
         out.update({prefix + "hidden_norm.weight": layer.hidden_norm.weight, "norm.weight": head.norm.weight,
                     "lm_head.weight": head.lm_head.weight, "d2t": head.d2t, "t2d": head.t2d})
