@@ -93,6 +93,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     layers = getattr(model, "layers", None)
     if cfg is None or layers is None or not hasattr(model, "cos_sin"):
         return "not a hyspec CausalLM"
+    if cfg.model_type in ("gemma2", "gemma3_text"):
+        return "Gemma's layers (post-norms, GeGLU, soft-capping, two RoPE tables) are not in the stack"
     if cfg.qk_norm:
         return "q/k norms (Qwen3) are not in the stack"
     if any(getattr(layer.self_attn, "sliding_window", None) is not None for layer in layers):

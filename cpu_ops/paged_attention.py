@@ -53,12 +53,15 @@ def _rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, lib: ctypes.CDLL | None = None,
-                    sliding_window: int | None = None) -> torch.Tensor:  # [T, Hq, D]
+                    sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:  # [T, Hq, D]
     """The op (``lib``: a :func:`variant` to run instead of the native build, for tests).
 
     ``sliding_window``: a query at position p sees only entries at positions > p - w, by position as the
     reference op masks; a step in which no sequence is longer than the window runs without it (the same
-    entries, the same bits)."""
+    entries, the same bits).  ``softcap`` (Gemma 2's soft-capped scores) is not in the kernel: such a model's
+    attention runs the reference op."""
+    if softcap is not None:
+        return reference_attention(q, k_cache, v_cache, meta, scale, sliding_window=sliding_window, softcap=softcap)
     if sliding_window is not None and meta.max_seq_len <= sliding_window:
         sliding_window = None
     lib = lib or library()
@@ -90,5 +93,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 paged_attention.supports_sliding_window = True
+paged_attention.supports_softcap = True  # by handing soft-capped attention to the reference op
 
 __all__ = ["library", "paged_attention", "variant"]

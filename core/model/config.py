@@ -1,13 +1,15 @@
 """Target-model configuration read from a Hugging Face ``config.json``.
 
-Supported: decoder-only Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (per-head
-q/k RMSNorm), with GQA, tied or untied embeddings, and RoPE scaling types
+Supported: decoder-only Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head
+q/k RMSNorm), Phi-3 (fused qkv / gate_up tensors, without longrope) and Gemma 2 /
+Gemma 3 text (hyspec.model.gemma), with GQA, tied or untied embeddings, and RoPE scaling types
 ``linear``, ``dynamic``, ``yarn`` and ``llama3``.  Both the transformers 4
 (``rope_theta`` + ``rope_scaling``) and 5 (``rope_parameters``) spellings are read.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,11 @@ import torch
 from hyspec.errors import CheckpointError
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+#: model types built by hyspec.model.gemma: (1+w) RMSNorms, scaled embeddings, GeGLU, four norms a layer
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 
 DTYPES = {
@@ -90,6 +96,15 @@ class ModelConfig:
     #: full causal attention.  From ``sliding_window`` (Mistral: every layer), ``use_sliding_window`` +
     #: ``max_window_layers`` (Qwen2 / Qwen3: layers from max_window_layers on) or ``layer_types``.
     layer_windows: tuple[int | None, ...] = ()
+    hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh (Gemma's GeGLU)
+    #: Gemma 2: attention scores become ``c * tanh(s / c)`` before the softmax; None: plain scores
+    attn_logit_softcapping: float | None = None
+    #: Gemma 2: logits become ``c * tanh(l / c)``; None: plain logits
+    final_logit_softcapping: float | None = None
+    #: Gemma: attention scale is ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``
+    query_pre_attn_scalar: float | None = None
+    #: Gemma 3: the RoPE of the sliding-window layers (its own base, no scaling); None: every layer uses ``rope``
+    local_rope: RopeConfig | None = None
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -125,9 +140,22 @@ class ModelConfig:
         if partial not in (None, 1, 1.0):  # transformers rotates only that fraction of each head
             raise CheckpointError(f"config.json: partial_rotary_factor {partial} is not supported (RoPE over the "
                                   "whole head only)")
-        hidden_act = d.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")
+        gemma = model_type in GEMMA_MODEL_TYPES
+        if gemma:  # transformers' Gemma reads hidden_activation (hidden_act is a legacy duplicate)
+            hidden_act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+            if hidden_act != "gelu_pytorch_tanh":
+                raise CheckpointError(f"config.json: hidden_activation {hidden_act!r} is not supported for "
+                                      f"{model_type} (only 'gelu_pytorch_tanh')")
+        else:
+            hidden_act = d.get("hidden_act", "silu")
+            if hidden_act != "silu":
+                raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")
+        global_rope, local_rope = _gemma3_ropes(d) if model_type == "gemma3_text" else (_rope_from_dict(d), None)
+        if model_type == "phi3" and global_rope.rope_type != "default":
+            raise CheckpointError(
+                f"config.json: Phi-3 rope_scaling {global_rope.rope_type!r} is not supported (hyspec does not "
+                "implement longrope's short/long factor switch); the 4k-context Phi-3 variants, which have no "
+                "rope_scaling, load")
         heads = int(d["num_attention_heads"])
         try:
             hidden = int(d["hidden_size"])
@@ -145,13 +173,18 @@ class ModelConfig:
                 head_dim=int(d.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),  # Gemma's default: tied
                 qkv_bias=(model_type == "qwen2") or attention_bias,
                 o_bias=attention_bias and model_type != "qwen2",
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=(model_type == "qwen3"),
-                rope=_rope_from_dict(d),
+                qk_norm=model_type in ("qwen3", "gemma3_text"),
+                rope=global_rope,
                 layer_windows=_layer_windows(d, model_type, int(d["num_hidden_layers"])),
+                hidden_act=hidden_act,
+                attn_logit_softcapping=_attention_softcap(d, model_type),
+                final_logit_softcapping=_optional_float(d, "final_logit_softcapping") if gemma else None,
+                query_pre_attn_scalar=_optional_float(d, "query_pre_attn_scalar") if gemma else None,
+                local_rope=local_rope,
                 torch_dtype=d.get("torch_dtype") or d.get("dtype"),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
@@ -211,9 +244,14 @@ def _layer_windows(d: dict[str, Any], model_type: str, num_layers: int) -> tuple
         return ()
     if isinstance(window, bool) or not isinstance(window, int):
         raise CheckpointError(f"config.json: sliding_window must be an integer or null, got {window!r}")
-    if model_type == "mistral":  # transformers' Mistral windows every layer and ignores layer_types
+    if model_type in ("mistral", "phi3"):  # transformers' Mistral / Phi-3 window every layer, ignore layer_types
         return (window,) * num_layers
     types = d.get("layer_types")
+    if types is None and model_type in GEMMA_MODEL_TYPES:
+        # transformers' defaults: Gemma 2 alternates (sliding first), Gemma 3 has one full layer in each
+        # sliding_window_pattern (every 6th)
+        pattern = 2 if model_type == "gemma2" else int(d.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if types is None:
         first = int(d.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
@@ -224,6 +262,41 @@ def _layer_windows(d: dict[str, Any], model_type: str, num_layers: int) -> tuple
         raise CheckpointError(f"config.json: layer_types {unknown} are not supported (only full_attention and "
                               "sliding_attention)")
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _optional_float(d: dict[str, Any], key: str) -> float | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise CheckpointError(f"config.json: {key} must be a positive number or null, got {value!r}")
+    return float(value)
+
+
+def _attention_softcap(d: dict[str, Any], model_type: str) -> float | None:
+    """Gemma 2's ``attn_logit_softcapping``.  transformers' Gemma 3 keeps the key but never passes it to its
+    attention (modeling_gemma3.py), and Gemma 3 checkpoints set it null: it is not applied there either, and a
+    non-null value is logged rather than followed."""
+    cap = _optional_float(d, "attn_logit_softcapping") if model_type in GEMMA_MODEL_TYPES else None
+    if cap is not None and model_type == "gemma3_text":
+        log.warning("config.json: attn_logit_softcapping %s is not applied to gemma3_text attention, as "
+                    "transformers' Gemma 3 does not apply it", cap)
+        return None
+    return cap
+
+
+def _gemma3_ropes(d: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
+    """Gemma 3's (global, local) RoPE: transformers 5 writes ``rope_parameters`` per layer type; transformers 4
+    wrote ``rope_theta`` + ``rope_scaling`` for the full-attention layers and ``rope_local_base_freq`` (no
+    scaling) for the sliding ones."""
+    params = d.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        def of(kind: str) -> RopeConfig:
+            return _rope_from_dict({"rope_parameters": params.get(kind) or {},
+                                    "max_position_embeddings": d.get("max_position_embeddings")})
+        return of("full_attention"), of("sliding_attention")
+    local = RopeConfig(theta=float(d.get("rope_local_base_freq", 10000.0)))
+    return _rope_from_dict(d), local
 
 
 def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:

@@ -170,7 +170,7 @@ class CausalLM(nn.Module):
         aux_layers: tuple[int, ...] = (),
         inputs_embeds: torch.Tensor | None = None,  # [T, H], replaces the embedding lookup
     ) -> ModelOutput:
-        ops, cos_sin = self.ops, self.cos_sin
+        ops = self.ops
         if meta.static_bounds is not None:  # a captured step: the bound was checked once, no host read here
             if meta.static_bounds[1] > self.max_positions:
                 raise ValueError(f"static bound {meta.static_bounds[1]} exceeds the RoPE table ({self.max_positions})")
@@ -193,7 +193,8 @@ class CausalLM(nn.Module):
             for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
                 h, residual = layer(ops, h, residual,
-                                    lambda x, attn=attn, kv=kv_caches[i]: attn(ops, x, positions, cos_sin, kv, meta))
+                                    lambda x, attn=attn, kv=kv_caches[i], cs=self.layer_cos_sin(i):
+                                    attn(ops, x, positions, cs, kv, meta))
                 if i in aux_layers:
                     aux[i] = h + residual
         h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
@@ -205,17 +206,23 @@ class CausalLM(nn.Module):
         aux_layers: tuple[int, ...] = (),
     ) -> ModelOutput:  # hidden [B, S, H]
         """Cache-free causal forward over whole sequences (positions 0..S-1)."""
-        ops, cos_sin = self.ops, self.cos_sin
+        ops = self.ops
         h = self.embed(input_ids)
         residual = None
         aux: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h, residual = layer(ops, h, residual, lambda x, attn=attn: attn.forward_dense(ops, x, cos_sin))
+            h, residual = layer(ops, h, residual,
+                                lambda x, attn=attn, cs=self.layer_cos_sin(i): attn.forward_dense(ops, x, cs))
             if i in aux_layers:
                 aux[i] = h + residual
         h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
         return ModelOutput(hidden=h, aux_hidden=aux)
+
+    def layer_cos_sin(self, layer: int) -> torch.Tensor:
+        """The RoPE table layer ``layer`` rotates with (one for all layers here; Gemma 3's local layers have
+        their own, hyspec.model.gemma)."""
+        return self.cos_sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[N, H] -> [N, V]`` fp32 logits: the op table's ``logits`` (the matmul runs in the model dtype)."""

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from hyspec.errors import CheckpointError
-from hyspec.model.config import ModelConfig, parse_dtype
+from hyspec.model.config import GEMMA_MODEL_TYPES, ModelConfig, parse_dtype
+from hyspec.model.gemma import GemmaCausalLM, local_cos_sin_cache
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
 from hyspec.model.quantize_model import check_quantization, quantize_model
@@ -50,13 +51,15 @@ def load_model(
     torch_dtype = resolve_dtype(cfg, dtype)
     ckpt = open_checkpoint(path)
     with torch.device("meta"):
-        model = CausalLM(cfg, ops=ops, max_positions=max_positions)
+        model = model_class(cfg)(cfg, ops=ops, max_positions=max_positions)
     state = hf_state_dict(cfg, ckpt, torch_dtype)
     model.load_state_dict(state, strict=False, assign=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise CheckpointError(f"checkpoint in {path} does not provide {missing[:5]}")
     model.cos_sin = cos_sin_cache(cfg, model.max_positions)
+    if isinstance(model, GemmaCausalLM):
+        model.cos_sin_local = local_cos_sin_cache(cfg, model.max_positions)
     model = model.to(device).eval().requires_grad_(False)
     model.quantization = None
     if backend is not None:
@@ -65,6 +68,11 @@ def load_model(
     elif quantization not in (None, "none"):
         raise CheckpointError(f"quantization={quantization!r} needs a backend to compute with it")
     return model
+
+
+def model_class(cfg: ModelConfig) -> type[CausalLM]:
+    """The module class that computes ``cfg``'s architecture."""
+    return GemmaCausalLM if cfg.model_type in GEMMA_MODEL_TYPES else CausalLM
 
 
 def open_checkpoint(path: Path) -> SafetensorsCheckpoint | GGUFCheckpoint:
@@ -93,17 +101,29 @@ def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint
         used.add(name)
         return get(name, shape)
 
+    gemma = cfg.model_type in GEMMA_MODEL_TYPES
+
+    def take_norm(name: str, shape) -> torch.Tensor:
+        """A norm weight; Gemma's RMSNorm multiplies by ``1 + w``, folded here (hyspec.model.gemma)."""
+        if not gemma:
+            return take(name, shape)
+        used.add(name)
+        return (check_shape(name, ckpt.get(name), shape).float() + 1.0).to(dtype)
+
     state["embed_tokens.weight"] = take(f"{prefix}embed_tokens.weight", (V, H))
-    state["norm.weight"] = take(f"{prefix}norm.weight", (H,))
+    state["norm.weight"] = take_norm(f"{prefix}norm.weight", (H,))
     if not cfg.tie_word_embeddings:
         state["lm_head.weight"] = take("lm_head.weight", (V, H))
     count = cfg.num_hidden_layers if num_layers is None else num_layers
     for i in range(count):
         src, dst = f"{prefix}layers.{i + layer_offset}.", f"layers.{i}."
         a = src + "self_attn."
-        state[dst + "self_attn.qkv_proj.weight"] = torch.cat([
-            take(a + "q_proj.weight", (q_size, H)), take(a + "k_proj.weight", (kv_size, H)),
-            take(a + "v_proj.weight", (kv_size, H))])
+        if cfg.model_type == "phi3":  # stored fused, in hyspec's q | k | v and gate | up order
+            state[dst + "self_attn.qkv_proj.weight"] = take(a + "qkv_proj.weight", (q_size + 2 * kv_size, H))
+        else:
+            state[dst + "self_attn.qkv_proj.weight"] = torch.cat([
+                take(a + "q_proj.weight", (q_size, H)), take(a + "k_proj.weight", (kv_size, H)),
+                take(a + "v_proj.weight", (kv_size, H))])
         if cfg.qkv_bias:
             state[dst + "self_attn.qkv_proj.bias"] = torch.cat([
                 take(a + "q_proj.bias", (q_size,)), take(a + "k_proj.bias", (kv_size,)),
@@ -112,17 +132,22 @@ def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint
         if cfg.o_bias:
             state[dst + "self_attn.o_proj.bias"] = take(a + "o_proj.bias", (H,))
         if cfg.qk_norm:
-            state[dst + "self_attn.q_norm.weight"] = take(a + "q_norm.weight", (cfg.head_dim,))
-            state[dst + "self_attn.k_norm.weight"] = take(a + "k_norm.weight", (cfg.head_dim,))
+            state[dst + "self_attn.q_norm.weight"] = take_norm(a + "q_norm.weight", (cfg.head_dim,))
+            state[dst + "self_attn.k_norm.weight"] = take_norm(a + "k_norm.weight", (cfg.head_dim,))
         m = src + "mlp."
-        state[dst + "mlp.gate_up_proj.weight"] = torch.cat([
-            take(m + "gate_proj.weight", (I, H)), take(m + "up_proj.weight", (I, H))])
+        if cfg.model_type == "phi3":
+            state[dst + "mlp.gate_up_proj.weight"] = take(m + "gate_up_proj.weight", (2 * I, H))
+        else:
+            state[dst + "mlp.gate_up_proj.weight"] = torch.cat([
+                take(m + "gate_proj.weight", (I, H)), take(m + "up_proj.weight", (I, H))])
         state[dst + "mlp.down_proj.weight"] = take(m + "down_proj.weight", (H, I))
         if cfg.mlp_bias:
             state[dst + "mlp.gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias", (I,)), take(m + "up_proj.bias", (I,))])
             state[dst + "mlp.down_proj.bias"] = take(m + "down_proj.bias", (H,))
-        state[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight", (H,))
-        state[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight", (H,))
+        norms = ("input_layernorm", "post_attention_layernorm") + (
+            ("pre_feedforward_layernorm", "post_feedforward_layernorm") if gemma else ())
+        for norm in norms:
+            state[f"{dst}{norm}.weight"] = take_norm(f"{src}{norm}.weight", (H,))
     if num_layers is None:
         extra = [n for n in ckpt.names() if n not in used and not _benign_extra(n, cfg)]
         if extra:

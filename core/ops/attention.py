@@ -27,6 +27,11 @@ node sees exactly what the same token sees in plain decoding.  An attention op
 that honours the argument says so with ``supports_sliding_window = True``; a
 model with a window its op table's attention cannot honour is refused
 (hyspec.model.llama).
+
+With a ``softcap`` ``c`` (Gemma 2's ``attn_logit_softcapping``) each scaled score
+``s`` becomes ``c * tanh(s / c)`` before the mask and the softmax; an op that
+honours it says so with ``supports_softcap = True``, and a model that needs it
+is refused on any other (hyspec.model.gemma).
 """
 from __future__ import annotations
 
@@ -169,6 +174,7 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Reference attention over the paged cache (the new tokens' KV must already be written)."""
     if sliding_window is not None and meta.max_seq_len <= sliding_window:
@@ -191,9 +197,12 @@ def paged_attention(
     else:
         mask = meta.derived(f"mask/{sliding_window}",
                             lambda: visibility_mask(meta, device, sliding_window).unsqueeze(1))  # [B, 1, Q, L]
-    out = F.scaled_dot_product_attention(
-        qp.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=(Hq != Hkv)
-    )  # [B, Hq, Q, D]
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            qp.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=(Hq != Hkv)
+        )  # [B, Hq, Q, D]
+    else:
+        out = softcapped_attention(qp.transpose(1, 2), k, v, mask, scale, softcap)
     out = out.transpose(1, 2)  # [B, Q, Hq, D]
     if B == 1:
         return out[0]
@@ -206,6 +215,7 @@ def dense_causal_attention(
     v: torch.Tensor,  # [B, S, Hkv, D]
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, S, Hq, D]
     """Cache-free causal attention (positions 0..S-1), used for training and teacher forcing."""
     S = q.shape[1]
@@ -213,6 +223,11 @@ def dense_causal_attention(
     if sliding_window is not None and S > sliding_window:
         i = torch.arange(S, device=q.device)
         mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - sliding_window)  # [S, S]
+    if softcap is not None:
+        if mask is None:
+            mask = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+        out = softcapped_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale, softcap)
+        return out.transpose(1, 2)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
         is_causal=mask is None, scale=scale, enable_gqa=(q.shape[2] != k.shape[2]),
@@ -220,4 +235,26 @@ def dense_causal_attention(
     return out.transpose(1, 2)
 
 
+def softcapped_attention(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, L, D]
+    v: torch.Tensor,  # [B, Hkv, L, D]
+    mask: torch.Tensor | None,  # bool, broadcastable to [B, Hq, Q, L]; None: every entry visible
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [B, Hq, Q, D]
+    """Attention whose scores are soft-capped, ``softcap * tanh(score / softcap)``, before the softmax (as
+    transformers' Gemma 2 eager attention): SDPA has no such step, so the scores are materialised."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
 paged_attention.supports_sliding_window = True
+paged_attention.supports_softcap = True

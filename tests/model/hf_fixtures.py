@@ -25,6 +25,35 @@ FAMILIES = {
                                          use_sliding_window=True, sliding_window=8, max_window_layers=1)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    # Gemma 2: sliding / full layers alternating past an 8-token window, soft-capped scores and logits (caps
+    # small enough to bend a tiny random model's values), query_pre_attn_scalar apart from head_dim
+    "gemma2": ("Gemma2Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                    query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                                    final_logit_softcapping=0.3, attn_implementation="eager")),
+    "gemma2_mqa": ("Gemma2Config", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=6,
+                                        query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
+                                        final_logit_softcapping=None, tie_word_embeddings=False,
+                                        layer_types=["full_attention", "sliding_attention"],
+                                        attn_implementation="eager")),
+    # Gemma 3: q/k norms, a local RoPE base on the sliding layers, linear scaling on the global ones
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        attn_implementation="eager")),
+    "gemma3_softcap": ("Gemma3TextConfig", dict(
+        num_attention_heads=2, num_key_value_heads=2, head_dim=32, sliding_window=5, query_pre_attn_scalar=40,
+        # transformers' Gemma 3 does not apply attn_logit_softcapping (a config key it keeps unused): nor does hyspec
+        attn_logit_softcapping=1.0, final_logit_softcapping=0.5, tie_word_embeddings=False,
+        layer_types=["full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 50000.0}},
+        attn_implementation="eager")),
+    # Phi-3: q/k/v and gate/up stored fused; the 4k variants' window on every layer
+    "phi3": ("Phi3Config", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+    "phi3_window": ("Phi3Config", dict(num_attention_heads=4, num_key_value_heads=1, sliding_window=8,
+                                       tie_word_embeddings=True)),
 }
 
 
@@ -50,7 +79,7 @@ def make_hf_model(name: str, path: Path, vocab_size: int = 128, hidden_size: int
         cfg.rope_parameters = params
         cfg.rope_scaling = params
     torch.manual_seed(seed)
-    model_cls = getattr(transformers, cls_name.replace("Config", "ForCausalLM"))
+    model_cls = getattr(transformers, cls_name.replace("TextConfig", "Config").replace("Config", "ForCausalLM"))
     model = model_cls(cfg).eval()
     # Random init leaves norms at 1 and biases at 0; perturb them so the test sees them.
     with torch.no_grad():

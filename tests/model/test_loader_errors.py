@@ -104,8 +104,8 @@ def test_bad_config_json(good, tmp_path):
         load_model(d)
 
 
-@pytest.mark.parametrize("model_type, arch", [("gemma2", "Gemma2ForCausalLM"), ("mixtral", "MixtralForCausalLM"),
-                                              ("qwen3_moe", "Qwen3MoeForCausalLM"), ("phi3", "Phi3ForCausalLM")])
+@pytest.mark.parametrize("model_type, arch", [("gemma", "GemmaForCausalLM"), ("mixtral", "MixtralForCausalLM"),
+                                              ("qwen3_moe", "Qwen3MoeForCausalLM"), ("phi", "PhiForCausalLM")])
 def test_architectures_users_bring_are_named_with_the_supported_list(model_type, arch):
     from hyspec.model.config import ModelConfig
 
