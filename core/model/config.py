@@ -150,12 +150,14 @@ class ModelConfig:
             hidden_act = d.get("hidden_act", "silu")
             if hidden_act != "silu":
                 raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")
-        global_rope, local_rope = _gemma3_ropes(d) if model_type == "gemma3_text" else (_rope_from_dict(d), None)
-        if model_type == "phi3" and global_rope.rope_type != "default":
+        scaling = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+        phi3_rope = scaling.get("rope_type") or scaling.get("type") or "default"
+        if model_type == "phi3" and phi3_rope != "default":  # longrope, or its older name su
             raise CheckpointError(
-                f"config.json: Phi-3 rope_scaling {global_rope.rope_type!r} is not supported (hyspec does not "
-                "implement longrope's short/long factor switch); the 4k-context Phi-3 variants, which have no "
+                f"config.json: Phi-3 rope_scaling {phi3_rope!r} is not supported (hyspec does not implement "
+                "longrope's short/long factor switch); the 4k-context Phi-3 variants, which have no "
                 "rope_scaling, load")
+        global_rope, local_rope = _gemma3_ropes(d) if model_type == "gemma3_text" else (_rope_from_dict(d), None)
         heads = int(d["num_attention_heads"])
         try:
             hidden = int(d["hidden_size"])
