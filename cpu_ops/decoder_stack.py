@@ -97,6 +97,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "Gemma's layers (post-norms, GeGLU, soft-capping, two RoPE tables) are not in the stack"
     if cfg.qk_norm:
         return "q/k norms (Qwen3) are not in the stack"
+    if getattr(cfg, "moe", None) is not None:
+        return "routed MoE blocks (Mixtral, Qwen MoE) are not in the stack"
     if any(getattr(layer.self_attn, "sliding_window", None) is not None for layer in layers):
         return "sliding-window attention is not in the stack"
     if model.cos_sin.dtype != torch.float32 or model.cos_sin.shape[-1] != cfg.head_dim:

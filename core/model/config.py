@@ -18,10 +18,13 @@ import torch
 
 from hyspec.errors import CheckpointError
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
+from hyspec.model.moe_config import MOE_MODEL_TYPES, MoEConfig, moe_config_from_dict
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text") + MOE_MODEL_TYPES
+#: the dense model type whose sliding-window rule a MoE type follows (transformers' modeling files)
+_WINDOW_TWIN = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
 #: model types built by hyspec.model.gemma: (1+w) RMSNorms, scaled embeddings, GeGLU, four norms a layer
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -105,6 +108,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     #: Gemma 3: the RoPE of the sliding-window layers (its own base, no scaling); None: every layer uses ``rope``
     local_rope: RopeConfig | None = None
+    #: Mixtral / Qwen2-MoE / Qwen3-MoE: the routed MLPs (hyspec.model.moe); None: dense MLPs
+    moe: MoEConfig | None = None
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -164,6 +169,9 @@ class ModelConfig:
             eos = d.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             attention_bias = bool(d.get("attention_bias", False))
+            if model_type == "qwen2_moe":  # transformers' Qwen2-MoE: q/k/v biases from qkv_bias, none on o_proj
+                attention_bias = False
+            _check_moe_windows(d, model_type)
             return cls(
                 model_type=model_type,
                 vocab_size=int(d["vocab_size"]),
@@ -176,12 +184,14 @@ class ModelConfig:
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),  # Gemma's default: tied
-                qkv_bias=(model_type == "qwen2") or attention_bias,
+                qkv_bias=(model_type == "qwen2") or attention_bias or (
+                    model_type == "qwen2_moe" and bool(d.get("qkv_bias", True))),
                 o_bias=attention_bias and model_type != "qwen2",
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "gemma3_text"),
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
                 rope=global_rope,
-                layer_windows=_layer_windows(d, model_type, int(d["num_hidden_layers"])),
+                layer_windows=_layer_windows(d, _WINDOW_TWIN.get(model_type, model_type), int(d["num_hidden_layers"])),
+                moe=moe_config_from_dict(d, model_type, int(d["num_hidden_layers"])),
                 hidden_act=hidden_act,
                 attn_logit_softcapping=_attention_softcap(d, model_type),
                 final_logit_softcapping=_optional_float(d, "final_logit_softcapping") if gemma else None,
@@ -264,6 +274,14 @@ def _layer_windows(d: dict[str, Any], model_type: str, num_layers: int) -> tuple
         raise CheckpointError(f"config.json: layer_types {unknown} are not supported (only full_attention and "
                               "sliding_attention)")
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def _check_moe_windows(d: dict[str, Any], model_type: str) -> None:
+    """Qwen2-MoE / Qwen3-MoE place their sliding windows unlike the dense Qwens (transformers: Qwen2-MoE on odd
+    layers below max_window_layers, Qwen3-MoE on every layer); hyspec does not implement either placement."""
+    if model_type in ("qwen2_moe", "qwen3_moe") and d.get("use_sliding_window", False):
+        raise CheckpointError(f"config.json: {model_type} with use_sliding_window is not supported (its window "
+                              "placement is not implemented); the published Qwen MoE checkpoints have it off")
 
 
 def _optional_float(d: dict[str, Any], key: str) -> float | None:

@@ -12,6 +12,7 @@ from hyspec.model.config import GEMMA_MODEL_TYPES, ModelConfig, parse_dtype
 from hyspec.model.gemma import GemmaCausalLM, local_cos_sin_cache
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
+from hyspec.model.moe import MoECausalLM, moe_layer_state
 from hyspec.model.quantize_model import check_quantization, quantize_model
 from hyspec.model.rope import cos_sin_cache
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape
@@ -72,6 +73,8 @@ def load_model(
 
 def model_class(cfg: ModelConfig) -> type[CausalLM]:
     """The module class that computes ``cfg``'s architecture."""
+    if cfg.moe is not None:
+        return MoECausalLM
     return GemmaCausalLM if cfg.model_type in GEMMA_MODEL_TYPES else CausalLM
 
 
@@ -135,12 +138,16 @@ def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint
             state[dst + "self_attn.q_norm.weight"] = take_norm(a + "q_norm.weight", (cfg.head_dim,))
             state[dst + "self_attn.k_norm.weight"] = take_norm(a + "k_norm.weight", (cfg.head_dim,))
         m = src + "mlp."
-        if cfg.model_type == "phi3":
+        routed = cfg.moe is not None and cfg.moe.is_sparse(i + layer_offset)  # experts (hyspec.model.moe)
+        if routed:
+            state.update(moe_layer_state(cfg, take, src, dst))
+        elif cfg.model_type == "phi3":
             state[dst + "mlp.gate_up_proj.weight"] = take(m + "gate_up_proj.weight", (2 * I, H))
         else:
             state[dst + "mlp.gate_up_proj.weight"] = torch.cat([
                 take(m + "gate_proj.weight", (I, H)), take(m + "up_proj.weight", (I, H))])
-        state[dst + "mlp.down_proj.weight"] = take(m + "down_proj.weight", (H, I))
+        if not routed:
+            state[dst + "mlp.down_proj.weight"] = take(m + "down_proj.weight", (H, I))
         if cfg.mlp_bias:
             state[dst + "mlp.gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias", (I,)), take(m + "up_proj.bias", (I,))])
             state[dst + "mlp.down_proj.bias"] = take(m + "down_proj.bias", (H,))

@@ -85,6 +85,8 @@ def _sources(model: "CausalLM") -> list[tuple[str, list[str], nn.Module]]:
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         out.append((f"layers.{i}.self_attn.qkv_proj", [a + "q_proj", a + "k_proj", a + "v_proj"], layer.self_attn.qkv_proj))
         out.append((f"layers.{i}.self_attn.o_proj", [a + "o_proj"], layer.self_attn.o_proj))
+        if not hasattr(layer.mlp, "gate_up_proj"):  # a routed block's experts stay dense (hyspec.model.moe)
+            continue
         out.append((f"layers.{i}.mlp.gate_up_proj", [m + "gate_proj", m + "up_proj"], layer.mlp.gate_up_proj))
         out.append((f"layers.{i}.mlp.down_proj", [m + "down_proj"], layer.mlp.down_proj))
     return out
@@ -110,6 +112,11 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
     if quantization == "none" or (quantization is None and not hasattr(ckpt, "group_quantized")):
         report.linears["dense"] = len(_sources(model))
         return report
+    routed = [i for i, layer in enumerate(model.layers) if not hasattr(layer.mlp, "gate_up_proj")]
+    if routed and quantization in ("int4", "int8", "a8"):
+        raise ConfigError("quantization", f"{quantization} is not implemented for the routed experts of this "
+                                          f"{model.config.model_type} model (layers {routed[:4]}...): hyspec keeps "
+                                          "MoE experts dense; leave quantization unset or 'none'")
     demanded = {"int4": 4, "int8": 8}.get(quantization)
     activations = "int8" if quantization == "a8" else "native"
     if activations == "int8" and not hasattr(ckpt, "group_quantized"):
