@@ -18,6 +18,8 @@ from hyspec.bench.result import FAILED, OK, SKIPPED, VLLM, Row
 from hyspec.bench.settings import BenchSettings, VLLM_PEERS
 from hyspec.bench.stats import Spread
 
+#: the order the vLLM peers run in
+RUN_ORDER = ("vllm", "vllm_hyspec", *(p for p in VLLM_PEERS if p not in ("vllm", "vllm_hyspec")))
 #: vLLM's max_model_len unless a prompt needs more (then the next multiple of 1024)
 MAX_MODEL_LEN = 4096
 #: a workload's hyspec-plain outputs and a judge of another engine's outputs against them
@@ -45,7 +47,8 @@ class VllmRows:
         return [Row(VLLM, p, w.batch_size, w.temperature, SKIPPED, reason) for p in peers for w in self.workloads]
 
     def run(self, peers: Sequence[str]) -> list[Row]:
-        peers = [p for p in VLLM_PEERS if p in peers]  # vLLM plain first: the reference of the others
+        # vLLM plain first (the reference of the others), then vLLM + hyspec: a run cut short keeps those two
+        peers = [p for p in RUN_ORDER if p in peers]
         if not peers:
             return []
         s = self.s

@@ -22,7 +22,7 @@ from hyspec.bench.readme import render_readme_section
 from hyspec.bench.report import format_table
 from hyspec.bench.result import OK, SKIPPED, VLLM, Document, Row, peer_engine
 from hyspec.bench.settings import DEFAULT_PEERS, VLLM_PEERS, BenchSettings
-from hyspec.bench.vllm_rows import VllmRows
+from hyspec.bench.vllm_rows import RUN_ORDER, VllmRows
 from hyspec.errors import ConfigError
 
 STANDIN_VLLM = '''
@@ -162,7 +162,8 @@ def test_rows_run_the_worker_and_read_back_tokens_acceptance_identity_and_prefil
     workloads = _workloads()
     runner, rows, seen = _rows(settings, hf_dir, workloads, prefill=list(range(1, 40)))
     by = {(r.method, r.batch_size): r for r in rows}
-    assert [r.method for r in rows] == [p for p in VLLM_PEERS for _ in workloads]  # vLLM plain first
+    assert [r.method for r in rows] == [p for p in RUN_ORDER for _ in workloads]  # vLLM plain, vLLM + hyspec first
+    assert RUN_ORDER[:2] == ("vllm", "vllm_hyspec") and sorted(RUN_ORDER) == sorted(VLLM_PEERS)
     for w in workloads:
         plain = by["vllm", w.batch_size]
         assert plain.status == OK and plain.engine == VLLM and plain.identity is None
