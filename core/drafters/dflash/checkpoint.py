@@ -23,6 +23,7 @@ from torch import nn
 
 from hyspec.drafters.checkpoint_io import (CONFIG_FILE, STORAGE, StoredTensors, read_config_json, save_checkpoint,
                                            stored_tensors)
+from hyspec.drafters.dflash import published
 from hyspec.drafters.dflash.model import DFlashConfig
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
@@ -33,12 +34,19 @@ _LAYER_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "
                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings")
 
 
-def read_drafter_config(path: str | Path, method: str) -> tuple[DFlashConfig, dict[str, Any]]:
-    """``(config, the hyspec_drafter section)`` of a ``method`` drafter directory."""
+def read_drafter_config(path: str | Path, method: str,
+                        target: ModelConfig | None = None) -> tuple[DFlashConfig, dict[str, Any]]:
+    """``(config, the hyspec_drafter section)`` of a ``method`` drafter directory; a z-lab DFlash directory
+    (``dflash_config``) gives an equivalent section (:mod:`hyspec.drafters.dflash.published`)."""
     path = Path(path)
     data = read_config_json(path, f"{method} drafter")
     file = path / CONFIG_FILE
     section = data.get(HYSPEC_KEY)
+    if section is None and data.get("speculators_model_type") is not None:
+        raise CheckpointError(f"{file} is a speculators {data['speculators_model_type']!r} checkpoint; hyspec reads "
+                              "DFlash drafters in z-lab's layout (dflash_config) or its own (hyspec_drafter)")
+    if section is None and method == "dflash" and published.is_zlab(data):
+        return published.zlab_config(data, file, target)
     if not isinstance(section, dict):
         raise CheckpointError(f"{file} has no {HYSPEC_KEY!r} section: not a hyspec {method} drafter")
     if section.get("method") != method:
@@ -84,11 +92,17 @@ def load_drafter(
 ) -> nn.Module:
     """Read, check against the target and fill a drafter; every mismatch names the key or tensor."""
     path = Path(path)
-    config, section = read_drafter_config(path, method)
+    config, section = read_drafter_config(path, method, target)
     config.check_target(target, str(path))
     drafter = build(config, section)
     ckpt = StoredTensors(path)  # int8-stored matrices come back dequantized
     expected = drafter.state_dict()
+    if section.get(published.LAYOUT_KEY) == published.ZLAB:
+        mask = drafter.shared["embed"][section["mask_token_id"]].detach().to("cpu", torch.float32)
+        state = published.zlab_state(ckpt.names(), ckpt.get, expected, mask)
+        state = {name: check_shape(name, t, expected[name].shape).to(dtype) for name, t in state.items()}
+        drafter.load_state_dict(state, strict=True)
+        return drafter.to(device=device, dtype=dtype).eval().requires_grad_(False)
     missing = [name for name in expected if name not in ckpt]
     if missing:
         raise CheckpointError(f"the {method} checkpoint in {path} lacks tensors {missing[:4]} "
