@@ -107,6 +107,57 @@ def test_zlab_layout_loads_the_same_weights(trained):
     assert torch.equal(theirs.mask_embedding, target.embed_tokens.weight[MASK_ID])
 
 
+def _rms(x, w, eps=1e-5):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x, positions, theta=10000.0):  # x [S, heads, D], HF rotate_half layout
+    d = x.shape[-1]
+    ang = positions[:, None].float() * (1.0 / theta ** (torch.arange(0, d, 2).float() / d))[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
+
+
+def reference_zlab_block(t, cfg, embed, aux, root, n):
+    """z-lab's DFlashDraftModel.forward on one block, written from dflash/model.py over the tensors as stored:
+    block [root, mask_token_id x (block_size - 1)] at positions n.., context hidden_norm(fc(aux[:n])) at 0..n-1,
+    keys / values of context and block through k/v_proj (k_norm on both), no mask, final norm."""
+    heads, kv_heads, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    size = cfg["block_size"]
+    ctx = _rms(aux[:n] @ t["fc.weight"].T, t["hidden_norm.weight"])
+    x = embed[torch.tensor([root] + [cfg["dflash_config"]["mask_token_id"]] * (size - 1))]
+    pos_q, pos_k = torch.arange(n, n + size), torch.arange(n + size)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        h = _rms(x, t[p + "input_layernorm.weight"])
+        both = torch.cat([ctx, h])
+        q = _rope(_rms((h @ t[p + "self_attn.q_proj.weight"].T).view(size, heads, d), t[p + "self_attn.q_norm.weight"]),
+                  pos_q)
+        k = _rope(_rms((both @ t[p + "self_attn.k_proj.weight"].T).view(-1, kv_heads, d),
+                       t[p + "self_attn.k_norm.weight"]), pos_k)
+        v = (both @ t[p + "self_attn.v_proj.weight"].T).view(-1, kv_heads, d)
+        k, v = (z.repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1) for z in (k, v))
+        att = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v)
+        x = x + att.transpose(0, 1).reshape(size, heads * d) @ t[p + "self_attn.o_proj.weight"].T
+        m = _rms(x, t[p + "post_attention_layernorm.weight"])
+        x = x + (torch.nn.functional.silu(m @ t[p + "mlp.gate_proj.weight"].T) * (m @ t[p + "mlp.up_proj.weight"].T)) \
+            @ t[p + "mlp.down_proj.weight"].T
+    return _rms(x, t["norm.weight"])
+
+
+def test_zlab_drafter_computes_zlabs_block_forward(trained):
+    _, _, _, zlab, target = trained
+    drafter = _load(zlab, target)
+    cfg = json.loads((zlab / "config.json").read_text())
+    t = {k: v.float() for k, v in load_file(str(zlab / "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(3)
+    aux = torch.randn(10, len(cfg["dflash_config"]["target_layer_ids"]) * 64, generator=g)
+    with torch.no_grad():
+        mine = drafter.forward_train(drafter.context(aux)[None], torch.tensor([[11]]), torch.tensor([[6]]))[0, 0]
+    ref = reference_zlab_block(t, cfg, target.embed_tokens.weight, aux, root=11, n=6)
+    torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_zlab_drafter_serves_plain_tokens_with_the_same_acceptance(trained):
     target_dir, ref, own, zlab, _ = trained
     totals = []
