@@ -33,7 +33,12 @@ from hyspec.errors import CheckpointError
 from hyspec.model.quant import from_gguf, permute_rows, stored_blocks
 
 #: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes.
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                                "gemma2": "gemma2", "gemma3": "gemma3_text"}
+#: architectures whose RMSNorm multiplies by ``1 + w``: llama.cpp's converter stores ``w + 1`` (convert_hf_to_gguf.py
+#: Gemma2Model / Gemma3Model.modify_tensors, ggml-org/llama.cpp a458664), which :meth:`GGUFCheckpoint.get` undoes
+#: so that every reader sees Hugging Face's values
+_NORM_SHIFTED = ("gemma2", "gemma3")
 
 #: GGUF tensor name (per layer: after ``blk.N.``) -> Hugging Face name (after ``model.layers.N.``).
 _LAYER_NAMES = {
@@ -49,6 +54,13 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+#: per architecture, the GGUF layer names that mean something else there (gguf-py's tensor_mapping.py)
+_ARCH_LAYER_NAMES = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},  # stored fused, as Phi-3 does
+    "gemma2": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+}
+_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -86,9 +98,17 @@ class GGUFCheckpoint:
         self.architecture: str = arch
         self._tensors: dict[str, Any] = {}
         for t in self.reader.tensors:
-            hf = hf_tensor_name(t.name)
+            hf = hf_tensor_name(t.name, arch)
             if hf is not None:
                 self._tensors[hf] = t
+        if arch == "phi3" and any(t.name.startswith("rope_factors_") for t in self.reader.tensors):
+            raise CheckpointError(f"{self.path.name}: a Phi-3 GGUF with rope_factors_long / rope_factors_short "
+                                  "(longrope, the 128k variants) is not supported; the 4k-context variants load")
+        experts = self.metadata.get(f"{arch}.expert_count") or 0
+        if experts:  # llama.cpp writes Mixtral as "llama" with stacked ffn_*_exps tensors
+            raise CheckpointError(f"{self.path.name}: a mixture-of-experts GGUF ({arch}.expert_count {experts}) is not "
+                                  "supported (its stacked ffn_*_exps tensors are not read); load the Hugging Face "
+                                  "safetensors checkpoint, where Mixtral / Qwen2-MoE / Qwen3-MoE are supported")
         # Heads per projection, for undoing llama.cpp's q/k row order (read once, not per tensor).
         heads = self.metadata.get(f"{arch}.attention.head_count")
         self._heads = {"q_proj": heads, "k_proj": self.metadata.get(f"{arch}.attention.head_count_kv", heads)}
@@ -126,12 +146,14 @@ class GGUFCheckpoint:
             "rope_theta": float(key("rope.freq_base", 10000.0)),
             # A file without output.weight reuses the embedding (llama.cpp's rule for tied models).
             "tie_word_embeddings": not any(t.name == "output.weight" for t in self.reader.tensors),
-            "hidden_act": "silu",
+            "hidden_act": "silu" if arch not in _NORM_SHIFTED else "gelu_pytorch_tanh",
             "torch_dtype": self._natural_dtype(),
             "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
             "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
         }
         self._sliding_window(cfg)
+        if arch in _NORM_SHIFTED:
+            self._gemma(cfg)
         freqs = self._optional_tensor("rope_freqs.weight")
         if freqs is not None:
             # llama.cpp's converter writes llama3 RoPE scaling (Llama 3.1 / 3.2 / 3.3) as this tensor, not as
@@ -173,6 +195,25 @@ class GGUFCheckpoint:
             cfg["use_sliding_window"] = True
             cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in windowed]
 
+    def _gemma(self, cfg: dict[str, Any]) -> None:
+        """Gemma's keys as llama.cpp reads them (src/llama-model.cpp, ggml-org/llama.cpp a458664): soft-caps from
+        metadata; the attention scale, which the converter does not store, by llama.cpp's rule (``n_embd / n_head``
+        for the 27B sizes, 46 layers for Gemma 2 and 62 for Gemma 3, else head_dim); the sliding pattern llama.cpp
+        fixes (every other layer for Gemma 2, five of six for Gemma 3, left to the config's defaults) unless the
+        file lists it; Gemma 3's local RoPE base 10000 (the config's default)."""
+        md, arch = self.metadata, self.architecture
+        hidden, heads, layers = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cfg[key] = md.get(f"{arch}.{key}")
+        if arch == "gemma3":
+            cfg["attn_logit_softcapping"] = None
+        is_27b = layers == (46 if arch == "gemma2" else 62)
+        cfg["query_pre_attn_scalar"] = hidden // heads if is_27b else cfg["head_dim"]
+        cfg.pop("use_sliding_window", None)
+        if md.get(f"{arch}.attention.sliding_window_pattern") is None:
+            cfg.pop("layer_types", None)
+
     def _natural_dtype(self) -> str:
         """bf16 unless every matrix is fp32: quantized or 16-bit weights lose nothing that matters in bf16
         compute, and it halves the bytes a CPU decode step reads.  Ask for float32 to get the file's values."""
@@ -206,6 +247,8 @@ class GGUFCheckpoint:
         if not values.flags.writeable:  # F32 tensors come straight from the read-only memory map
             values = values.copy()
         tensor = torch.from_numpy(values)
+        if self.architecture in _NORM_SHIFTED and name.endswith("norm.weight"):
+            tensor = tensor - 1.0
         proj = name.split(".")[-2]
         if self.architecture == "llama" and proj in self._heads:
             if self._heads[proj] is None:
@@ -260,15 +303,17 @@ class GGUFCheckpoint:
         raise CheckpointError(f"{self.path.name}: GGUF tensor {gguf_name!r} is missing")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for tensors that are not
-    weights of a module (``rope_freqs``: read into the config by :meth:`GGUFCheckpoint.hf_config`)."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (in the GGUF architecture ``arch``);
+    None for tensors that are not weights of a module (``rope_freqs``: read into the config by
+    :meth:`GGUFCheckpoint.hf_config`)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.match(gguf_name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
+    if m is None or m.group(2) not in names:
         return None
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -27,6 +27,13 @@ _LAYER = {  # HF suffix -> GGUF suffix
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
+#: what differs per architecture (llama.cpp's gguf-py tensor_mapping.py)
+_ARCH_LAYER = {
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+    "gemma2": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+}
+_ARCH_LAYER["gemma3"] = _ARCH_LAYER["gemma2"]
 
 
 def make_source_checkpoint(path: Path, arch: str = "llama", seed: int = 0, rope_scaling: dict | None = None) -> dict:
@@ -77,10 +84,18 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' (llama.cpp fixes the local base at 1e4)
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2 (Gemma 3: final only)
+        if cfg.get(key) and not (arch == "gemma3" and key == "attn_logit_softcapping"):
+            getattr(w, f"add_{key}")(cfg[key])
     if cfg.get("head_dim") and cfg["head_dim"] != cfg["hidden_size"] // cfg["num_attention_heads"]:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -91,13 +106,15 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     if scaling.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(cfg, scaling))
     for name, tensor in state.items():
-        gguf_name = _gguf_name(name)
+        gguf_name = _gguf_name(name, arch)
         if gguf_name is None:
             continue
         values = tensor.float()
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            values = values + 1  # llama.cpp's converter stores Gemma's (1 + w) (Gemma3Model.norm_shift)
         stored_as = qtype if values.dim() == 2 else "F32"  # llama.cpp keeps norms and biases in F32
         data, kept_values = _encode(values, stored_as)
-        kept[name] = kept_values
+        kept[name] = kept_values - 1 if arch in ("gemma2", "gemma3") and name.endswith("norm.weight") else kept_values
         part = gguf_name.split(".")[2] if gguf_name.startswith("blk.") else ""
         if arch == "llama" and part in heads:  # llama.cpp's row order for its interleaved RoPE
             data = permute_rope_rows(torch.from_numpy(np.ascontiguousarray(data)), heads[part]).numpy()
@@ -152,7 +169,7 @@ def _encode(values: torch.Tensor, qtype: str) -> tuple[np.ndarray, torch.Tensor]
     return blocks, torch.from_numpy(np.ascontiguousarray(quants.dequantize(blocks, t), dtype=np.float32))
 
 
-def _gguf_name(hf: str) -> str | None:
+def _gguf_name(hf: str, arch: str = "llama") -> str | None:
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "model.norm.weight":
@@ -162,8 +179,9 @@ def _gguf_name(hf: str) -> str | None:
     parts = hf.split(".")
     if len(parts) >= 5 and parts[1] == "layers":
         module = ".".join(parts[3:-1])
-        if module in _LAYER:
-            return f"blk.{parts[2]}.{_LAYER[module]}.{parts[-1]}"
+        names = {**_LAYER, **_ARCH_LAYER.get(arch, {})}
+        if module in names:
+            return f"blk.{parts[2]}.{names[module]}.{parts[-1]}"
     return None
 
 

@@ -89,3 +89,44 @@ def make_hf_model(name: str, path: Path, vocab_size: int = 128, hidden_size: int
     model = model.to(dtype)
     model.save_pretrained(path, safe_serialization=True)
     return model
+
+
+#: per new architecture, the target its speculative identity runs on: a family above and what changes from it
+#: (Gemma 2 at its published caps 50 / 30)
+IDENTITY_TARGETS = {
+    "gemma2": ("gemma2", {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}),
+    "gemma3_text": ("gemma3", {}),
+    "phi3": ("phi3_window", {}),
+}
+
+
+def make_identity_target(arch: str, path: Path) -> Path:
+    """The architecture's identity target: the conformance byte tokenizer and vocabulary (320), weights drawn at
+    std 0.08 so that greedy choices are rarely near-ties."""
+    from hyspec.conformance.tiny import VOCAB, write_tokenizer
+
+    family, changes = IDENTITY_TARGETS[arch]
+    cls_name, kwargs = FAMILIES[family]
+    name = f"{family}_identity"
+    FAMILIES[name] = (cls_name, {**kwargs, **changes, "initializer_range": 0.08})
+    try:
+        make_hf_model(name, path, vocab_size=VOCAB, seed=7)
+    finally:
+        del FAMILIES[name]
+    write_tokenizer(path)
+    return path
+
+
+def identity_workspace(root: Path, target_dir: Path):
+    """hyspec's conformance workspace (hyspec.conformance.methods) on ``target_dir`` with the tiny target's
+    byte-id prompts (3 to 40 tokens) rather than a real model's text prompts: the hybrid check's rule switches
+    methods at 24 tokens of context, so short prompts must be among them."""
+    from hyspec.conformance.methods import Workspace
+    from hyspec.conformance.tiny import prompts
+
+    class TinyPromptWorkspace(Workspace):
+        def prompts(self, count: int) -> list[list[int]]:
+            return prompts(count)
+
+    root.mkdir(parents=True, exist_ok=True)
+    return TinyPromptWorkspace(root, model=target_dir)

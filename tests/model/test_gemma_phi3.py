@@ -156,3 +156,22 @@ def test_speculation_on_gemma2_returns_plain_decodings_tokens(tmp_path):
                 "prompt_lookup_max": 3}) == plain
     refs = {tuple(p): out for p, out in zip(prompts, plain)}
     assert run({"method": "ngram", "num_speculative_tokens": 8}, OracleTreeProposer(refs, 128, seed=1)) == plain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "phi3"])
+def test_every_method_is_token_identical_to_plain_decoding(arch, tmp_path):
+    """hyspec's conformance check for every method it lists (random drafters built for the target), on the CPU
+    backend: batch 1 and a ragged batch equal plain decoding, near-tie rate, KV pool clean (~1 min each)."""
+    from hyspec.conformance.methods import MethodSettings, check_method, check_plain, methods_to_check
+    from hyspec.conformance.targets import resolve
+
+    from tests.model.hf_fixtures import identity_workspace, make_identity_target
+
+    target = resolve("cpu")[0]
+    ws = identity_workspace(tmp_path / "ws", make_identity_target(arch, tmp_path / "target"))
+    settings = MethodSettings()
+    results = [check_plain(target, ws, settings)] + [check_method(target, ws, m, settings) for m in methods_to_check()]
+    failed = [(r.name, r.status, r.detail) for r in results
+              if r.status != "pass" and not (r.status == "skip" and "not in this build" in r.detail)]
+    assert not failed, failed

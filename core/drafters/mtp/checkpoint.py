@@ -208,6 +208,9 @@ def save_mtp(drafter: MTPDrafter, out_dir: str | Path, target_config: dict[str, 
                   num_key_value_heads=block.num_key_value_heads, head_dim=block.head_dim,
                   rms_norm_eps=block.rms_norm_eps, num_hidden_layers=drafter.num_modules,
                   num_nextn_predict_layers=drafter.num_modules)
+    # the target's per-layer attention types (Gemma, transformers-5 Qwen configs) do not describe the modules,
+    # whose blocks attend without a window; kept, they would not match num_hidden_layers and refuse the load
+    config.pop("layer_types", None)
     config[HYSPEC_KEY] = {"method": "mtp", "first_layer": 0,
                           "target": {k: (target_config or block.raw or {}).get(k)
                                      for k in ("hidden_size", "vocab_size", "num_hidden_layers")}}
