@@ -109,11 +109,6 @@ class GGUFCheckpoint:
             raise CheckpointError(f"{self.path.name}: a mixture-of-experts GGUF ({arch}.expert_count {experts}) is not "
                                   "supported (its stacked ffn_*_exps tensors are not read); load the Hugging Face "
                                   "safetensors checkpoint, where Mixtral / Qwen2-MoE / Qwen3-MoE are supported")
-        experts = self.metadata.get(f"{arch}.expert_count") or 0
-        if experts:  # llama.cpp writes Mixtral as "llama" with stacked ffn_*_exps tensors
-            raise CheckpointError(f"{self.path.name}: a mixture-of-experts GGUF ({arch}.expert_count {experts}) is not "
-                                  "supported (its stacked ffn_*_exps tensors are not read); load the Hugging Face "
-                                  "safetensors checkpoint, where Mixtral / Qwen2-MoE / Qwen3-MoE are supported")
         # Heads per projection, for undoing llama.cpp's q/k row order (read once, not per tensor).
         heads = self.metadata.get(f"{arch}.attention.head_count")
         self._heads = {"q_proj": heads, "k_proj": self.metadata.get(f"{arch}.attention.head_count_kv", heads)}
