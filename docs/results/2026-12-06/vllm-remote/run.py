@@ -83,10 +83,14 @@ def kill_worker_when_serving(port: int, done: threading.Event, record: dict, req
         pids = [int(v) for k, v in samples.items() if k.startswith("hyspec_vllm_remote_worker_pid{")]
         drafted = samples.get('hyspec_vllm_remote_rows_total{outcome="drafted"}', 0.0)
         if pids and (drafted > 0 or 2 * record["requests_done"] >= requests):
+            try:
+                os.kill(pids[0], signal.SIGKILL)
+            except ProcessLookupError:  # the pid of an incarnation already gone: wait for the next ping's
+                time.sleep(0.2)
+                continue
             record["requests_done_at_kill"] = record["requests_done"]
             record["remote_calls_at_kill"] = total(samples, "hyspec_remote_calls_total")
-            record["remote_drafts_at_kill"] = samples.get('hyspec_vllm_remote_rows_total{outcome="drafted"}', 0.0)
-            os.kill(pids[0], signal.SIGKILL)
+            record["remote_drafts_at_kill"] = drafted
             record["killed_pid"] = pids[0]
             return
         time.sleep(0.05)
@@ -123,7 +127,10 @@ def main() -> int:
     done = threading.Event()
     t0 = time.perf_counter()
     with VllmServer(args.vllm_python, args.model, log_path=work / "remote.log",
-                    speculative_config=hyspec_speculative_config(4), env={OPTIONS_ENV: str(work / "hyspec.json")},
+                    speculative_config=hyspec_speculative_config(4),
+                    # Ray's memory monitor kills workers when the whole machine is above 95 % memory: on a box
+                    # shared with other jobs that is their memory, not the drafter's (it killed the worker here)
+                    env={OPTIONS_ENV: str(work / "hyspec.json"), "RAY_memory_monitor_refresh_ms": "0"},
                     **serve) as spec:
         before = scrape(metrics_port)
         killer = threading.Thread(target=kill_worker_when_serving, args=(metrics_port, done, record, len(prompts)))
