@@ -1,0 +1,132 @@
+"""Gemma 2, Gemma 3 (text) and Phi-3 against transformers, and every speculative method on each (issue 48).
+
+Part 1, per architecture on two random tiny configs (tests/model/hf_fixtures.py, fp32 CPU): the largest
+|logit difference| between hyspec and transformers (a) over an 11-token prompt + 64 paged greedy decode steps
+against one full causal transformers forward, (b) on the dense (cache-free) path over a [2, 30] batch; and
+whether the 65 greedy tokens equal transformers' ``generate``.
+
+Part 2, per architecture: a GGUF round trip (tests/model/test_gguf_gemma_phi3.py's sources, written as llama.cpp's
+converter writes them, F32 and Q8_0): max |logit difference| of the GGUF against the checkpoint it came from
+(for Q8_0, the checkpoint holding the values the quantizer kept), and of the F32 file against transformers.
+
+Part 3, per architecture on one tiny target (vocab 320 with the conformance byte tokenizer, weights drawn at
+std 0.08 so the greedy choices are not near-ties, Gemma 2 at its published caps 50 / 30): hyspec's
+conformance check (hyspec.conformance.methods.check_method) for every method it lists, on the CPU backend:
+batch 1 and a ragged batch token-identical to plain decoding, near-tie rate, KV pool clean.
+
+Run from the repository root:  python docs/results/2026-12-06/architectures/architectures.py --out results.json
+(``--quick``: part 1 on one config and part 2 on ngram only, to check the script works.)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT))
+
+from hyspec.model.loader import load_model  # noqa: E402
+from tests.model.hf_fixtures import (FAMILIES, IDENTITY_TARGETS, identity_workspace, make_hf_model,  # noqa: E402
+                                     make_identity_target)
+from tests.model.paged_decode import greedy_paged  # noqa: E402
+
+ARCHITECTURES = {"gemma2": ("gemma2", "gemma2_mqa"), "gemma3_text": ("gemma3", "gemma3_softcap"),
+                 "phi3": ("phi3", "phi3_window")}
+
+
+def logit_differences(family: str, root: Path) -> dict:
+    path = root / family
+    hf = make_hf_model(family, path)
+    model = load_model(path, dtype="float32")
+    prompt = torch.randint(3, 128, (11,), generator=torch.Generator().manual_seed(1)).tolist()
+    tokens, logits = greedy_paged(model, prompt, steps=64, block_size=16)
+    ids = torch.randint(3, 128, (2, 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:].float()
+        gen = hf.generate(torch.tensor([prompt]), max_new_tokens=65, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+        dense = (model.compute_logits(model.forward_dense(ids).hidden) - hf(ids).logits.float()).abs().max()
+    cls, kwargs = FAMILIES[family]
+    return {"family": family, "transformers_class": cls,
+            "config": {k: v for k, v in kwargs.items() if k != "attn_implementation"},
+            "paged_max_abs_logit_diff": float((logits - ref).abs().max()),
+            "dense_max_abs_logit_diff": float(dense), "logit_scale": float(ref.abs().max()),
+            "greedy_tokens_equal": tokens == gen, "greedy_tokens": len(tokens)}
+
+
+def gguf_round_trip(arch: str, root: Path) -> dict:
+    from tests.model.gguf_fixtures import write_gguf
+    from tests.model.test_gguf_gemma_phi3 import IDS, _logits, _source
+
+    out = {}
+    for qtype in ("F32", "Q8_0"):
+        src = root / f"gguf-{arch}-{qtype}"
+        hf = _source(arch, src)
+        gguf_file = write_gguf(src, root / f"{arch}-{qtype}.gguf", qtype, arch)
+        ref = _logits(load_model(src, dtype="float32"))
+        got = _logits(load_model(gguf_file, dtype="float32"))
+        out[qtype] = {"gguf_vs_source_max_abs_logit_diff": float((got - ref).abs().max())}
+        if qtype == "F32":
+            with torch.no_grad():
+                out[qtype]["gguf_vs_transformers_max_abs_logit_diff"] = float((got - hf(IDS).logits[0]).abs().max())
+    return out
+
+
+def identity_matrix(arch: str, root: Path, methods: list[str] | None) -> dict:
+    from hyspec.conformance.methods import MethodSettings, Workspace, check_method, check_plain, methods_to_check
+    from hyspec.conformance.targets import resolve
+    family, changes = IDENTITY_TARGETS[arch]
+    path = make_identity_target(arch, root / f"{family}_identity")
+    target = resolve("cpu")[0]
+    ws = identity_workspace(root / f"ws-{arch}", path)
+    settings = MethodSettings()
+    rows = {"plain": _row(check_plain(target, ws, settings))}
+    for method in methods or methods_to_check():
+        started = time.perf_counter()
+        result = check_method(target, ws, method, settings)
+        rows[method] = {**_row(result), "seconds": round(time.perf_counter() - started, 1)}
+        print(f"  {arch} {method}: {result.status}", flush=True)
+    return {"family": family, "changes": changes, "initializer_range": 0.08, "vocab_size": 320,
+            "prompts": settings.num_prompts, "max_tokens": settings.max_tokens, "methods": rows}
+
+
+def _row(result) -> dict:
+    return {"status": result.status, "detail": result.detail}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out: dict = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                             "python": platform.python_version(), "torch": torch.__version__},
+                 "logits_vs_transformers": {}, "gguf_round_trip": {}, "identity": {}}
+    import transformers
+
+    out["machine"]["transformers"] = transformers.__version__
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for arch, families in ARCHITECTURES.items():
+            out["logits_vs_transformers"][arch] = [logit_differences(f, root) for f in families[:1 if args.quick
+                                                                                               else None]]
+            print(arch, [(r["family"], r["paged_max_abs_logit_diff"], r["greedy_tokens_equal"])
+                         for r in out["logits_vs_transformers"][arch]], flush=True)
+        for gguf_arch, arch in (("gemma2", "gemma2"), ("gemma3", "gemma3_text"), ("phi3", "phi3")):
+            out["gguf_round_trip"][arch] = gguf_round_trip(gguf_arch, root)
+            print(arch, "gguf", out["gguf_round_trip"][arch], flush=True)
+        for arch in IDENTITY_TARGETS:
+            out["identity"][arch] = identity_matrix(arch, root, ["ngram"] if args.quick else None)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
