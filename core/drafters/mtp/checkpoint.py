@@ -13,6 +13,12 @@ target layers::
     model.layers.{N+i}.embed_tokens.weight          [V, H]    (copy of the embedding; optional here)
     model.layers.{N+i}.{input_layernorm,post_attention_layernorm}.weight, .self_attn.*, .mlp.*
 
+MiMo layout (XiaomiMiMo MiMo-7B, ``model_type: mimo`` = Qwen2 plus MTP; names as vLLM 0.32's
+``models/mimo_mtp.py`` maps them): ``model.mtp_layers.{i}.`` holds ``token_layernorm`` (= enorm),
+``hidden_layernorm`` (= hnorm), ``input_proj`` [H, 2H] over ``cat[hidden_layernorm(h), token_layernorm(emb)]``
+(the halves in the other order from ``eh_proj``: swapped when read), ``final_layernorm`` (= shared_head.norm)
+and a Qwen2 decoder layer's tensors without a wrapper.
+
 hyspec's separate layout is the same tensors with ``N = 0`` in a directory of
 their own, whose ``config.json`` describes the block (a Llama-family config
 with ``num_hidden_layers = M``) and carries ``"hyspec_drafter": {"method":
@@ -75,6 +81,8 @@ def mtp_layout(path: Path) -> tuple[MTPConfig, int]:
                                   f"{data.get('num_nextn_predict_layers')!r} (DeepSeek layout) and there is no "
                                   f"{HYSPEC_KEY!r} key (hyspec layout)")
         first = int(data["num_hidden_layers"])
+        if data.get("model_type") == "mimo":  # MiMoConfig is Qwen2's plus the MTP count; its blocks are Qwen2 layers
+            data = {**data, "model_type": "qwen2"}
     return MTPConfig(block=ModelConfig.from_dict(data), num_modules=count), first
 
 
@@ -137,6 +145,27 @@ def _block_to_hf(block: DecoderLayer, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
+MIMO_PREFIX = "model.mtp_layers."
+
+
+def _mimo_module(ckpt: StoredTensors, i: int, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """MiMo's MTP module ``i`` under hyspec's module names."""
+    src, H = f"{MIMO_PREFIX}{i}.", cfg.hidden_size
+
+    def get(name: str, shape) -> torch.Tensor:
+        if src + name not in ckpt:
+            raise CheckpointError(f"the MiMo MTP checkpoint lacks tensor {src + name!r}")
+        return check_shape(src + name, ckpt.get(src + name), shape)
+
+    proj = get("input_proj.weight", (H, 2 * H))
+    state = {"enorm.weight": get("token_layernorm.weight", (H,)), "hnorm.weight": get("hidden_layernorm.weight", (H,)),
+             # MiMo projects cat[hidden, embedding]; hyspec's eh_proj (DeepSeek's) reads cat[embedding, hidden]
+             "eh_proj.weight": torch.cat([proj[:, H:], proj[:, :H]], dim=1),
+             "head_norm.weight": get("final_layernorm.weight", (H,))}
+    state.update({"block." + name: t for name, t in _block_from_hf(ckpt, src, cfg).items()})
+    return state
+
+
 def load_mtp(
     path: str | Path,
     target: ModelConfig,
@@ -154,8 +183,12 @@ def load_mtp(
     ckpt = StoredTensors(path)  # int8-stored matrices come back dequantized
     H, V = config.block.hidden_size, config.block.vocab_size
     state: dict[str, torch.Tensor] = {}
+    mimo = f"{MIMO_PREFIX}0.input_proj.weight" in ckpt
     for i in range(config.num_modules):
         src, dst = f"model.layers.{first + i}.", f"layers.{i}."
+        if mimo:
+            state.update({dst + name: t for name, t in _mimo_module(ckpt, i, config.block).items()})
+            continue
         for name, shape in (("enorm.weight", (H,)), ("hnorm.weight", (H,)), ("eh_proj.weight", (H, 2 * H))):
             state[dst + name] = check_shape(src + name, ckpt.get(src + name), shape)
         state[dst + "head_norm.weight"] = check_shape(src + "shared_head.norm.weight",
