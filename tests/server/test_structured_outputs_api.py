@@ -87,3 +87,34 @@ def test_bad_constraints_are_400s(server, fields, param, message):
     assert message in error["message"], error
     if param is not None:
         assert error["param"] == param, error
+
+
+def test_openai_client_response_format_under_suffix_speculation(make_server, server):
+    """The official openai client, response_format json_schema, a suffix-speculating server: every answer is
+    JSON the schema accepts and has plain constrained decoding's tokens (the plain server of this module)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    openai = pytest.importorskip("openai")
+    from tests.server.spec_serving import FAST
+
+    spec = make_server(engine_overrides={"speculative_config": {"method": "suffix", **FAST}})
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA, "strict": True}}
+    try:
+        answers = {}
+        for name, srv in (("plain", server), ("suffix", spec)):
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            answers[name] = []
+            # the same prompt twice: the second time the suffix cache drafts the first answer
+            for prompt in ["a = {", "say yes", "a = {", "print(1)"]:
+                out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}],
+                                                     response_format=fmt, temperature=0, max_tokens=40,
+                                                     extra_body={"structured_outputs": COMPACT,
+                                                                 "return_token_ids": True})
+                choice = out.choices[0]
+                assert choice.finish_reason == "stop", choice
+                jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+                answers[name].append(choice.model_extra.get("token_ids") or choice.message.content)
+        assert answers["suffix"] == answers["plain"]
+        drafted = spec.app.state.async_engine.engine.spec.metrics.snapshot()["totals"]["draft_tokens"]
+        assert drafted > 0, "the suffix server drafted nothing"
+    finally:
+        spec.stop()
