@@ -274,15 +274,16 @@ def load_head(
 
 def read_public_tensors(path: str | Path, method: str, target_cfg: ModelConfig) -> tuple[EagleConfig, dict[str, torch.Tensor]]:
     """A head checked against ``target_cfg`` (config, every tensor's shape, d2t / t2d) and its tensors under
-    their public names (a ``model.`` prefix dropped), int8 storage dequantized to fp32; the embeddings are
-    left out when the head shares the target's.  What a converter to another engine's layout writes."""
+    their public names (a ``model.`` prefix dropped), int8 storage dequantized to fp32; an EAGLE-1/2 head's
+    embeddings are left out (it shares the target's).  What a converter to another engine's layout writes."""
     path = Path(path)
     names = _Names(StoredTensors(path))
     cfg = eagle_config(read_config(path), names, method, target_cfg)
     _head_state(cfg, names)  # every tensor the head reads is present, with its shape
     if method == EAGLE3:
         _vocabulary(cfg, names)
-    kept = sorted(n for n in names.names if not (n.startswith("embed_tokens") and not cfg.own_embeddings))
+    # An EAGLE-3 file's embed_tokens is kept: vLLM, like load_head, uses it unless it equals the target's.
+    kept = sorted(n for n in names.names if not (n.startswith("embed_tokens") and method != EAGLE3))
     return cfg, {n: names.get(n, names.shape(n)) for n in kept}
 
 
