@@ -163,8 +163,15 @@ def main() -> None:
             with ThreadPoolExecutor(len(SERVERS)) as pool:
                 futures = {name: pool.submit(run_server, name, spec, texts, args.out.with_suffix(f".{name}.log"))
                            for name, spec in SERVERS.items()}
+                failures = []
                 for name, future in futures.items():
-                    runs[name].append(future.result())
+                    try:
+                        runs[name].append(future.result())
+                    except Exception as exc:  # keep the other server's answers
+                        failures.append(f"{name}: {exc}")
+                args.out.write_text(json.dumps(summarize(runs, texts, args), indent=1) + "\n")  # partial
+                if failures:
+                    raise SystemExit("; ".join(failures))
         else:
             for name, spec in SERVERS.items():
                 runs[name].append(run_server(name, spec, texts, args.out.with_suffix(f".{name}.log")))
