@@ -36,6 +36,9 @@ class MoEConfig:
     fp32_routing_weights: bool = False
 
     def is_sparse(self, layer: int) -> bool:
+        if not 0 <= layer < len(self.sparse_layers):  # e.g. an MTP layer stored past the decoder layers
+            raise CheckpointError(f"layer {layer} lies outside the {len(self.sparse_layers)} decoder layers this MoE "
+                                  "config describes; extra (MTP) layers of a MoE checkpoint are not supported")
         return self.sparse_layers[layer]
 
 
