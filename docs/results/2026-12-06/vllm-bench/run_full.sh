@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # hyspec bench with vLLM's CPU build as peer rows (issues 46 item 4 and 51): HumanEval, agentic and chat, one
-# `hyspec bench` run per workload; results.json (the three documents) and speedup.png land here.  Run from the
+# `hyspec bench` run per workload; results.json (the documents side by side) and speedup.png land here.  Run from the
 # repository root on a quiet machine:
 #
 #     bash docs/results/2026-12-06/vllm-bench/run_full.sh
 #
-# Sized for <= 25 minutes on a quiet 2-core box once vLLM's compiled graphs are cached (README.md: the estimate
-# and what it rests on); SKIP_CHAT=1 drops the chat run (~5 of those minutes).  Needs: the dev venv (.venv), the
-# vLLM venv (scripts/vllm_venv.sh builds it once per machine), the default model as a Hugging Face directory
-# (hyspec export-hf, made here if missing) and our EAGLE-3 head in vLLM's format (hyspec export-drafter).  The
-# paths under $WORK are fixed on purpose: vLLM's compile cache is keyed by the model path, so the smoke run
-# (README.md) already compiled these configurations on the machine it ran on.
+# Sized for ~25 minutes on a quiet 2-core box (README.md: the estimate and what it rests on): HumanEval and agentic
+# with vLLM plain, vLLM ngram and vLLM + hyspec.  EXTRA=1 adds vLLM's suffix and eagle3 rows, hyspec plain on
+# vLLM's float32 weights and the chat run (~25 minutes more).  Needs: the dev venv (.venv), the vLLM venv
+# (scripts/vllm_venv.sh builds it once per machine), the default model as a Hugging Face directory (hyspec
+# export-hf, made here if missing) and our EAGLE-3 head in vLLM's format (hyspec export-drafter).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 OUT=${OUT:-docs/results/2026-12-06/vllm-bench}
@@ -37,29 +36,31 @@ run() {  # name, then that run's options
   $HYSPEC bench "${COMMON[@]}" "$@" --json "$WORK/$name.json" --plot "$WORK/plots-$name" --allow-mismatch \
     | tee "$WORK/$name.txt"
 }
-# HumanEval: issue 51's table (hyspec plain vs vLLM plain at 1, 8, 32) and the prefill figure; every vLLM row
+# HumanEval: issue 51's table (hyspec plain vs vLLM plain at 1, 8, 32) and the prefill figure
 run humaneval --batch-sizes 1,8,32 --methods none,suffix,hybrid --prefill-tokens 1024 \
-  --peers vllm,vllm_ngram,vllm_suffix,vllm_eagle3,vllm_hyspec
-# hyspec plain on vLLM's own weights (the float32 directory, dense): the same weights and dtype as the vLLM rows
-run humaneval-dense --model "$HF" --batch-sizes 1,8,32 --methods none --peers none
-# agentic: issue 46's batch-1 goals (vLLM + hyspec vs vLLM plain and vLLM's best built-in method)
-run agentic --workload agentic --batch-sizes 1,8 --methods none,suffix,hybrid \
-  --peers vllm,vllm_ngram,vllm_suffix,vllm_hyspec
-# chat: vLLM + hyspec >= 0.97x vLLM plain where drafting does not pay (the hybrid's auto-off)
-[ "${SKIP_CHAT:-0}" = 1 ] || run chat --workload chat --batch-sizes 1,8 --methods none,hybrid \
-  --peers vllm,vllm_hyspec
+  --peers vllm,vllm_ngram,vllm_hyspec
+# agentic: issue 46's batch-1 goals (vLLM + hyspec vs vLLM plain and vLLM's ngram)
+run agentic --workload agentic --batch-sizes 1,8 --methods none,suffix,hybrid --peers vllm,vllm_ngram,vllm_hyspec
+if [ "${EXTRA:-0}" = 1 ]; then  # ~25 more minutes: 5 more vLLM starts, each compiling for ~2.5 minutes
+  # vLLM's suffix (arctic-inference) and eagle3 (our head) rows, beside vLLM plain again (their identity reference)
+  run humaneval-more --batch-sizes 1,8,32 --methods none --peers vllm,vllm_suffix,vllm_eagle3
+  # hyspec plain on vLLM's own weights (the float32 directory, dense): the same weights and dtype as the vLLM rows
+  run humaneval-dense --model "$HF" --batch-sizes 1,8,32 --methods none --peers none
+  # chat: vLLM + hyspec >= 0.97x vLLM plain where drafting does not pay (the hybrid's auto-off)
+  run chat --workload chat --batch-sizes 1,8 --methods none,hybrid --peers vllm,vllm_hyspec
+fi
 # one JSON for docs/results (the three documents side by side) and the HumanEval plot; each document's README
 # table: hyspec bench --readme-table $WORK/NAME.json
 .venv/bin/python - "$WORK" "$OUT/results.json" <<'PY'
 import json, sys
 from pathlib import Path
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
-runs = {n: json.loads((work / f"{n}.json").read_text()) for n in ("humaneval", "humaneval-dense", "agentic", "chat")
+runs = {n: json.loads((work / f"{n}.json").read_text()) for n in ("humaneval", "agentic", "humaneval-more", "humaneval-dense", "chat")
         if (work / f"{n}.json").is_file()}
 out.write_text(json.dumps({"kind": "hyspec-bench-set", "smoke": False, "runs": runs}, indent=1) + "\n")
 PY
 cp "$WORK/plots-humaneval/speedup.png" "$OUT/speedup.png"
-for name in humaneval humaneval-dense agentic chat; do
+for name in humaneval agentic humaneval-more humaneval-dense chat; do
   [ -f "$WORK/$name.json" ] && $HYSPEC bench --readme-table "$WORK/$name.json" > "$WORK/$name-table.md"
 done
 echo "done $(date -u +%H:%M:%S); tables in $WORK/*-table.md" >&2
