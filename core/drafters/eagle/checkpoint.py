@@ -19,8 +19,11 @@ EAGLE-3 (``LlamaForCausalLMEagle3``)::
 ``vocab_size`` and, for EAGLE-3, ``draft_vocab_size`` and optionally
 ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids`` (top level or in
 ``eagle_config``) and ``norm_before_residual``.  A ``model.`` prefix on every
-tensor (vLLM-converted heads) is accepted.  Embeddings in the file are ignored
-unless the head needs its own (EAGLE-3 with a hidden size unlike the target's).
+tensor (vLLM-converted heads) is accepted.  An EAGLE-3 file's ``embed_tokens`` is
+the head's own when it differs from the target's (or the hidden sizes differ);
+otherwise the target's is shared.  The speculators layout (``layers.0.*``,
+``transformer_layer_config``) and the EAGLE-3 variants refused by name are in
+:mod:`hyspec.drafters.eagle.published`.
 """
 from __future__ import annotations
 
