@@ -7,8 +7,10 @@ set beside hyspec's own engine's (same drafter directory, same prompts, same K, 
     $VLLM_PY docs/results/2026-12-06/vllm-drafters/run.py --target /tmp/vllmwork/sm-export --out results.json
 
 Each engine runs in a child process of its own, one after the other (one engine alive at a time): vLLM plain,
-vLLM eagle3, vLLM draft_model (this interpreter), then hyspec plain, hyspec eagle3, hyspec draft_model
-(--hyspec-python).  Prompts: the first N HumanEval prompts (raw text) and the first N chat prompts of
+vLLM eagle3, vLLM draft_model (this interpreter), then hyspec eagle3, hyspec draft_model, hyspec plain
+(--hyspec-python); --reuse keeps a finished run's result.  vLLM's draft_model gets the draft model with its
+attention heads padded from 40 to 64 (--draft-head-dim; vLLM's CPU attention runs no 40-wide heads), the same
+function; hyspec gets the unpadded export.  Prompts: the first N HumanEval prompts (raw text) and the first N chat prompts of
 hyspec.bench.prompts (through the model's chat template), tokenized once here and sent to both engines as
 token ids; temperature 0, stop at EOS or --max-tokens.  vLLM's acceptance comes from its own spec-decode
 counters (LLM.get_metrics(): vllm:spec_decode_num_drafts / _num_accepted_tokens / _per_pos), hyspec's from
