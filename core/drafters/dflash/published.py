@@ -22,8 +22,9 @@ scaled input embedding, and the speculators ``dflash`` layout (another key set).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from hyspec.drafters.eagle import published
 from hyspec.drafters.checkpoint_io import StoredTensors, read_config_json, save_checkpoint, stored_tensors
+from hyspec.drafters.eagle import published
 from hyspec.drafters.eagle.model import (EAGLE, EAGLE3, Eagle3Head, EagleConfig, EagleHeadBase, build_head,
                                    default_aux_layer_ids)
 from hyspec.errors import CheckpointError

@@ -21,7 +21,8 @@ does not compute are refused by name (:func:`refuse_variants`), never loaded wit
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hyspec.errors import CheckpointError
 
