@@ -132,3 +132,17 @@ def test_a_moe_gguf_is_refused_by_name(tmp_path):
     w.close()
     with pytest.raises(CheckpointError, match="mixture-of-experts GGUF .*expert_count 8"):
         GGUFCheckpoint(out)
+
+
+@pytest.mark.slow
+def test_onnx_export_takes_the_gathered_path_and_matches_torch(tmp_path):
+    """Tracing takes the sync-free path, so the exported graph routes every token as torch does."""
+    pytest.importorskip("onnxruntime")
+    from hyspec.cpu_ops.onnx_check import check_against_torch
+    from hyspec.cpu_ops.onnx_drafter import OnnxDraftModel, export_draft_model
+
+    make_moe_model("qwen2_moe_a", tmp_path)
+    onnx = OnnxDraftModel(export_draft_model(tmp_path), num_threads=1)
+    check = check_against_torch(load_model(tmp_path, dtype="float32"), onnx, [[5, 9, 14, 3, 7, 22], [8, 8, 30]],
+                                steps=6)
+    assert check.worst_ratio <= 1.0 and check.compared_rows > 0, check
