@@ -81,13 +81,16 @@ def check_quantization(quantization: str | None) -> str | None:
 def _sources(model: "CausalLM") -> list[tuple[str, list[str], nn.Module]]:
     """(module path, checkpoint tensor names it fuses, the module) for every decoder linear."""
     out = []
+    fused = model.config.model_type == "phi3"  # Phi-3 stores qkv_proj and gate_up_proj fused, as hyspec runs them
     for i, layer in enumerate(model.layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out.append((f"layers.{i}.self_attn.qkv_proj", [a + "q_proj", a + "k_proj", a + "v_proj"], layer.self_attn.qkv_proj))
+        qkv = [a + "qkv_proj"] if fused else [a + "q_proj", a + "k_proj", a + "v_proj"]
+        out.append((f"layers.{i}.self_attn.qkv_proj", qkv, layer.self_attn.qkv_proj))
         out.append((f"layers.{i}.self_attn.o_proj", [a + "o_proj"], layer.self_attn.o_proj))
         if not hasattr(layer.mlp, "gate_up_proj"):  # a routed block's experts stay dense (hyspec.model.moe)
             continue
-        out.append((f"layers.{i}.mlp.gate_up_proj", [m + "gate_proj", m + "up_proj"], layer.mlp.gate_up_proj))
+        gate_up = [m + "gate_up_proj"] if fused else [m + "gate_proj", m + "up_proj"]
+        out.append((f"layers.{i}.mlp.gate_up_proj", gate_up, layer.mlp.gate_up_proj))
         out.append((f"layers.{i}.mlp.down_proj", [m + "down_proj"], layer.mlp.down_proj))
     return out
 

@@ -78,3 +78,17 @@ def test_a_longrope_phi3_gguf_is_refused_by_name(tmp_path):
     w.close()
     with pytest.raises(CheckpointError, match="Phi-3 GGUF with rope_factors_long.*4k-context variants load"):
         load_model(out)
+
+
+@pytest.mark.parametrize("arch", ["phi3", "gemma2"])
+def test_a_q8_0_file_runs_on_the_backends_int8_kernels(arch, tmp_path):
+    """The CPU backend computes with the file's Q8_0 codes (Phi-3's fused qkv / gate_up tensors as stored), and
+    the logits stay those of the checkpoint holding the kept values, up to the kernels' arithmetic."""
+    from hyspec.backends.registry import get_backend
+
+    src = tmp_path / "src"
+    _source(arch, src)
+    gguf_file = write_gguf(src, tmp_path / f"{arch}.gguf", "Q8_0", arch)
+    model = load_model(gguf_file, dtype="float32", backend=get_backend("cpu"))
+    assert model.quantization.linears.get("int8 (Q8_0)") == 4 * 2, model.quantization.summary()
+    torch.testing.assert_close(_logits(model), _logits(load_model(src, dtype="float32")), atol=1e-4, rtol=1e-4)
