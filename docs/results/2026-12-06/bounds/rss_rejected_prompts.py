@@ -1,8 +1,8 @@
 """RSS of a `hyspec serve` process (the default model, CPU backend) before and after rejected 10 MB prompts,
 and how long /health took while they were handled (issue 50, item 1).
 
-    python docs/results/2026-12-06/bounds/rss_rejected_prompts.py --out after.json
-    PYTHONPATH=/tmp/old_hyspec python docs/results/2026-12-06/bounds/rss_rejected_prompts.py --out before.json
+    python docs/results/2026-12-06/bounds/rss_rejected_prompts.py --out docs/results/2026-12-06/bounds/runs.json --key after
+    PYTHONPATH=/tmp/old_hyspec python docs/results/2026-12-06/bounds/rss_rejected_prompts.py --out docs/results/2026-12-06/bounds/runs.json --key before
 
 (the second runs an older tree: ``git archive <commit> core | tar -x -C /tmp/old_hyspec`` and rename its
 ``core`` to ``hyspec``).  Each prompt is one request of ``--chars`` characters; the server refuses it with a 400.
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=10_000_000)
     parser.add_argument("--settle", type=float, default=3.0, help="seconds to wait before the last RSS reading")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--key", help="file the result under this key of --out, keeping its other keys")
     args = parser.parse_args()
 
     port = free_port()
@@ -97,8 +98,16 @@ def main() -> None:
         code = proc.wait(timeout=120)
     result["server_exit_code"] = code
     print(json.dumps(result, indent=1))
+    document: dict = result
+    if args.key:
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                document = json.load(f)
+        else:
+            document = {}
+        document[args.key] = result
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(document, f, indent=1)
 
 
 if __name__ == "__main__":
