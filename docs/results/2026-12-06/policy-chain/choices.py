@@ -1,7 +1,9 @@
 """The hybrid's per-step choices on the bench's mixed workload, for comparing two trees (issue 49).
 
-    .venv/bin/python docs/results/2026-12-06/policy-chain/choices.py > after.json
-    PYTHONPATH=<dir holding a 'hyspec' link to the old tree's core/> .venv/bin/python .../choices.py > before.json
+    PYTHONPATH=<dir holding a 'hyspec' link to the old tree's core/> .venv/bin/python .../choices.py > runs.jsonl
+    .venv/bin/python docs/results/2026-12-06/policy-chain/choices.py >> runs.jsonl
+
+Each run prints one line of JSON, so runs.jsonl holds the before run, then the after run.
 
 Runs ``{"method": "hybrid"}`` three times -- with the packaged default rules (``hybrid.policy: "rules"``),
 with a rule file whose conditions read every kind of signal (``CUSTOM_RULES``), and bare (the bandit) --
