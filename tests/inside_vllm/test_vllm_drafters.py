@@ -64,7 +64,9 @@ def exported(tmp_path_factory):
 def _run(target, spec) -> dict:
     proc = subprocess.run([VLLM_PYTHON, "-c", CHILD, str(target), json.dumps(spec), json.dumps(PROMPTS),
                            str(MAX_TOKENS)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # vLLM's worker prints its root cause well above the tail: show every error line, then the tail
+    errors = "\n".join(x for x in proc.stderr.splitlines() if "Error" in x)
+    assert proc.returncode == 0, f"{errors[-3000:]}\n...\n{proc.stderr[-2000:]}"
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
