@@ -1,14 +1,16 @@
 """Issue 50 ("Hardening"): `hyspec serve` under hostile inputs, disconnecting clients and SIGTERM.
 
 Starts the real `hyspec serve` (the default model, SmolLM2-135M-Instruct) on 127.0.0.1 as a subprocess,
-several times, and writes next to this file (SUFFIX is ``--suffix``, e.g. ``-before``):
+several times, and writes next to this file (SUFFIX is ``--suffix``, e.g. ``-before``) one document,
+``runs{SUFFIX}.json`` (a run of some parts, ``--only``, replaces those parts' entries and keeps the others):
 
-- ``hostile{SUFFIX}.json`` / ``.md``: about 200 hostile requests, once without and once with ``--api-key``;
-  each row is what was sent, the status and the error message (or the body's first 120 characters).
-- ``load{SUFFIX}.json``: 32 concurrent streaming clients (a third leave mid-stream) plus non-streamed
+- ``hostile`` (and ``hostile{SUFFIX}.md``): about 200 hostile requests, once without and once with
+  ``--api-key``; each row is what was sent, the status and the error message (or the body's first 120 characters).
+- ``load``: 32 concurrent streaming clients (a third leave mid-stream) plus non-streamed
   requests whose clients leave; statuses, server RSS before/after, KV pool after, tracebacks in the log.
-- ``sigterm{SUFFIX}.json``: SIGTERM with 8 requests in flight (they finish within --shutdown-timeout, then
+- ``sigterm``: SIGTERM with 8 requests in flight (they finish within --shutdown-timeout, then
   they outlive it), new requests during the drain, how each response ended, the exit status.
+- ``summary``: the figures of the three parts that the README's table quotes.
 - ``logs{SUFFIX}/*.log``: the servers' logs (head and tail only; tracebacks are counted before cutting).
 
     .venv/bin/python docs/results/2026-12-06/hardening/run.py --suffix=-before
@@ -920,7 +922,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: this script's)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. which tree the server ran from)")
     parser.add_argument("--render-only", action="store_true",
-                        help="with --only hostile: rewrite hostile{SUFFIX}.json/.md from the saved rows, run nothing")
+                        help="with --only hostile: rewrite runs{SUFFIX}.json's hostile part and hostile{SUFFIX}.md "
+                             "from the saved rows, run nothing")
     parser.add_argument("--only", choices=("hostile", "load", "sigterm"), action="append",
                         help="run only these parts (default: all)")
     args = parser.parse_args(argv)
@@ -931,9 +934,11 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{os.cpu_count()} CPUs, {platform_line()}, load average at start {os.getloadavg()[0]:.1f}"}
     t0 = time.monotonic()
     summary: dict[str, Any] = {"meta": meta}
+    doc_path = out / f"runs{suffix}.json"
+    doc: dict[str, Any] = json.loads(doc_path.read_text()) if doc_path.exists() else {}
     if "hostile" in parts:
         if args.render_only:  # rewrite the .json and .md of an earlier run (e.g. after changing their layout)
-            saved = json.loads((out / f"hostile{suffix}.json").read_text())
+            saved = dict(doc["hostile"])
             meta = saved.pop("meta")
             results = saved
             model = next(r["name"] for r in next(iter(results.values()))["rows"]
@@ -946,7 +951,7 @@ def main(argv: list[str] | None = None) -> int:
                        "with --api-key": hostile_table(out, suffix, API_KEY)}
         sent = {r["name"]: r.get("sent", "") for r in next(iter(results.values()))["rows"]}
         results = compact_results(results)
-        write_json(out / f"hostile{suffix}.json", {"meta": meta, **results})
+        doc["hostile"] = {"meta": meta, **results}
         (out / f"hostile{suffix}.md").write_text(
             f"# Hostile inputs: hyspec imported from {meta['hyspec_imported_from']}, {meta['commit']}\n\n"
             f"{meta['note']}\n\n" + hostile_markdown(results, sent))
@@ -956,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
                               for k, v in results.items()}
     if "load" in parts:
         load = load_run(out, suffix)
-        write_json(out / f"load{suffix}.json", {"meta": meta, **load})
+        doc["load"] = {"meta": meta, **load}
         summary["load"] = {k: load.get(k) for k in ("statuses", "5xx", "streams_completed", "streams_meant_to_complete",
                                                     "streams_left", "error_events", "rss_mib_before", "rss_mib_after",
                                                     "traceback_lines", "exit_status", "seconds")}
@@ -966,7 +971,7 @@ def main(argv: list[str] | None = None) -> int:
         # 20 s drain, 8 x 4000 do not fit a 3 s one.
         runs = [sigterm_run(out, suffix, "finish-in-time", max_tokens=2, shutdown_timeout=20.0),
                 sigterm_run(out, suffix, "outlive-timeout", max_tokens=4000, shutdown_timeout=3.0)]
-        write_json(out / f"sigterm{suffix}.json", {"meta": meta, "runs": runs})
+        doc["sigterm"] = {"meta": meta, "runs": runs}
         summary["sigterm"] = [{k: r.get(k) for k in ("run", "5xx", "in_flight_statuses", "requests_finished",
                                                      "health_after_signal",
                                                      "streams_done", "streams_error_event",
@@ -974,12 +979,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      "traceback_lines", "exit_status", "exit_s_after_signal")}
                               for r in runs]
     if args.render_only:
+        write_json(doc_path, doc)
         return 0
     meta["seconds"] = round(time.monotonic() - t0, 1)
-    summary_path = out / f"summary{suffix}.json"
-    if args.only and summary_path.exists():  # a partial run updates the parts it ran
-        summary = {**json.loads(summary_path.read_text()), **summary}
-    write_json(summary_path, summary)
+    if args.only and "summary" in doc:  # a partial run updates the parts it ran
+        summary = {**doc["summary"], **summary}
+    doc["summary"] = summary
+    write_json(doc_path, doc)
     print(json.dumps(summary, indent=1))
     return 0
 
