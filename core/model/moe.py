@@ -13,8 +13,8 @@ The experts are stacked (``[E, 2I, H]`` gate|up and ``[E, H, I]`` down, the load
 checkpoint's per-expert matrices) and computed two ways:
 
 * grouped (eager steps): the ``T * top_k`` (token, expert) pairs sorted by expert, one gate|up and one
-  down matmul per expert that has tokens, scattered back with ``index_add_`` -- a Python loop over
-  experts, never over tokens;
+  down matmul per expert that has tokens, gathered back to token order and summed per token -- a Python
+  loop over experts, never over tokens;
 * gathered (captured steps, tracing / ONNX export): each pair's expert matrices gathered and multiplied
   with ``bmm`` -- no data-dependent shape and no host read, so a recorded graph replays it right.
   A captured step is one whose ``AttentionMetadata.static_bounds`` is set (hyspec.engine.step_graphs).
@@ -93,7 +93,10 @@ class SparseMoE(nn.Module):
                 ys[start:start + n] = self._expert(xs[start:start + n], e)
                 start += n
         ys = ys * weights.reshape(-1).index_select(0, order)[:, None]
-        return torch.zeros_like(x).index_add_(0, token_of, ys.to(x.dtype))
+        # back to (token, slot) order with a gather, then each token's k outputs summed (a scatter-add here cost
+        # more than the expert matmuls of a decode step on the CPU)
+        ys = ys.index_select(0, torch.argsort(order))
+        return ys.view(x.shape[0], k, -1).sum(dim=1).to(x.dtype)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         T, H = x.shape
