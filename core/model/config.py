@@ -2,7 +2,8 @@
 
 Supported: decoder-only Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head
 q/k RMSNorm), Phi-3 (fused qkv / gate_up tensors, without longrope) and Gemma 2 /
-Gemma 3 text (hyspec.model.gemma), with GQA, tied or untied embeddings, and RoPE scaling types
+Gemma 3 text (hyspec.model.gemma), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE
+(hyspec.model.moe, hyspec.model.moe_config), with GQA, tied or untied embeddings, and RoPE scaling types
 ``linear``, ``dynamic``, ``yarn`` and ``llama3``.  Both the transformers 4
 (``rope_theta`` + ``rope_scaling``) and 5 (``rope_parameters``) spellings are read.
 """
