@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-from hyspec.model.convert_bin import convert_bin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,5 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: it imports torch, which the CLI must not do before the probe's autoload check
+    from hyspec.model.convert_bin import convert_bin
+
     print(convert_bin(args.src, args.out).summary())
     return 0

@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 
 from hyspec.assets import default_drafter, default_model
-from hyspec.drafters.export_vllm import DTYPES, VLLM_METHODS, export_drafter
+
+# hyspec.drafters.export_vllm imports torch, which the CLI must not do before the probe's autoload check
+# (tests/test_probe_npu.py); these mirror its VLLM_METHODS and DTYPES keys (tests/drafters/test_export_vllm.py).
+METHODS = ("draft_model", "eagle3")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("method", choices=sorted(VLLM_METHODS), help="the drafter's method (vLLM's name is the same)")
+    parser.add_argument("method", choices=METHODS, help="the drafter's method (vLLM's name is the same)")
     parser.add_argument("out", metavar="OUT_DIR", help="the directory to create (must not exist, or be empty)")
     parser.add_argument("--drafter", default=None, metavar="DIR",
                         help="the hyspec drafter directory (default: the one committed for the default model)")
@@ -31,11 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft_model: write the attention heads N wide, zero-padded (the same function; for "
                              "vLLM's CPU build, whose attention runs head sizes 32, 64, 80, ... but not the committed "
                              "draft model's 40: use 64 there).  vLLM-only: it relies on a partial rotary factor")
-    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
                         help="the written weights' dtype (default float32: int8-stored weights dequantized exactly)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from hyspec.drafters.export_vllm import VLLM_METHODS, export_drafter
+
     drafter = args.drafter if args.drafter is not None else default_drafter(args.method)
     target = args.target if args.target is not None else default_model()
     out = export_drafter(args.method, drafter, target, args.out, args.dtype, args.head_dim)

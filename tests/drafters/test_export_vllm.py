@@ -213,3 +213,10 @@ def test_padded_heads_compute_the_same_attention(exported, tmp_path):
         export_drafter("draft_model", DRAFT_SRC, target, tmp_path / "p32", head_dim=32)
     with pytest.raises(HyspecError, match="applies to draft_model exports"):
         export_drafter("eagle3", EAGLE3_SRC, target, tmp_path / "e64", head_dim=64)
+
+
+def test_the_cli_choices_are_the_exporters():
+    from hyspec.cli import export_drafter as cli
+    from hyspec.drafters.export_vllm import DTYPES, VLLM_METHODS
+
+    assert sorted(cli.METHODS) == sorted(VLLM_METHODS) and tuple(cli.DTYPE_NAMES) == tuple(DTYPES)
