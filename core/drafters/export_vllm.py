@@ -26,7 +26,6 @@ export leaves nothing half-written; an existing non-empty directory is never ove
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ from hyspec.drafters.eagle.model import EAGLE3
 from hyspec.errors import CheckpointError, HyspecError
 from hyspec.model.config import ModelConfig
 from hyspec.model.gguf_checkpoint import is_gguf
+from hyspec.model.staging import publish_staged_directory
 from hyspec.model.weights import write_safetensors_atomically
 
 DRAFT_MODEL = "draft_model"
@@ -226,14 +226,7 @@ def _write(dst: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any], 
         if tokenizer_from is not None:
             _copy_target_tokenizer(tokenizer_from, src, staging)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        for file in staging.iterdir():  # the temporary files' 0600 and mkdtemp's 0700 would hide the drafter
-            file.chmod(0o666 & ~umask)   # from a vLLM run as another user
-        staging.chmod(0o777 & ~umask)
-        if dst.exists():
-            dst.rmdir()  # empty, checked by the caller
-        staging.rename(dst)
+        publish_staged_directory(staging, dst)  # dst: absent or empty, checked by the caller
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

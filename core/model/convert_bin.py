@@ -10,7 +10,6 @@ directory via a temporary name, so an interrupted conversion leaves nothing that
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections import Counter
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hyspec.errors import CheckpointError
+from hyspec.model.staging import publish_staged_directory
 
 #: files copied from the source directory unchanged (configs, tokenizers, chat templates)
 _COPIED_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
@@ -94,12 +94,7 @@ def convert_bin(src: str | Path, out: str | Path) -> ConversionReport:
                 if extra.is_file() and extra.suffix in _COPIED_SUFFIXES and extra.name != _INDEX:
                     shutil.copy2(extra, staging / extra.name)
                     report.copied.append(extra.name)
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the model from other users
-        if dst.exists():
-            dst.rmdir()  # empty, checked above
-        staging.rename(dst)
+        publish_staged_directory(staging, dst)  # dst: absent or empty, checked above
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -11,12 +11,12 @@ export leaves no half-written model behind, and an existing directory is never o
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from hyspec.errors import HyspecError
+from hyspec.model.staging import publish_staged_directory
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -58,12 +58,7 @@ def export_hf(gguf_file: str | Path, out: str | Path, dtype: str = "float32") ->
         if model.generation_config is not None:
             model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the model from other users
-        if dst.exists():
-            dst.rmdir()  # empty, checked above
-        staging.rename(dst)
+        publish_staged_directory(staging, dst)  # dst: absent or empty, checked above
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
