@@ -30,11 +30,14 @@ import numpy as np
 import torch
 
 from hyspec.errors import CheckpointError
+from hyspec.model.gguf_moe import is_moe_gguf, moe_hf_config, moe_tensors
 from hyspec.model.quant import from_gguf, permute_rows, stored_blocks
 
-#: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes.
+#: GGUF ``general.architecture`` values hyspec runs, and the Hugging Face model_type each becomes (a ``llama``
+#: file with ``llama.expert_count`` is a Mixtral, hyspec.model.gguf_moe)
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                                "gemma2": "gemma2", "gemma3": "gemma3_text"}
+                                "gemma2": "gemma2", "gemma3": "gemma3_text", "qwen2moe": "qwen2_moe",
+                                "qwen3moe": "qwen3_moe"}
 #: architectures whose RMSNorm multiplies by ``1 + w``: llama.cpp's converter stores ``w + 1`` (convert_hf_to_gguf.py
 #: Gemma2Model / Gemma3Model.modify_tensors, ggml-org/llama.cpp a458664), which :meth:`GGUFCheckpoint.get` undoes
 #: so that every reader sees Hugging Face's values
@@ -105,10 +108,15 @@ class GGUFCheckpoint:
             raise CheckpointError(f"{self.path.name}: a Phi-3 GGUF with rope_factors_long / rope_factors_short "
                                   "(longrope, the 128k variants) is not supported; the 4k-context variants load")
         experts = self.metadata.get(f"{arch}.expert_count") or 0
-        if experts:  # llama.cpp writes Mixtral as "llama" with stacked ffn_*_exps tensors
-            raise CheckpointError(f"{self.path.name}: a mixture-of-experts GGUF ({arch}.expert_count {experts}) is not "
-                                  "supported (its stacked ffn_*_exps tensors are not read); load the Hugging Face "
-                                  "safetensors checkpoint, where Mixtral / Qwen2-MoE / Qwen3-MoE are supported")
+        self.is_moe = is_moe_gguf(arch, self.metadata)
+        if self.is_moe:  # Mixtral ("llama" with expert_count), Qwen2-MoE, Qwen3-MoE: stacked ffn_*_exps tensors
+            self._tensors.update(moe_tensors(self.reader.tensors, arch, int(experts), self.path.name))
+        elif experts:
+            raise CheckpointError(f"{self.path.name}: a mixture-of-experts GGUF of architecture {arch!r} "
+                                  f"({arch}.expert_count {experts}) is not supported; the MoE architectures hyspec "
+                                  "reads from GGUF are llama (Mixtral), qwen2moe and qwen3moe")
+        elif arch in ("qwen2moe", "qwen3moe"):
+            raise CheckpointError(f"{self.path.name}: GGUF metadata lacks {arch}.expert_count")
         # Heads per projection, for undoing llama.cpp's q/k row order (read once, not per tensor).
         heads = self.metadata.get(f"{arch}.attention.head_count")
         self._heads = {"q_proj": heads, "k_proj": self.metadata.get(f"{arch}.attention.head_count_kv", heads)}
@@ -152,6 +160,11 @@ class GGUFCheckpoint:
             "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
         }
         self._sliding_window(cfg)
+        if self.is_moe:
+            routed = {int(t.name.split(".")[1]) for t in self.reader.tensors
+                      if t.name.startswith("blk.") and t.name.endswith(".ffn_gate_inp.weight")}
+            moe_hf_config(cfg, md, arch, routed, "model.layers.0.self_attn.q_proj.bias" in self._tensors,
+                          self.path.name)
         if arch in _NORM_SHIFTED:
             self._gemma(cfg)
         freqs = self._optional_tensor("rope_freqs.weight")

@@ -113,27 +113,6 @@ def test_the_cpu_decoder_stack_steps_aside():
     assert "MoE" in unsupported_reason(MoECausalLM(cfg, max_positions=32))
 
 
-def test_a_moe_gguf_is_refused_by_name(tmp_path):
-    """llama.cpp writes Mixtral as architecture "llama" with stacked expert tensors: refused, not half-read."""
-    import gguf
-    import numpy as np
-
-    from hyspec.model.gguf_checkpoint import GGUFCheckpoint
-
-    out = tmp_path / "mixtral.gguf"
-    w = gguf.GGUFWriter(str(out), "llama")
-    w.add_block_count(1)
-    w.add_expert_count(8)
-    w.add_expert_used_count(2)
-    w.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((8, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(CheckpointError, match="mixture-of-experts GGUF .*expert_count 8"):
-        GGUFCheckpoint(out)
-
-
 @pytest.mark.slow
 def test_onnx_export_takes_the_gathered_path_and_matches_torch(tmp_path):
     """Tracing takes the sync-free path, so the exported graph routes every token as torch does."""

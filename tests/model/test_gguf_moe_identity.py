@@ -1,0 +1,73 @@
+"""Temperature 0 on a mixture-of-experts GGUF target (Qwen2-MoE in Q8_0, as llama.cpp writes it): every
+speculative method returns plain decoding's tokens.  The CPU backend computes the attention linears with the
+file's Q8_0 codes; the routed experts stay dense (hyspec.model.quantize_model).
+
+Default tier, as tests/model/test_moe_identity.py does for the safetensors checkpoint: prompt lookup, a
+separate draft model, the target drafting for itself (every draft accepted) and random trees around the
+greedy continuation (deep acceptances, so the routed blocks verify tree-shaped batches)."""
+from __future__ import annotations
+
+import pytest
+
+from hyspec import LLM, SamplingParams
+from tests.model.gguf_moe_fixtures import write_moe_gguf
+from tests.model.moe_fixtures import make_moe_checkpoint
+from tests.spec.conftest import PROMPTS
+from tests.spec.oracle_tree import OracleTreeProposer
+
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
+BATCH = PROMPTS[:6]
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe_gguf")
+    make_moe_checkpoint(root / "src", "qwen2_moe_a", seed=3, intermediate_size=96, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=64)
+    return write_moe_gguf(root / "src", root / "qwen2moe-q8_0.gguf", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def plain(moe_gguf):
+    llm = LLM(str(moe_gguf), dtype="float32", kv_cache_bytes=8 << 20)
+    assert llm.engine.model.quantization.linears.get("int8 (Q8_0)") == 2 * 2, llm.engine.model.quantization.summary()
+    return [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)]
+
+
+def _generate(target, spec):
+    llm = LLM(str(target), dtype="float32", kv_cache_bytes=8 << 20, speculative_config={**FAST, **spec})
+    return llm, [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)]
+
+
+def test_prompt_lookup_identical_to_plain(moe_gguf, plain):
+    llm, out = _generate(moe_gguf, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                    "prompt_lookup_max": 3})
+    assert out == plain
+    assert llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"] > 0
+    llm.engine.pool.assert_all_free()
+
+
+def test_draft_model_identical_to_plain(moe_gguf, plain, tmp_path):
+    from tests.model.tiny_checkpoint import make_checkpoint
+
+    make_checkpoint(tmp_path, "llama_gqa", layers=1, seed=7)
+    llm, out = _generate(moe_gguf, {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3})
+    assert out == plain
+    assert llm.engine.spec.metrics.snapshot()["totals"]["draft_tokens"] > 0
+
+
+def test_self_draft_accepts_everything(moe_gguf, plain):
+    llm, out = _generate(moe_gguf, {"method": "draft_model", "model": str(moe_gguf), "num_speculative_tokens": 4})
+    assert out == plain
+    t = llm.engine.spec.metrics.snapshot()["totals"]
+    assert t["draft_tokens"] > 0 and t["accepted_tokens"] == t["draft_tokens"]
+
+
+def test_random_trees_identical_to_plain(moe_gguf, plain):
+    llm = LLM(str(moe_gguf), dtype="float32", kv_cache_bytes=8 << 20,
+              speculative_config={**FAST, "method": "ngram", "num_speculative_tokens": 8})
+    refs = {tuple(llm.tokenizer.encode(p)): out for p, out in zip(BATCH, plain)}
+    llm.engine.spec.proposers["ngram"] = OracleTreeProposer(refs, llm.engine.config.vocab_size, seed=1)
+    assert [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)] == plain
+    assert llm.engine.spec.metrics.snapshot()["totals"]["accepted_per_position"][2] > 0
