@@ -70,8 +70,13 @@ def _refuse_what_transformers_drops(src: Path) -> None:
     keeps in no other form) and a llama file's sliding window: the written directory would be another model,
     so it is not written."""
     from hyspec.model.gguf_checkpoint import GGUFCheckpoint
+    from hyspec.model.moe_config import MOE_MODEL_TYPES
 
     config = GGUFCheckpoint(src).hf_config()
+    if config["model_type"] in MOE_MODEL_TYPES:
+        raise HyspecError(f"{src.name} is a mixture-of-experts model ({config['model_type']}), which transformers' "
+                          "GGUF reader does not convert (it reads a Mixtral file as a dense Llama and stops on Qwen "
+                          "MoE expert shapes): nothing was written; serve the GGUF itself")
     if config.get("sliding_window"):
         raise HyspecError(f"{src.name} has a sliding attention window ({config['sliding_window']}), which "
                           "transformers' GGUF reader does not carry into the config: the exported directory would "

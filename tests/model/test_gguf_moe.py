@@ -152,3 +152,17 @@ def test_a_moe_gguf_of_another_architecture_is_refused_by_name(tmp_path):
 
     with pytest.raises(CheckpointError, match="architecture 'qwen2'.*llama \\(Mixtral\\), qwen2moe and qwen3moe"):
         GGUFCheckpoint(_tiny_moe_gguf(tmp_path / "m.gguf", arch="qwen2"))
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_export_hf_refuses_a_moe_gguf(name, tmp_path):
+    """transformers' GGUF reader turns a Mixtral file into a dense Llama (the experts dropped) and stops on the
+    Qwen MoE expert shapes: export-hf writes nothing rather than another model."""
+    from hyspec.errors import HyspecError
+    from hyspec.model.export_hf import export_hf
+
+    _source(name, tmp_path / "src")
+    gguf_file = write_moe_gguf(tmp_path / "src", tmp_path / "m.gguf", "F32")
+    with pytest.raises(HyspecError, match=r"mixture-of-experts model \((mixtral|qwen2_moe)\).*nothing was written"):
+        export_hf(gguf_file, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
