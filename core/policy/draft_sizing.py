@@ -84,13 +84,17 @@ class DraftSizer:
         if scores is None:
             return
         accepted = set(accepted_path)
-        keep = 1.0 - self.alpha
         for i, parent in enumerate(tree.parents.tolist()):
             if i == 0 or (parent != 0 and parent not in accepted):
                 continue  # the root, or a node verification never reached
-            cell = cell_of(scores.source, scores.match_length, scores.conditional[i - 1])
-            self._reached[cell] = self._reached.get(cell, 0.0) * keep + 1.0
-            self._accepted[cell] = self._accepted.get(cell, 0.0) * keep + (i in accepted)
+            self.observe_node(cell_of(scores.source, scores.match_length, scores.conditional[i - 1]), i in accepted)
+
+    def observe_node(self, cell: Cell, accepted: bool) -> None:
+        """One verified node of ``cell`` whose parent was accepted (callers that hold chains, not trees: the
+        proposer inside vLLM, hyspec.vllm.hybrid)."""
+        keep = 1.0 - self.alpha
+        self._reached[cell] = self._reached.get(cell, 0.0) * keep + 1.0
+        self._accepted[cell] = self._accepted.get(cell, 0.0) * keep + accepted
 
     # -- the step's choice --------------------------------------------------------------------------
     def size(self, trees: Mapping[str, DraftTree], batch: int, spec_seconds: Callable[[float], float],

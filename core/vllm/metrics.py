@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from hyspec.vllm.hybrid import ALL_BATCH_CLASSES
+
 #: stats key -> (metric name without the _total suffix, help, labels)
 COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "drafts_own": ("hyspec_vllm_drafts", "Drafts proposed, by where the continuation came from.", {"source": "own"}),
@@ -40,17 +42,32 @@ COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
                              "Rows of remote steps drafted with remote.fallback (no worker up, or no request id).", {}),
     "quality_warnings": ("hyspec_vllm_quality_warnings",
                          "Draft-quality alerts raised (acceptance EWMA low, or its std high; hyspec.spec.quality).", {}),
+    **{f"hybrid_batch_{klass}_{what}": (
+        "hyspec_vllm_hybrid_decisions",
+        "Hybrid steps by batch-size class, and whether any draft was sent (drafted=\"false\": the auto-off, "
+        "the load fallback included).", {"batch": klass, "drafted": "true" if what == "drafted" else "false"})
+       for klass in ALL_BATCH_CLASSES for what in ("drafted", "plain")},
+    "hybrid_cut_tokens": ("hyspec_vllm_hybrid_cut_tokens",
+                          "Draft tokens the hybrid's arms drafted and its plan did not send (they would not pay).", {}),
+    "hybrid_probes": ("hyspec_vllm_hybrid_probes",
+                      "Steps that sent one row's draft whole after explore_interval steps without drafts.", {}),
+    "hybrid_cost_probes": ("hyspec_vllm_hybrid_cost_probes",
+                           "Steps left without drafts to measure vLLM's step cost at another token count.", {}),
+    "propose_seconds": ("hyspec_vllm_propose_seconds", "Time spent in propose: drafting and planning.", {}),
 }
 #: gauges() key -> (metric name, help): labelled values that are true now
 GAUGES: dict[str, tuple[str, str]] = {
     "quality_alert": ("hyspec_vllm_quality_alert",
                       "1 while a method's draft-quality alert is raised (reason: low_acceptance, unstable_acceptance)."),
     "remote_worker_pid": ("hyspec_vllm_remote_worker_pid", "A remote draft worker's process id, from its last ping."),
+    "step_cost": ("hyspec_vllm_step_cost_seconds",
+                  "The hybrid's fit of vLLM's step time (term: fixed, per_token scored, per_token_past_knee; "
+                  "knee_tokens is the knee, in tokens)."),
 }
 Gauges = Callable[[], Mapping[str, list[tuple[Mapping[str, str], float]]]]
 
 
-def collector(stats: Callable[[], Mapping[str, int]], gauges: Gauges | None = None) -> Any:
+def collector(stats: Callable[[], Mapping[str, float]], gauges: Gauges | None = None) -> Any:
     """A prometheus_client collector reading ``stats()`` (and ``gauges()``) at scrape time."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
@@ -77,7 +94,7 @@ def collector(stats: Callable[[], Mapping[str, int]], gauges: Gauges | None = No
     return _ProposerCollector()
 
 
-def serve_metrics(port: int, stats: Callable[[], Mapping[str, int]], gauges: Gauges | None = None) -> Any:
+def serve_metrics(port: int, stats: Callable[[], Mapping[str, float]], gauges: Gauges | None = None) -> Any:
     """Start the endpoint on 127.0.0.1:``port`` in a daemon thread; returns the registry it serves."""
     from prometheus_client import CollectorRegistry, start_http_server
 

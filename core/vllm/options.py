@@ -12,7 +12,7 @@ from hyspec.errors import ConfigError
 OPTIONS_ENV = "HYSPEC_VLLM_CONFIG"
 LOCAL = ("suffix", "ngram")  # drafted in the proposer's own process
 DRAFTING = (*LOCAL, "remote")  # remote: a drafter on Ray CPU workers (core/vllm/remote_arm.py)
-METHODS = (*DRAFTING, "hybrid")  # hybrid: a bandit picks among hybrid_arms and no draft, step by step
+METHODS = (*DRAFTING, "hybrid")  # hybrid: per step and row, the hybrid_arms' draft tokens that pay (or none)
 # What remote workers may host inside vLLM: drafters that read token ids alone.  vLLM's hook hands the proposer
 # no target hidden states, so eagle, eagle3, mtp, dflash and dspark cannot be fed from here.
 REMOTE_METHODS = ("draft_model", "ngram", "suffix")
@@ -66,9 +66,12 @@ class VllmOptions:
     # "default": the one shipped for hyspec's default model, else its directory
     suffix_corpus: str = ""
     metrics_port: int = 0  # a Prometheus endpoint on 127.0.0.1 for hyspec's counters (core/vllm/metrics.py); 0: off
-    hybrid_arms: tuple[str, ...] = LOCAL  # hybrid: the drafting methods the bandit weighs against no draft
+    hybrid_arms: tuple[str, ...] = LOCAL  # hybrid: the drafting methods weighed against no draft (core/vllm/hybrid.py)
     load_threshold: float = 0.75  # hybrid: no drafts while the batch holds more than this share of max_num_seqs
-    bandit_explore_fraction: float = 0.1  # hybrid: hyspec.policy.bandit's exploration bound
+    # hybrid: after this many steps in a row that sent no draft while drafts were there, one step verifies the
+    # likeliest row's chain whole, so a stale acceptance estimate cannot keep drafting off; 0: never
+    explore_interval: int = 64
+    min_gain: float = 0.02  # hybrid: drafts are sent only where the predicted goodput beats plain's by this share
     # the canary: this share of requests (by a hash of the request id) is decoded without drafts, the control
     # group (the seed ran 0.05); 0: every request may draft
     control_fraction: float = 0.0
@@ -93,8 +96,10 @@ class VllmOptions:
             raise ConfigError("hybrid_arms", f"{list(self.hybrid_arms)} names an arm twice")
         if not 0.0 < self.load_threshold <= 1.0:
             raise ConfigError("load_threshold", f"must be in (0, 1], got {self.load_threshold}")
-        if not 0.0 < self.bandit_explore_fraction <= 0.5:
-            raise ConfigError("bandit_explore_fraction", f"must be in (0, 0.5], got {self.bandit_explore_fraction}")
+        if not 0 <= self.explore_interval <= 1_000_000:
+            raise ConfigError("explore_interval", f"must be in 0..1000000 (0: never), got {self.explore_interval}")
+        if not 0.0 <= self.min_gain <= 10.0:
+            raise ConfigError("min_gain", f"must be in [0, 10], got {self.min_gain}")
         if self.suffix_max_cached_requests < 0:
             raise ConfigError("suffix_max_cached_requests", f"must be >= 0, got {self.suffix_max_cached_requests}")
         if not 0.0 <= self.control_fraction < 1.0:

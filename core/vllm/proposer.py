@@ -13,8 +13,9 @@ are chains (the hook has no trees), so a suffix tree is cut to its likeliest pat
 
 hyspec's own options come from the JSON file that ``HYSPEC_VLLM_CONFIG`` names (core/vllm/options.py; unset:
 suffix decoding with vLLM's suffix defaults).  It proposes with ``suffix`` (the request's own tokens and the
-responses of finished requests), ``ngram``, or ``hybrid``: a bandit choosing among them and no draft, step by
-step, from vLLM's measured goodput, behind a load fallback (core/vllm/hybrid.py).  What it keeps follows
+responses of finished requests), ``ngram``, or ``hybrid``: every arm drafts, each row keeps its likeliest chain,
+and the step sends only the draft tokens that pay for the batch at hand, from a cost model of vLLM's step and
+each arm's measured acceptance (none when nothing pays), behind a load fallback (core/vllm/hybrid.py).  What it keeps follows
 requests, not rows (core/vllm/requests.py): a request's indexed tokens, its last draft (vLLM reports the acceptance back as the
 row's sampled tokens, accepted drafts + 1), and its response when it leaves the batch.  Its counters are
 scrapeable from the drafting process (``metrics_port``, core/vllm/metrics.py).
@@ -39,7 +40,10 @@ import numpy as np
 from hyspec.drafters.ngram.proposer import find_continuation
 from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
 from hyspec.drafters.suffix.proposer import (
+    CACHE,
+    CORPUS,
     MAX_PER_KEY,
+    OWN,
     Draft,
     SuffixProposer,
     SuffixSettings,
@@ -47,15 +51,23 @@ from hyspec.drafters.suffix.proposer import (
 from hyspec.drafters.suffix.store import TokenStore
 from hyspec.errors import CheckpointError, ConfigError
 from hyspec.policy.canary import CONTROL, SPEC, Canary
-from hyspec.policy.signals import MATCH_LENGTH_CAP, NONE
+from hyspec.policy.signals import NONE
 from hyspec.spec.config import QualityConfig
 from hyspec.spec.quality import DraftQualityMonitor
-from hyspec.vllm.hybrid import VllmHybrid
+from hyspec.vllm.hybrid import (
+    ALL_BATCH_CLASSES,
+    NGRAM_SOURCE,
+    REMOTE_SOURCE,
+    Candidate,
+    VllmHybrid,
+)
 from hyspec.vllm.options import DRAFTING, OPTIONS_ENV, VllmOptions, load_options
-from hyspec.vllm.requests import LiveRequest, RequestTable, RowIdentity, identify_rows
+from hyspec.vllm.requests import LiveRequest, RequestTable, identify_rows
 
 __all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "likeliest_path", "load_options"]
 log = logging.getLogger(__name__)
+#: a suffix draft's source (hyspec.drafters.suffix.proposer) -> the stats key that counts it
+_SOURCE_STATS = {OWN: "drafts_own", CACHE: "drafts_cache", CORPUS: "drafts_corpus"}
 
 
 class HyspecProposer:
@@ -80,7 +92,8 @@ class HyspecProposer:
                       "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)},
                       **{f"canary_{what}_{arm}": 0 for what in ("requests", "tokens") for arm in (SPEC, CONTROL)},
                       "remote_drafts": 0, "remote_rows_without_draft": 0, "remote_fallback_rows": 0,
-                      "quality_warnings": 0}
+                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "propose_seconds": 0.0,
+                      **{f"hybrid_batch_{c}_{d}": 0 for c in ALL_BATCH_CLASSES for d in ("drafted", "plain")}}
         self.canary = Canary(1.0 - o.control_fraction, o.canary_salt) if o.control_fraction else None
         self.quality_alerts: dict[tuple[str, str], bool] = {}  # (method, reason) -> raised now
         self.quality = DraftQualityMonitor(QualityConfig(o.quality_min_acceptance, o.quality_max_std,
@@ -89,7 +102,7 @@ class HyspecProposer:
         self.hybrid = None
         if o.method == "hybrid":
             max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256))
-            self.hybrid = VllmHybrid(o.hybrid_arms, max_num_seqs, o.load_threshold, o.bandit_explore_fraction)
+            self.hybrid = VllmHybrid(max_num_seqs, o.load_threshold, o.explore_interval, o.min_gain)
         self.remote = None
         if o.uses_remote:
             from hyspec.vllm.remote_arm import (  # hyspec.remote brings torch and Ray
@@ -122,6 +135,8 @@ class HyspecProposer:
         alerts = sorted(self.quality_alerts.items())
         out: dict[str, list[tuple[dict[str, str], float]]] = {
             "quality_alert": [({"method": m, "reason": r}, float(up)) for (m, r), up in alerts]}
+        if self.hybrid is not None:
+            out["step_cost"] = [({"term": term}, value) for term, value in sorted(self.hybrid.cost_terms().items())]
         if self.remote is not None:
             out["remote_worker_pid"] = [({"worker": name}, float(w["pid"])) for name, w in
                                         sorted(self.remote.workers().items()) if w["pid"] is not None]
@@ -180,20 +195,83 @@ class HyspecProposer:
             rows.append((row, context, budget, live))
         for method, (accepted, drafted) in verified.items():
             self.quality.observe(method, accepted, drafted)
-        method = self._method(identity, rows, now)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         used: dict[int, str] = {}  # row -> the method that drafted it
         drafting = [r for r in rows if r[3] is None or r[3].arm != CONTROL]  # the canary's control rows: none
-        if method == "remote":
-            self._draft_remote(drafting, drafts, used)
-        elif method != NONE:
-            for row, context, budget, live in drafting:
-                drafts[row], used[row] = self.draft(context, budget, live, method), method
+        planned = None
+        if self.hybrid is not None and identity is not None:
+            planned = self._plan_hybrid(rows, drafting, sum(1 for s in sampled_token_ids if len(s)), drafts, used)
+        else:  # one method for every row (the hybrid without request ids: its first arm, and nothing learnt)
+            method = self.options.method if self.hybrid is None else self.options.hybrid_arms[0]
+            if method == "remote":
+                self._draft_remote(drafting, drafts, used)
+            else:
+                for row, context, budget, live in drafting:
+                    drafts[row], used[row] = self.draft(context, budget, live, method), method
         for row, _, _, live in rows:
             self.stats["drafted_tokens"] += len(drafts[row])
             if live is not None:
                 live.last_draft, live.last_method = len(drafts[row]), used.get(row, NONE)
+        end = time.perf_counter()
+        if planned is not None:  # vLLM's step runs from here to the next call
+            self.hybrid.sent([live.request_id for *_, live in rows], planned, end)
+        self.stats["propose_seconds"] += end - now
         return drafts
+
+    def _plan_hybrid(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]],
+                     drafting: list[tuple[int, np.ndarray, int, LiveRequest | None]], decoding: int,
+                     drafts: list[list[int]], used: dict[int, str]) -> dict[str, Candidate]:
+        """The hybrid's step: every arm's chains for the drafting rows, cut by the plan to what pays; fills
+        ``drafts`` and ``used``; returns what was sent, by request id."""
+        if not rows:
+            return {}
+        if self.hybrid.over_load(decoding):
+            sent: dict[str, Candidate] = {}
+        else:
+            sent = self.hybrid.plan(self._candidates(drafting), decoding)
+        row_of = {live.request_id: row for row, *_, live in rows}
+        arms: dict[str, int] = {}  # arm -> tokens it drafted this step
+        for rid, chain in sent.items():
+            row = row_of[rid]
+            drafts[row], used[row] = list(chain.tokens), chain.method
+            arms[chain.method] = arms.get(chain.method, 0) + len(chain.tokens)
+            if chain.method == "suffix":
+                self.stats[_SOURCE_STATS[chain.source]] += 1
+        self.stats[f"hybrid_steps_{max(arms, key=arms.get) if arms else NONE}"] += 1
+        self.stats["load_fallback_steps"] = self.hybrid.load_fallback_steps
+        self.stats["hybrid_probes"] = self.hybrid.probes
+        self.stats["hybrid_cost_probes"] = self.hybrid.cost_probes
+        self.stats["hybrid_cut_tokens"] = self.hybrid.cut_tokens
+        for (klass, drafted), n in self.hybrid.decisions.items():
+            self.stats[f"hybrid_batch_{klass}_{'drafted' if drafted else 'plain'}"] = n
+        return sent
+
+    def _candidates(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]]) -> dict[str, list[Candidate]]:
+        """Each row's chain from every hybrid arm that finds one, by request id (every row has one here)."""
+        out: dict[str, list[Candidate]] = {live.request_id: [] for *_, live in rows}
+        local = [a for a in self.options.hybrid_arms if a != "remote"]
+        if "remote" in self.options.hybrid_arms:
+            chains = self.remote.draft([(live.request_id, live.tokens, budget) for _, _, budget, live in rows])
+            if chains is None:  # no worker up: the fallback drafts here, as for method "remote"
+                self.stats["remote_fallback_rows"] += len(rows)
+                fallback = self.options.remote.fallback
+                if fallback != NONE and fallback not in local:
+                    local.append(fallback)
+            else:
+                for (*_, live), chain in zip(rows, chains):
+                    self.stats["remote_drafts" if chain else "remote_rows_without_draft"] += 1
+                    if chain:
+                        out[live.request_id].append(Candidate("remote", tuple(chain), (1.0,) * len(chain),
+                                                              REMOTE_SOURCE, 0))
+        for _, context, budget, live in rows:
+            chains = out[live.request_id]
+            for arm in local:
+                if arm == "ngram" and any(c.method == "suffix" and len(c.tokens) == budget for c in chains):
+                    continue  # suffix matched the same tokens at least as far: prompt lookup adds nothing but time
+                chain = self._candidate(arm, context, budget, live)
+                if chain is not None:
+                    chains.append(chain)
+        return out
 
     def _draft_remote(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]], drafts: list[list[int]],
                       used: dict[int, str]) -> None:
@@ -222,39 +300,34 @@ class HyspecProposer:
             self.stats[f"canary_requests_{live.arm}"] += 1
         self.stats[f"canary_tokens_{live.arm}"] += sampled
 
-    def _method(self, identity: RowIdentity | None, rows: list, now: float) -> str:
-        """This step's method: the configured one, or the hybrid's choice (which needs request ids to learn)."""
-        if self.hybrid is None:
-            return self.options.method
-        if identity is None or not rows:
-            return self.options.hybrid_arms[0]
-        ids = [identity.request_ids[row] for row, *_ in rows]
-        mean_context = sum(len(context) for _, context, _, _ in rows) / len(rows)
-        match = None
-        if "suffix" in self.options.hybrid_arms:
-            match = max(self._match_length(live) for *_, live in rows)
-        method = self.hybrid.choose(ids, mean_context, match, now)
-        self.stats[f"hybrid_steps_{method}"] += 1
-        self.stats["load_fallback_steps"] = self.hybrid.load_fallback_steps
-        return method
-
-    def _match_length(self, live: LiveRequest) -> int:
-        """The longest copy suffix matching finds for the request now (its own tokens, then earlier responses)."""
-        cap = min(MATCH_LENGTH_CAP, self.options.suffix_max_tree_depth - 1)
-        n = live.store.longest_match(live.tokens, cap, exclude_end=(0, len(live.tokens) - 1)).length
-        if n < cap and self.options.suffix_max_cached_requests and len(self.cache):
-            n = max(n, self.cache.longest_match(live.tokens, cap).length)
-        if n < cap and self.corpus is not None:
-            n = max(n, self.corpus.longest_match(live.tokens, cap).length)
-        return n
-
     def draft(self, context: np.ndarray, budget: int, live: LiveRequest | None = None,
               method: str | None = None) -> list[int]:
         """A chain of at most ``budget`` tokens to follow ``context`` (a request's prompt and output so far);
         ``live``: the request's indexed tokens (None: index ``context`` for this call alone)."""
+        chain = self._candidate(method or self.options.method, context, budget, live)
+        if chain is None:
+            return []
+        if chain.method == "suffix":
+            self.stats[_SOURCE_STATS[chain.source]] += 1
+        return list(chain.tokens)
+
+    def _candidate(self, method: str, context: np.ndarray, budget: int, live: LiveRequest | None) -> Candidate | None:
+        """``method``'s chain (suffix or ngram) with what the hybrid judges its acceptance by; None: no draft."""
+        if method == "ngram":
+            return self._ngram_candidate(np.asarray(context), budget)
+        return self._suffix_candidate(context, budget, live)
+
+    def _ngram_candidate(self, context: np.ndarray, budget: int) -> Candidate | None:
+        """Prompt lookup, longest n-gram first (find_continuation), keeping which n matched."""
         o = self.options
-        if (method or o.method) == "ngram":
-            return find_continuation(np.asarray(context), o.prompt_lookup_min, o.prompt_lookup_max, budget)
+        for n in range(min(o.prompt_lookup_max, len(context) - 1), o.prompt_lookup_min - 1, -1):
+            follow = find_continuation(context, n, n, budget)
+            if follow:
+                return Candidate("ngram", tuple(follow), (1.0,) * len(follow), NGRAM_SOURCE, n)
+        return None
+
+    def _suffix_candidate(self, context: np.ndarray, budget: int, live: LiveRequest | None) -> Candidate | None:
+        o = self.options
         tokens = live.tokens if live is not None else [int(t) for t in context]
         if live is not None:
             store = live.store
@@ -262,18 +335,19 @@ class HyspecProposer:
             store = TokenStore(MAX_PER_KEY)
             store.extend(0, tokens)
         best = self._suffix.draft(store, tokens, budget, exclude_end=(0, len(tokens) - 1))
-        source = "drafts_own"
+        source = OWN
         if o.suffix_max_cached_requests and len(self.cache):
             cached = self._suffix.draft(self.cache, tokens, budget)
             if cached.score >= best.score and cached.tokens:  # ties: a re-run request's earlier answer
-                best, source = cached, "drafts_cache"
+                best, source = cached, CACHE
         if self.corpus is not None:
             shipped = self._suffix.draft(self.corpus, tokens, budget)
             if shipped.score > best.score:  # ties: the request's own tokens and this server's answers first
-                best, source = shipped, "drafts_corpus"
-        if best.tokens:
-            self.stats[source] += 1
-        return likeliest_path(best)
+                best, source = shipped, CORPUS
+        chain, conditional = likeliest_chain(best)
+        if not chain:
+            return None
+        return Candidate("suffix", tuple(chain), tuple(conditional), source, best.match_length)
 
     def _remember_response(self, finished: LiveRequest) -> None:
         response = finished.tokens[finished.prompt_length:]
@@ -287,16 +361,22 @@ class HyspecProposer:
 
 def likeliest_path(draft: Draft) -> list[int]:
     """The chain from the root that takes each node's likeliest child (a tree's best single path)."""
+    return likeliest_chain(draft)[0]
+
+
+def likeliest_chain(draft: Draft) -> tuple[list[int], list[float]]:
+    """:func:`likeliest_path` and each of its tokens' conditional estimate (share of its parent's occurrences)."""
     best_child: dict[int, int] = {}  # draft node (0 = the root) -> its likeliest child's index (1-based)
     for i, parent in enumerate(draft.parents, start=1):
         current = best_child.get(parent)
         if current is None or draft.conditional[i - 1] > draft.conditional[current - 1]:
             best_child[parent] = i
-    path, node = [], 0
+    path, conditional, node = [], [], 0
     while node in best_child:
         node = best_child[node]
         path.append(draft.tokens[node - 1])
-    return path
+        conditional.append(draft.conditional[node - 1] if draft.conditional else 1.0)
+    return path, conditional
 
 
 class _QualityAlerts:
