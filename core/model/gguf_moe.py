@@ -116,42 +116,42 @@ def moe_hf_config(cfg: dict[str, Any], metadata: dict[str, Any], arch: str, rout
     def key(name: str, default: Any = None) -> Any:
         return metadata.get(f"{arch}.{name}", default)
 
-    def refuse(what: str) -> CheckpointError:
-        return CheckpointError(f"{file_name}: {arch} mixture-of-experts GGUF with {what} is not supported")
+    def refuse(what: str, why: str) -> CheckpointError:
+        return CheckpointError(f"{file_name}: {what} is not supported in a {arch} mixture-of-experts GGUF ({why})")
 
     experts, used = int(key("expert_count")), int(key("expert_used_count", 0) or 0)
     if used <= 0:
         raise CheckpointError(f"{file_name}: GGUF metadata lacks {arch}.expert_used_count (experts per token)")
     gating = key("expert_gating_func")
     if gating not in (None, _SOFTMAX_GATING):
-        raise refuse(f"{arch}.expert_gating_func {gating} (only softmax routing, 1)")
+        raise refuse(f"{arch}.expert_gating_func {gating}", "hyspec routes by softmax, 1")
     scale = key("expert_weights_scale")
     if scale not in (None, 0.0, 1.0):  # llama.cpp: 0 means unscaled
-        raise refuse(f"{arch}.expert_weights_scale {scale}")
+        raise refuse(f"{arch}.expert_weights_scale {scale}", "routing weights are not scaled")
     if (key("expert_group_count") or 1) > 1:
-        raise refuse(f"{arch}.expert_group_count {key('expert_group_count')} (grouped routing)")
+        raise refuse(f"{arch}.expert_group_count {key('expert_group_count')}", "grouped routing is not implemented")
     if (key("expert_shared_count") or 1) > 1:
-        raise refuse(f"{arch}.expert_shared_count {key('expert_shared_count')} (one shared expert at most)")
+        raise refuse(f"{arch}.expert_shared_count {key('expert_shared_count')}", "one shared expert at most")
     renormalise = _RENORMALISED[arch]
     stated = key("expert_weights_norm")
     if stated is not None and bool(stated) != renormalise:
-        raise refuse(f"{arch}.expert_weights_norm {bool(stated)}: llama.cpp renormalises {arch}'s top-k "
-                     f"probabilities {'always' if renormalise else 'never'} and ignores that key, so what the "
-                     "file means is ambiguous")
+        raise refuse(f"{arch}.expert_weights_norm {bool(stated)}",
+                     f"llama.cpp renormalises {arch}'s top-k probabilities {'always' if renormalise else 'never'} "
+                     "and ignores that key, so what the file means is ambiguous")
     layers = cfg["num_hidden_layers"]
     dense = [i for i in range(layers) if i not in routed_layers]
     cfg["model_type"] = MOE_GGUF_MODEL_TYPES[arch]
     cfg["num_experts_per_tok"] = used
     if arch == "llama":
         if dense:
-            raise refuse(f"layers {dense[:4]} without a router (ffn_gate_inp): hyspec's Mixtral routes every layer")
+            raise refuse(f"layers {dense[:4]} without a router (ffn_gate_inp)", "Mixtral routes every layer")
         cfg["num_local_experts"] = experts
         if key("expert_feed_forward_length") not in (None, cfg["intermediate_size"]):
             raise refuse(f"{arch}.expert_feed_forward_length {key('expert_feed_forward_length')} != "
-                         f"feed_forward_length {cfg['intermediate_size']} (Mixtral's experts are the MLP width)")
+                         f"feed_forward_length {cfg['intermediate_size']}", "Mixtral's experts are the MLP's width")
         return
     if cfg.get("use_sliding_window"):
-        raise refuse(f"{arch}.attention.sliding_window (the Qwen MoE window placement is not implemented)")
+        raise refuse(f"{arch}.attention.sliding_window", "the Qwen MoE window placement is not implemented")
     # llama.cpp's fallbacks when the widths are absent (src/models/qwen2moe.cpp, qwen3moe.cpp)
     cfg["num_experts"] = experts
     cfg["moe_intermediate_size"] = int(key("expert_feed_forward_length") or cfg["intermediate_size"] // used)

@@ -116,7 +116,7 @@ def _tiny_moe_gguf(path, arch: str = "qwen3moe", extra=None, tensors=None):
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"expert_weights_norm": False}, "expert_weights_norm False: llama.cpp renormalises"),
+    ({"expert_weights_norm": False}, "expert_weights_norm False"),
     ({"expert_gating_func": 2}, "expert_gating_func 2"),
     ({"expert_weights_scale": 2.5}, "expert_weights_scale 2.5"),
     ({"expert_shared_count": 2}, "expert_shared_count 2"),
@@ -125,7 +125,7 @@ def test_routing_metadata_hyspec_does_not_run_is_refused_by_name(extra, message,
     from hyspec.model.gguf_checkpoint import GGUFCheckpoint
 
     ckpt = GGUFCheckpoint(_tiny_moe_gguf(tmp_path / "m.gguf", extra=extra))
-    with pytest.raises(CheckpointError, match=f"qwen3moe mixture-of-experts GGUF with .*{message}"):
+    with pytest.raises(CheckpointError, match=f"{message}.* is not supported in a qwen3moe mixture-of-experts GGUF"):
         ckpt.hf_config()
 
 

@@ -9,13 +9,19 @@ Part 2, per architecture: a GGUF round trip (tests/model/test_gguf_gemma_phi3.py
 converter writes them, F32 and Q8_0): max |logit difference| of the GGUF against the checkpoint it came from
 (for Q8_0, the checkpoint holding the values the quantizer kept), and of the F32 file against transformers.
 
+Part 2b, mixture-of-experts GGUFs (tests/model/test_gguf_moe.py's sources: Mixtral, Qwen2-MoE, Qwen3-MoE and a
+Qwen3-MoE with dense layers, written as llama.cpp's converter writes them, F32 and Q8_0): the GGUF against the
+checkpoint it came from over an 11-token prompt + 64 paged greedy steps (logits, tokens) and on the dense path,
+and against transformers on the unrounded weights (for Q8_0 that is the quantization error).
+
 Part 3, per architecture on one tiny target (vocab 320 with the conformance byte tokenizer, weights drawn at
 std 0.08 so the greedy choices are not near-ties, Gemma 2 at its published caps 50 / 30): hyspec's
 conformance check (hyspec.conformance.methods.check_method) for every method it lists, on the CPU backend:
 batch 1 and a ragged batch token-identical to plain decoding, near-tie rate, KV pool clean.
 
 Run from the repository root:  python docs/results/2026-12-06/architectures/architectures.py --out results.json
-(``--quick``: part 1 on one config and part 2 on ngram only, to check the script works.)
+(``--quick``: part 1 on one config and part 3 on ngram only, to check the script works; ``--moe-gguf``: part 2b
+alone, merged into an existing ``--out`` file.)
 """
 from __future__ import annotations
 
@@ -79,6 +85,33 @@ def gguf_round_trip(arch: str, root: Path) -> dict:
     return out
 
 
+def moe_gguf_round_trip(name: str, root: Path) -> dict:
+    from tests.model.gguf_moe_fixtures import write_moe_gguf
+    from tests.model.test_gguf_moe import IDS, PROMPT, SOURCES, _logits, _source
+
+    family, changes = SOURCES[name]
+    out: dict = {"family": family, "changes": changes}
+    for qtype in ("F32", "Q8_0"):
+        src = root / f"gguf-{name}-{qtype}"
+        hf = _source(name, src)
+        gguf_file = write_moe_gguf(src, root / f"{name}-{qtype}.gguf", qtype)
+        source, model = load_model(src, dtype="float32"), load_model(gguf_file, dtype="float32")
+        ref_tokens, ref_logits = greedy_paged(source, PROMPT, steps=64)
+        tokens, logits = greedy_paged(model, PROMPT, steps=64)
+        got = _logits(model)
+        with torch.no_grad():
+            expected = hf(IDS).logits[0].float()
+        out[qtype] = {"gguf_vs_source_paged_max_abs_logit_diff": float((logits - ref_logits).abs().max()),
+                      "gguf_vs_source_dense_max_abs_logit_diff": float((got - _logits(source)).abs().max()),
+                      "greedy_tokens_equal_to_source": tokens == ref_tokens, "greedy_tokens": len(tokens),
+                      "gguf_vs_transformers_max_abs_logit_diff": float((got - expected).abs().max()),
+                      "logit_scale": float(expected.abs().max())}
+    return out
+
+
+MOE_GGUF_SOURCES = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_moe_mixed")
+
+
 def identity_matrix(arch: str, root: Path, methods: list[str] | None) -> dict:
     from hyspec.conformance.methods import MethodSettings, Workspace, check_method, check_plain, methods_to_check
     from hyspec.conformance.targets import resolve
@@ -105,8 +138,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--moe-gguf", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.moe_gguf:
+        out = json.loads(args.out.read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in MOE_GGUF_SOURCES:
+                out["gguf_round_trip"][name] = moe_gguf_round_trip(name, Path(tmp))
+                print(name, "gguf", out["gguf_round_trip"][name], flush=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return
     out: dict = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                              "python": platform.python_version(), "torch": torch.__version__},
                  "logits_vs_transformers": {}, "gguf_round_trip": {}, "identity": {}}
@@ -123,6 +165,9 @@ def main() -> None:
         for gguf_arch, arch in (("gemma2", "gemma2"), ("gemma3", "gemma3_text"), ("phi3", "phi3")):
             out["gguf_round_trip"][arch] = gguf_round_trip(gguf_arch, root)
             print(arch, "gguf", out["gguf_round_trip"][arch], flush=True)
+        for name in MOE_GGUF_SOURCES:
+            out["gguf_round_trip"][name] = moe_gguf_round_trip(name, root)
+            print(name, "gguf", out["gguf_round_trip"][name], flush=True)
         for arch in IDENTITY_TARGETS:
             out["identity"][arch] = identity_matrix(arch, root, ["ngram"] if args.quick else None)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
