@@ -1,4 +1,5 @@
-"""EAGLE-3 heads as vllm-project/speculators publishes them, and the EAGLE-3 variants hyspec refuses by name.
+"""EAGLE-3 heads as vllm-project/speculators publishes them, and the EAGLE-3 variants hyspec refuses by name
+(multi-layer and fc-less heads, which load: test_eagle3_vllm_variants.py).
 
 A speculators checkpoint (``speculators_model_type: eagle3``, the layer's config under
 ``transformer_layer_config``, the first layer as ``layers.0.*`` with a copy of the verifier's
@@ -112,22 +113,8 @@ def test_speculators_config_without_norm_before_residual_is_refused(tmp_path, ta
         load_head(write(tmp_path / "n", speculators_tensors(public_tensors(EAGLE3)), cfg), target, EAGLE3)
 
 
-def test_multi_layer_and_fc_less_heads_are_refused_by_name(tmp_path, target):
-    t = speculators_tensors(public_tensors(EAGLE3))
-    second = {k.replace("layers.0.", "layers.1."): v.clone() for k, v in t.items()
-              if k.startswith("layers.0.") and "hidden_norm" not in k}
-    cfg = speculators_config(head_config(EAGLE3))
-    with pytest.raises(CheckpointError, match="2 decoder layers: hyspec's EAGLE heads run one layer"):
-        load_head(write(tmp_path / "two", {**t, **second}, cfg), target, EAGLE3)
-    cfg["transformer_layer_config"]["num_hidden_layers"] = 3
-    with pytest.raises(CheckpointError, match="3 decoder layers"):
-        load_head(write(tmp_path / "three", t, cfg), target, EAGLE3)
-    no_fc = {k: v for k, v in public_tensors(EAGLE3).items() if k != "fc.weight"}
-    with pytest.raises(CheckpointError, match="without fc \\(the checkpoint has no fc.weight\\)"):
-        load_head(write(tmp_path / "nofc", no_fc, head_config(EAGLE3)), target, EAGLE3)
-    off = head_config(EAGLE3, eagle_config={"use_aux_hidden_state": False})
-    with pytest.raises(CheckpointError, match="without fc \\(eagle_config.use_aux_hidden_state is false\\)"):
-        load_head(write(tmp_path / "off", public_tensors(EAGLE3), off), target, EAGLE3)
+def test_a_norm_before_fc_is_refused_by_its_tensor(tmp_path, target):
+    # Multi-layer heads and heads without fc load now: tests/drafters/test_eagle3_vllm_variants.py.
     with pytest.raises(CheckpointError, match="input_norm.weight"):
         load_head(write(tmp_path / "in", {**public_tensors(EAGLE3), "input_norm.weight": torch.ones(3 * H)},
                         head_config(EAGLE3)), target, EAGLE3)

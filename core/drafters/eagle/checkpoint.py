@@ -24,6 +24,12 @@ the head's own when it differs from the target's (or the hidden sizes differ);
 otherwise the target's is shared.  The speculators layout (``layers.0.*``,
 ``transformer_layer_config``) and the EAGLE-3 variants refused by name are in
 :mod:`hyspec.drafters.eagle.published`.
+
+EAGLE-3 heads as vLLM's ``llama_eagle3.py`` also runs them are read (not written):
+``num_hidden_layers: N > 1`` with ``layers.1.* .. layers.{N-1}.*`` (q/k/v ``[*, H]``,
+``input_layernorm``, ``post_attention_layernorm``, mlp; a ``hidden_norm`` there is
+unused, as in vLLM), and heads without ``fc`` (``eagle_config.use_aux_hidden_state:
+false``) that read the target's last hidden state.
 """
 from __future__ import annotations
 
@@ -87,10 +93,10 @@ class _Names:
 
 
 def detect_layout(names: _Names) -> str:
-    published.refuse_multi_layer(names.layer_count)
     if any(n.startswith("midlayer.") for n in names.names):
         return EAGLE3
     if any(n.startswith("layers.0.") for n in names.names):
+        published.refuse_multi_layer_eagle1(names.layer_count)
         return EAGLE
     raise CheckpointError("the checkpoint holds neither an EAGLE layer (layers.0.*) nor an EAGLE-3 layer "
                           f"(midlayer.*); tensors: {sorted(names.names)[:6]}")
@@ -109,12 +115,21 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
     body.setdefault("hidden_act", "silu")
     try:
         layers = int(body.get("num_hidden_layers", 1))
+        # Read with every layer, so a sliding window on any of them is seen; the head's layers share one shape.
+        windows = ModelConfig.from_dict({**body, "num_hidden_layers": max(layers, 1),
+                                         "tie_word_embeddings": False}).layer_windows
         layer = ModelConfig.from_dict({**body, "num_hidden_layers": 1, "tie_word_embeddings": False})
     except KeyError as exc:
         raise CheckpointError(f"the head's config.json is missing required key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"the head's config.json has a malformed value: {exc}") from None
-    published.refuse_multi_layer(layers)
+    if method == EAGLE:
+        published.refuse_multi_layer_eagle1(layers)
+    else:
+        published.check_layer_count(layers, names.layer_count)
+    if any(w is not None for w in windows):
+        raise CheckpointError(f"the EAGLE head's config gives its layers sliding-window attention ({list(windows)}); "
+                              "hyspec's EAGLE heads attend over the whole context: not supported")
     H, V = target_cfg.hidden_size, target_cfg.vocab_size
     target_hidden = int(body.get("target_hidden_size") or layer.hidden_size)
     if layer.vocab_size != V:
@@ -123,11 +138,13 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
     if target_hidden != H:
         raise CheckpointError(f"the EAGLE head was trained for a target with hidden size {target_hidden}; "
                               f"this target has {H}")
+    use_fc = True
     if method == EAGLE3:
         published.refuse_variants(body, names.names)
+        use_fc = published.reads_fused_layers(body, names.names)
     fc_in = (3 if method == EAGLE3 else 2) * (target_hidden if method == EAGLE3 else layer.hidden_size)
     fc_shape = names.shape("fc.weight") if "fc.weight" in names else None
-    if fc_shape != (layer.hidden_size, fc_in):
+    if use_fc and fc_shape != (layer.hidden_size, fc_in):
         raise CheckpointError(f"fc.weight has shape {fc_shape}; a head of hidden size {layer.hidden_size} for a "
                               f"target of hidden size {H} needs {(layer.hidden_size, fc_in)}")
     prefix = _LAYER_PREFIX[method]
@@ -136,63 +153,80 @@ def eagle_config(raw: dict[str, Any], names: _Names, method: str, target_cfg: Mo
                            input_layernorm=prefix + "input_layernorm.weight" in names)
     eagle_cfg = body.get("eagle_config") or {}
     ids = body.get("eagle_aux_hidden_state_layer_ids") or eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
-    try:
-        ids = tuple(int(j) for j in ids) if ids else default_aux_layer_ids(target_cfg.num_hidden_layers)
-    except (TypeError, ValueError):
-        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {ids!r}") from None
-    if max(ids) > target_cfg.num_hidden_layers:
-        raise CheckpointError(f"eagle_aux_hidden_state_layer_ids {list(ids)} name layers the target "
-                              f"({target_cfg.num_hidden_layers} layers) does not have")
+    if use_fc:
+        try:
+            ids = tuple(int(j) for j in ids) if ids else default_aux_layer_ids(target_cfg.num_hidden_layers)
+        except (TypeError, ValueError):
+            raise CheckpointError("eagle_aux_hidden_state_layer_ids must be a list of layer numbers, "
+                                  f"got {ids!r}") from None
+        if max(ids) > target_cfg.num_hidden_layers:
+            raise CheckpointError(f"eagle_aux_hidden_state_layer_ids {list(ids)} name layers the target "
+                                  f"({target_cfg.num_hidden_layers} layers) does not have")
+    else:
+        ids = ()  # vLLM hands an fc-less head the target's last hidden state and captures no aux layers
     own_embed = layer.hidden_size != H
     if own_embed and "embed_tokens.weight" not in names:
         raise CheckpointError(f"an EAGLE-3 head of hidden size {layer.hidden_size} for a target of hidden size {H} "
                               "must carry embed_tokens.weight")
     return EagleConfig(EAGLE3, layer, target_hidden, V, int(body.get("draft_vocab_size") or V),
-                       fc_bias="fc.bias" in names, input_layernorm=True, aux_layer_ids=ids,
-                       norm_before_residual=bool(body.get("norm_before_residual", False)), own_embeddings=own_embed)
+                       fc_bias=use_fc and "fc.bias" in names, input_layernorm=True, aux_layer_ids=ids,
+                       norm_before_residual=bool(body.get("norm_before_residual", False)), own_embeddings=own_embed,
+                       num_layers=layers, use_fc=use_fc)
 
 
 def _layer_state(cfg: EagleConfig, names: _Names) -> dict[str, torch.Tensor]:
-    """hyspec names (``layer.*``, fused qkv / gate_up) from the public per-projection tensors."""
-    lc, prefix = cfg.layer, _LAYER_PREFIX[cfg.method]
+    """hyspec names (``layer.*``, fused qkv / gate_up) from the public per-projection tensors; an EAGLE-3
+    head's later layers (``layers.N.*``, N >= 1: H-wide q/k/v, an input_layernorm) as ``later_layers.{N-1}.*``."""
+    state = _decoder_layer_state(cfg, names, _LAYER_PREFIX[cfg.method], "layer.",
+                                 first_eagle3=cfg.method == EAGLE3, input_layernorm=cfg.input_layernorm)
+    for n in range(1, cfg.num_layers):
+        state.update(_decoder_layer_state(cfg, names, f"layers.{n}.", f"later_layers.{n - 1}.",
+                                          first_eagle3=False, input_layernorm=True))
+    return state
+
+
+def _decoder_layer_state(cfg: EagleConfig, names: _Names, prefix: str, into: str, first_eagle3: bool,
+                         input_layernorm: bool) -> dict[str, torch.Tensor]:
+    lc = cfg.layer
     H, I = lc.hidden_size, lc.intermediate_size
-    A = 2 * H if cfg.method == EAGLE3 else H  # attention input width
+    A = 2 * H if first_eagle3 else H  # attention input width
     q, kv = lc.num_attention_heads * lc.head_dim, lc.num_key_value_heads * lc.head_dim
     a, m = prefix + "self_attn.", prefix + "mlp."
     state = {
-        "layer.self_attn.qkv_proj.weight": torch.cat([names.get(a + "q_proj.weight", (q, A)),
-                                                      names.get(a + "k_proj.weight", (kv, A)),
-                                                      names.get(a + "v_proj.weight", (kv, A))]),
-        "layer.self_attn.o_proj.weight": names.get(a + "o_proj.weight", (H, q)),
-        "layer.mlp.gate_up_proj.weight": torch.cat([names.get(m + "gate_proj.weight", (I, H)),
-                                                    names.get(m + "up_proj.weight", (I, H))]),
-        "layer.mlp.down_proj.weight": names.get(m + "down_proj.weight", (H, I)),
-        "layer.post_attention_layernorm.weight": names.get(prefix + "post_attention_layernorm.weight", (H,)),
+        into + "self_attn.qkv_proj.weight": torch.cat([names.get(a + "q_proj.weight", (q, A)),
+                                                       names.get(a + "k_proj.weight", (kv, A)),
+                                                       names.get(a + "v_proj.weight", (kv, A))]),
+        into + "self_attn.o_proj.weight": names.get(a + "o_proj.weight", (H, q)),
+        into + "mlp.gate_up_proj.weight": torch.cat([names.get(m + "gate_proj.weight", (I, H)),
+                                                     names.get(m + "up_proj.weight", (I, H))]),
+        into + "mlp.down_proj.weight": names.get(m + "down_proj.weight", (H, I)),
+        into + "post_attention_layernorm.weight": names.get(prefix + "post_attention_layernorm.weight", (H,)),
     }
     if lc.qkv_bias:
-        state["layer.self_attn.qkv_proj.bias"] = torch.cat([names.get(a + "q_proj.bias", (q,)),
-                                                            names.get(a + "k_proj.bias", (kv,)),
-                                                            names.get(a + "v_proj.bias", (kv,))])
+        state[into + "self_attn.qkv_proj.bias"] = torch.cat([names.get(a + "q_proj.bias", (q,)),
+                                                             names.get(a + "k_proj.bias", (kv,)),
+                                                             names.get(a + "v_proj.bias", (kv,))])
     if lc.o_bias:
-        state["layer.self_attn.o_proj.bias"] = names.get(a + "o_proj.bias", (H,))
+        state[into + "self_attn.o_proj.bias"] = names.get(a + "o_proj.bias", (H,))
     if lc.mlp_bias:
-        state["layer.mlp.gate_up_proj.bias"] = torch.cat([names.get(m + "gate_proj.bias", (I,)),
-                                                          names.get(m + "up_proj.bias", (I,))])
-        state["layer.mlp.down_proj.bias"] = names.get(m + "down_proj.bias", (H,))
-    if cfg.input_layernorm:
-        state["layer.input_layernorm.weight"] = names.get(prefix + "input_layernorm.weight", (H,))
+        state[into + "mlp.gate_up_proj.bias"] = torch.cat([names.get(m + "gate_proj.bias", (I,)),
+                                                           names.get(m + "up_proj.bias", (I,))])
+        state[into + "mlp.down_proj.bias"] = names.get(m + "down_proj.bias", (H,))
+    if input_layernorm:
+        state[into + "input_layernorm.weight"] = names.get(prefix + "input_layernorm.weight", (H,))
     if lc.qk_norm:  # a Qwen3 layer (speculators' qwen3 transformer_layer_config)
         for norm in ("q_norm", "k_norm"):
-            state[f"layer.self_attn.{norm}.weight"] = names.get(a + f"{norm}.weight", (lc.head_dim,))
+            state[into + f"self_attn.{norm}.weight"] = names.get(a + f"{norm}.weight", (lc.head_dim,))
     return state
 
 
 def _head_state(cfg: EagleConfig, names: _Names) -> dict[str, torch.Tensor]:
     H = cfg.hidden_size
     state = _layer_state(cfg, names)
-    state["fc.weight"] = names.get("fc.weight", (H, cfg.feature_size if cfg.method == EAGLE3 else 2 * H))
-    if cfg.fc_bias:
-        state["fc.bias"] = names.get("fc.bias", (H,))
+    if cfg.use_fc:
+        state["fc.weight"] = names.get("fc.weight", (H, cfg.feature_size if cfg.method == EAGLE3 else 2 * H))
+        if cfg.fc_bias:
+            state["fc.bias"] = names.get("fc.bias", (H,))
     if cfg.method == EAGLE3:
         Vd, V = cfg.draft_vocab_size, cfg.vocab_size
         state["layer.hidden_norm.weight"] = names.get("midlayer.hidden_norm.weight", (H,))
@@ -293,9 +327,18 @@ def read_public_tensors(path: str | Path, method: str, target_cfg: ModelConfig) 
 # -- saving -----------------------------------------------------------------------------------
 
 
+def _refuse_writing(cfg: EagleConfig) -> None:
+    if cfg.num_layers != 1 or not cfg.use_fc:
+        shape = f"{cfg.num_layers} decoder layers" + ("" if cfg.use_fc else " and no fc")
+        raise CheckpointError(f"this EAGLE-3 head has {shape}: hyspec writes (save_head, hyspec export-drafter "
+                              "eagle3) one-layer heads behind fc only; serve the published directory as it is "
+                              "(hyspec and vLLM's llama_eagle3.py both read it)")
+
+
 def head_tensors(head: EagleHeadBase) -> dict[str, torch.Tensor]:
     """Every saved weight of ``head`` under its public name (target weights excluded)."""
     cfg = head.config
+    _refuse_writing(cfg)
     lc, prefix = cfg.layer, _LAYER_PREFIX[cfg.method]
     q, kv, I = lc.num_attention_heads * lc.head_dim, lc.num_key_value_heads * lc.head_dim, lc.intermediate_size
     layer, a, m = head.layer, prefix + "self_attn.", prefix + "mlp."
@@ -330,11 +373,13 @@ def head_tensors(head: EagleHeadBase) -> dict[str, torch.Tensor]:
 
 def head_config_dict(head: EagleHeadBase) -> dict[str, Any]:
     """The head's config.json body, in the layout SafeAILab / vLLM / SGLang read."""
+    _refuse_writing(head.config)
     return eagle_config_dict(head.config, head.fc.weight.dtype, head.fc.bias is not None)
 
 
 def eagle_config_dict(cfg: EagleConfig, dtype: torch.dtype, fc_bias: bool) -> dict[str, Any]:
     """An EAGLE head's config.json body from its :class:`EagleConfig` (weights in ``dtype``)."""
+    _refuse_writing(cfg)
     lc = cfg.layer
     raw = lc.raw
     d: dict[str, Any] = {

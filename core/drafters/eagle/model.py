@@ -1,4 +1,4 @@
-"""EAGLE draft heads: EAGLE-1/2 and EAGLE-3, one Llama decoder layer over the op table.
+"""EAGLE draft heads: EAGLE-1/2 and EAGLE-3, Llama decoder layers over the op table.
 
 Names as in the papers: ``f_i`` is the target's feature of token ``t_i``; the
 head reads *pairs* ``(f_i, t_{i+1})`` and its output at pair ``i`` stands for
@@ -18,6 +18,13 @@ head reads *pairs* ``(f_i, t_{i+1})`` and its output at pair ``i`` stands for
   ``lm_head`` whose id ``d`` means target id ``d + d2t[d]``.  Drafting feeds the
   layer's output (before ``norm``) back as ``f`` for depth > 1 -- the
   "training-time test" the head was trained with.
+* EAGLE-3 variants vLLM 0.32's ``llama_eagle3.py`` runs: ``num_hidden_layers > 1``
+  -- the first layer as above, every later one a plain decoder layer
+  (``input_layernorm``, H-wide q/k/v) on the residual stream alone, no embedding
+  -- and heads without ``fc`` (``eagle_config.use_aux_hidden_state: false``),
+  whose ``f`` is the target's last hidden state after its final norm (EAGLE-1's
+  feature) instead of three fused layers.  The output fed back and normed into
+  the logits is the last layer's residual stream.
 
 The embeddings (and for EAGLE-1 the lm_head) are the target's, shared and never
 saved.  The layer is :class:`hyspec.model.llama.DecoderLayer` and attends
@@ -27,6 +34,7 @@ pool, with explicit positions and tree masks like the target.
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,19 +75,32 @@ class EagleConfig:
     aux_layer_ids: tuple[int, ...] = ()  # EAGLE-3: vLLM ids of the fused target layers, low to high
     norm_before_residual: bool = False  # EAGLE-3 variant: the residual is hidden_norm(f), not f
     own_embeddings: bool = False  # EAGLE-3 heads that carry their own embed_tokens
+    num_layers: int = 1  # EAGLE-3: decoder layers; the later ones read the residual stream alone
+    use_fc: bool = True  # EAGLE-3: False reads the target's final hidden state, unfused (no aux layers)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise CheckpointError(f"EAGLE head method must be one of {METHODS}, got {self.method!r}")
         h = self.layer.hidden_size
+        if self.num_layers < 1:
+            raise CheckpointError(f"an EAGLE head needs at least one decoder layer, got {self.num_layers}")
         if self.method == EAGLE:
+            if self.num_layers != 1 or not self.use_fc:
+                raise CheckpointError("hyspec's EAGLE-1/2 heads are one decoder layer behind fc")
             if h != self.target_hidden_size:
                 raise CheckpointError(f"an EAGLE head's hidden size ({h}) must equal the target's "
                                       f"({self.target_hidden_size}): it feeds the target's lm_head")
             if self.draft_vocab_size != self.vocab_size:
                 raise CheckpointError("an EAGLE-1/2 head drafts over the target's whole vocabulary")
-        else:
-            if len(self.aux_layer_ids) != 3 or min(self.aux_layer_ids) < 1:
+        elif not self.use_fc:
+            if self.aux_layer_ids:
+                raise CheckpointError("an EAGLE-3 head without fc reads the target's final hidden state, "
+                                      f"not the layers {list(self.aux_layer_ids)}")
+            if h != self.target_hidden_size:
+                raise CheckpointError(f"an EAGLE-3 head without fc of hidden size {h} cannot read a target of "
+                                      f"hidden size {self.target_hidden_size}: nothing projects the feature")
+        if self.method == EAGLE3:
+            if self.use_fc and (len(self.aux_layer_ids) != 3 or min(self.aux_layer_ids) < 1):
                 raise CheckpointError(f"EAGLE-3 fuses three target layers with ids >= 1 (id 0, the embedding "
                                       f"output, is not available); got {list(self.aux_layer_ids)}")
             if not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -95,7 +116,7 @@ class EagleConfig:
     @property
     def feature_size(self) -> int:
         """Width of the raw target feature of one token (H, or 3H fused by EAGLE-3's fc)."""
-        return self.target_hidden_size * (3 if self.method == EAGLE3 else 1)
+        return self.target_hidden_size * (3 if self.method == EAGLE3 and self.use_fc else 1)
 
     @property
     def target_aux_layers(self) -> tuple[int, ...]:
@@ -104,7 +125,8 @@ class EagleConfig:
 
 
 class EagleHeadBase(nn.Module, metaclass=ABCMeta):
-    """One decoder layer over (token, feature) pairs; the target is shared, not a submodule."""
+    """A decoder layer over (token, feature) pairs, then ``num_layers - 1`` plain ones (EAGLE-3 only) on the
+    residual stream; the target is shared, not a submodule."""
 
     def __init__(self, cfg: EagleConfig, target: CausalLM, ops: OpTable | None = None,
                  max_positions: int | None = None):
@@ -112,6 +134,8 @@ class EagleHeadBase(nn.Module, metaclass=ABCMeta):
         self.config = cfg
         self.ops = ops or target.ops
         self.layer = DecoderLayer(cfg.layer)
+        # vLLM's layers 1.. (empty for a one-layer head, so its parameters and state dict are unchanged)
+        self.later_layers = nn.ModuleList(DecoderLayer(cfg.layer) for _ in range(cfg.num_layers - 1))
         self.max_positions = max_positions or cfg.layer.max_position_embeddings
         self.register_buffer("cos_sin", cos_sin_cache(cfg.layer, self.max_positions), persistent=False)
         # Plain attribute, not a submodule: the target's weights are neither trained nor saved here.
@@ -145,26 +169,51 @@ class EagleHeadBase(nn.Module, metaclass=ABCMeta):
         h, residual = self.ops.rms_norm(attn_out, norm.weight, norm.eps, residual)
         return self.layer.mlp(h) + residual
 
+    def _later_layers(self, h: torch.Tensor, attend) -> torch.Tensor:
+        """Layers 1.. on the first layer's output ``h``; ``attend(i, normed)`` runs layer ``i``'s attention.
+
+        As vLLM's ``LlamaDecoderLayer`` with ``layer_idx > 0``: ``input_layernorm`` of the residual stream,
+        no embedding, no ``hidden_norm``; the result is the stream after the last layer (its ``hidden_prenorm``).
+        """
+        for i, layer in enumerate(self.later_layers, start=1):
+            out, residual = layer(self.ops, h, None, lambda x, i=i: attend(i, x))
+            h = out + residual
+        return h
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
         hidden: torch.Tensor,  # [T, H] fused target features, or the head's own outputs
         positions: torch.Tensor,  # [T]
-        kv: tuple[torch.Tensor, torch.Tensor],  # the head's (k_cache, v_cache) views of the pool
+        kv: tuple[torch.Tensor, torch.Tensor] | Sequence[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H] the head's output (stands for the next feature)
-        """The serving path: paged attention over the head's KV (prefix, chains and tree masks)."""
+        """The serving path: paged attention over the head's KV (prefix, chains and tree masks).
+
+        ``kv``: the head's (k_cache, v_cache) views of the pool, or one such pair per layer (``layout.caches``);
+        every layer writes the same slots of its own cache, so one page table serves them all."""
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} exceeds the head's RoPE table ({self.max_positions})")
+        caches = (kv,) if isinstance(kv[0], torch.Tensor) else tuple(kv)
+        if len(caches) != self.config.num_layers:
+            raise ValueError(f"the head has {self.config.num_layers} layers but {len(caches)} KV caches were given")
         x, residual = self.pre_attention(input_ids, hidden)
-        attn = self.layer.self_attn(self.ops, x, positions, self.cos_sin, kv, meta)
-        return self.post_attention(attn, residual)
+        attn = self.layer.self_attn(self.ops, x, positions, self.cos_sin, caches[0], meta)
+        h = self.post_attention(attn, residual)
+        if not self.later_layers:
+            return h
+        return self._later_layers(h, lambda i, x: self.later_layers[i - 1].self_attn(
+            self.ops, x, positions, self.cos_sin, caches[i], meta))
 
     def forward_dense(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Cache-free causal forward: ``input_ids [B, S]``, ``hidden [B, S, H]`` -> ``[B, S, H]`` (training)."""
         x, residual = self.pre_attention(input_ids, hidden)
         attn = self.layer.self_attn.forward_dense(self.ops, x, self.cos_sin)
-        return self.post_attention(attn, residual)
+        h = self.post_attention(attn, residual)
+        if not self.later_layers:
+            return h
+        return self._later_layers(h, lambda i, x: self.later_layers[i - 1].self_attn.forward_dense(
+            self.ops, x, self.cos_sin))
 
 
 class EagleHead(EagleHeadBase):
@@ -196,7 +245,8 @@ class Eagle3Head(EagleHeadBase):
                  max_positions: int | None = None):
         super().__init__(cfg, target, ops, max_positions)
         h, lc = cfg.hidden_size, cfg.layer
-        self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=cfg.fc_bias)
+        # Without fc (use_aux_hidden_state false) the feature is the target's final hidden state as it is.
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=cfg.fc_bias) if cfg.use_fc else None
         attn = self.layer.self_attn
         attn.qkv_proj = nn.Linear(2 * h, attn.q_size + 2 * attn.kv_size, bias=lc.qkv_bias)
         self.layer.hidden_norm = RMSNorm(h, lc.rms_norm_eps)
@@ -222,7 +272,7 @@ class Eagle3Head(EagleHeadBase):
         return self.target.embed(input_ids) if self.embed_tokens is None else self.embed_tokens(input_ids)
 
     def fuse(self, features):
-        return self.fc(features)
+        return features if self.fc is None else self.fc(features)
 
     def pre_attention(self, input_ids, hidden):
         ops, layer = self.ops, self.layer

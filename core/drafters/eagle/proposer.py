@@ -131,7 +131,9 @@ class EagleProposer(Proposer):
         self.tree = spec.tree
         self.pool = target.pool
         lc = cfg.layer
-        self.layout = self.pool.register(self.method, 1, lc.num_key_value_heads, lc.head_dim, target.dtype)
+        # One KV layer per head layer (vLLM's multi-layer EAGLE-3 heads): a page holds every layer's entries.
+        self.layout = self.pool.register(self.method, cfg.num_layers, lc.num_key_value_heads, lc.head_dim,
+                                         target.dtype)
         self.device = target.device
         self._states: OrderedDict[str, _HeadState] = OrderedDict()  # least recently drafted first
         self.pool.add_reclaimer(self._reclaim)
@@ -202,7 +204,7 @@ class EagleProposer(Proposer):
     def _run(self, feeds: list[Feed], hidden: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """One paged head forward; ``hidden [T, H]`` in feed order.  Returns outputs [T, H] and feed rows."""
         inputs = build_inputs(feeds, self.device)
-        out = self.head(inputs.input_ids, hidden, inputs.positions, self.layout.caches[0], inputs.meta)
+        out = self.head(inputs.input_ids, hidden, inputs.positions, self.layout.caches, inputs.meta)
         for f in feeds:
             f.kv.num_tokens = f.start + len(f.tokens)
         return out, inputs.token_rows
@@ -279,4 +281,6 @@ class Eagle3Proposer(EagleProposer):
     method = EAGLE3
 
     def _raw_features(self, hidden: CommittedHidden) -> torch.Tensor:  # [n, 3H]: low ; mid ; high
+        if not self.head.config.use_fc:  # vLLM's use_aux_hidden_state false: the target's last hidden state
+            return hidden.final
         return torch.cat([hidden.aux[j] for j in self._fusion_order], dim=-1)

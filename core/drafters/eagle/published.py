@@ -15,11 +15,13 @@ Layouts read here (upstream sources, read for their config keys and tensor names
   ``fc``), ``norm_before_fc`` (an ``input_norm`` before ``fc``), ``fc_norm`` (one norm per fused layer),
   ``norm_output``, ``logit_scale``, and ``num_hidden_layers > 1`` (later layers read the hidden state only).
 
-hyspec's EAGLE-3 head is one decoder layer behind ``fc`` over three fused target layers; the variants it
-does not compute are refused by name (:func:`refuse_variants`), never loaded with a switch ignored.
+hyspec's EAGLE-3 head runs ``fc`` over three fused target layers or, without ``fc``, the target's last hidden
+state (:func:`reads_fused_layers`), and one or more decoder layers (:func:`check_layer_count`); the variants
+it does not compute are refused by name (:func:`refuse_variants`), never loaded with a switch ignored.
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +36,8 @@ _SPECULATORS_EAGLE3_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_befo
 #: EAGLE-3 switches vLLM's llama_eagle3.py honours and hyspec's head does not compute: key -> the "off" value
 _UNCOMPUTED_SWITCHES = {"norm_before_fc": False, "fc_norm": False, "norm_output": False, "logit_scale": 1.0}
 _LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
+
+log = logging.getLogger(__name__)
 
 
 def speculators_eagle3_body(raw: dict[str, Any]) -> dict[str, Any] | None:
@@ -67,23 +71,50 @@ def decoder_layer_count(names: Iterable[str]) -> int:
     return max(found) + 1 if found else 0
 
 
-def refuse_multi_layer(layers: int) -> None:
+def refuse_multi_layer_eagle1(layers: int) -> None:
     if layers > 1:
-        raise CheckpointError(f"an EAGLE head with {layers} decoder layers: hyspec's EAGLE heads run one layer "
-                              "(vLLM's llama_eagle3.py runs the later ones on the hidden state alone); "
-                              "not supported, refused rather than drafted with layers dropped")
+        raise CheckpointError(f"an EAGLE-1/2 head with {layers} decoder layers: hyspec runs multi-layer heads for "
+                              "EAGLE-3 only (vLLM's llama_eagle3.py layout); not supported, refused rather than "
+                              "drafted with layers dropped")
+
+
+def check_layer_count(configured: int, stored: int) -> None:
+    """An EAGLE-3 head's ``num_hidden_layers`` against the ``layers.N.*`` its tensors hold (``midlayer.*``
+    alone is one layer).  vLLM builds the layers the config names and loads whatever tensors match, so a
+    disagreement would run layers with missing weights or drop stored ones: refused."""
+    stored = max(stored, 1)
+    if configured != stored:
+        raise CheckpointError(f"the EAGLE-3 head's config says num_hidden_layers {configured} but its tensors hold "
+                              f"{stored} decoder layers (layers.0 .. layers.{stored - 1}); a corrupt or mixed "
+                              "checkpoint")
+
+
+def reads_fused_layers(body: dict[str, Any], names: Iterable[str]) -> bool:
+    """Whether an EAGLE-3 head has ``fc`` over fused target layers (else it reads the target's last hidden state).
+
+    vLLM 0.32 decides by ``eagle_config.use_aux_hidden_state`` alone (default true), dropping a stored ``fc``
+    when it is false and leaving ``fc`` unloaded when the tensor is missing: the second is refused here.
+    """
+    eagle_cfg = body.get("eagle_config") or {}
+    use_aux = eagle_cfg.get("use_aux_hidden_state", True)
+    if not isinstance(use_aux, bool):
+        raise CheckpointError(f"eagle_config.use_aux_hidden_state must be true or false, got {use_aux!r}")
+    has_fc = "fc.weight" in set(names)
+    if use_aux and not has_fc:
+        raise CheckpointError("the EAGLE-3 head has no fc.weight but eagle_config.use_aux_hidden_state is not false: "
+                              "a head that reads the target's last hidden state unfused must say "
+                              "\"eagle_config\": {\"use_aux_hidden_state\": false} (vLLM would run an fc it never "
+                              "loaded)")
+    if not use_aux and has_fc:
+        log.warning("the EAGLE-3 head sets eagle_config.use_aux_hidden_state false: its fc.weight is ignored and it "
+                    "reads the target's last hidden state (as vLLM's llama_eagle3.py does)")
+    return use_aux
 
 
 def refuse_variants(body: dict[str, Any], names: Iterable[str]) -> None:
     """Refuse, naming the key or tensor, an EAGLE-3 head variant hyspec's head would run wrong."""
     eagle_cfg = body.get("eagle_config") or {}
     names = set(names)
-    if eagle_cfg.get("use_aux_hidden_state", True) is False or "fc.weight" not in names:
-        why = ("eagle_config.use_aux_hidden_state is false" if "fc.weight" in names or eagle_cfg.get(
-            "use_aux_hidden_state", True) is False else "the checkpoint has no fc.weight")
-        raise CheckpointError(f"an EAGLE-3 head without fc ({why}): it reads the target's last hidden state "
-                              "unfused, which hyspec's EAGLE-3 head (fc over three target layers) does not run; "
-                              "not supported")
     for key, off in _UNCOMPUTED_SWITCHES.items():
         value = eagle_cfg.get(key, body.get(key, off))
         if value is not None and value != off:

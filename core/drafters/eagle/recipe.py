@@ -104,6 +104,11 @@ def _init(head: nn.Module, std: float) -> None:
 def load_saved_head(method: str, drafter: EagleHeadBase, target: CausalLM, folder: Path) -> None:
     """``--init-from``: the saved head's weights (and, for EAGLE-3, its draft vocabulary) into ``drafter``."""
     saved = load_head(folder, target, method, dtype=torch.float32, device="cpu")  # checks the target's shapes
+    if saved.config.num_layers != 1 or not saved.config.use_fc:
+        # Copying such a head into the one-layer fc head trained here would drop layers or invent an fc.
+        raise ConfigError("--init-from", f"the {method} head in {folder} has {saved.config.num_layers} decoder "
+                                         f"layer(s){'' if saved.config.use_fc else ' and no fc'}; hyspec trains "
+                                         "one-layer EAGLE-3 heads behind fc only")
     if saved.config.layer.hidden_size != drafter.config.layer.hidden_size or \
             saved.config.layer.intermediate_size != drafter.config.layer.intermediate_size or \
             saved.config.draft_vocab_size != drafter.config.draft_vocab_size:
