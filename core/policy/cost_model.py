@@ -26,6 +26,7 @@ recent steps, which corrects the shape where the engine actually operates.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -101,17 +102,30 @@ class CostModel:
     # -- fitting -----------------------------------------------------------------------
     @classmethod
     def profile(cls, measure: Callable[[int, int], float], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
-                token_counts: Sequence[int] = (1, 2, 3, 5, 9, 17), repeats: int = 2, **kwargs) -> "CostModel":
+                token_counts: Sequence[int] = (1, 2, 3, 5, 9, 17), repeats: int = 2,
+                budget_s: float | None = None, clock: Callable[[], float] = time.perf_counter,
+                **kwargs) -> "CostModel":
         """Time ``measure(batch_size, tokens_per_seq) -> seconds`` on a grid and fit.
 
         One unrecorded call warms caches and kernels; each grid point keeps the
         fastest of ``repeats`` calls, since noise from other work only adds time.
+        Points are timed cheapest first (fewest tokens in all); with ``budget_s``,
+        no point is started once that much wall time has gone, so a slow or loaded
+        machine fits on the small steps it measured and refines the rest online
+        (a server that profiles for many minutes before it listens looks dead).
         """
         if repeats < 1:
             raise HyspecError(f"CostModel.profile: repeats must be >= 1, got {repeats}")
-        measure(batch_sizes[0], token_counts[0])
-        samples = [StepSample(b, n, min(float(measure(b, n)) for _ in range(repeats)))
-                   for b in batch_sizes for n in token_counts]
+        if budget_s is not None and not budget_s > 0:
+            raise HyspecError(f"CostModel.profile: budget_s must be > 0, got {budget_s}")
+        start = clock()
+        grid = sorted(((b, n) for b in batch_sizes for n in token_counts), key=lambda p: (p[0] * p[1], p[0]))
+        measure(*grid[0])
+        samples = []
+        for b, n in grid:
+            if budget_s is not None and samples and clock() - start > budget_s:
+                break
+            samples.append(StepSample(b, n, min(float(measure(b, n)) for _ in range(repeats))))
         return cls(samples, **kwargs)
 
     def fit(self, samples: Iterable[StepSample]) -> None:
@@ -119,6 +133,11 @@ class CostModel:
         self._anchor = list(samples)
         self._online.clear()
         self._refit()
+
+    @property
+    def num_anchor_samples(self) -> int:
+        """How many start-up (grid) samples the model is anchored on."""
+        return len(self._anchor)
 
     @property
     def fitted(self) -> bool:

@@ -14,10 +14,15 @@ from hyspec.seam.target import TargetContext
 log = logging.getLogger(__name__)
 
 CONTEXT = 16  # tokens of context per profiled sequence: attention cost is small next to weights here
+#: wall time after which no further grid point is timed: the full grid takes seconds on an idle machine, but
+#: many minutes on a loaded one, during which a server does not listen (the cost model refines online anyway)
+BUDGET_S = 20.0
 
 
-def profile_cost_model(target: TargetContext, token_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> CostModel:
-    """Time one verification step for (batch, tokens) on a grid that fits the pool and the batch limit."""
+def profile_cost_model(target: TargetContext, token_counts: tuple[int, ...] = (1, 2, 4, 8, 16),
+                       budget_s: float = BUDGET_S) -> CostModel:
+    """Time one verification step for (batch, tokens) on a grid that fits the pool and the batch limit,
+    cheapest points first, until ``budget_s`` of wall time has gone."""
     runner, layout, pool = target.runner, target.layout, target.pool
     if runner is None or layout is None or pool is None:
         raise ValueError("profiling needs the target's runner, KV layout and pool (an engine's TargetContext)")
@@ -45,6 +50,11 @@ def profile_cost_model(target: TargetContext, token_counts: tuple[int, ...] = (1
                 kv.release()
 
     t0 = time.perf_counter()
-    model = CostModel.profile(measure, batch_sizes=batch_sizes, token_counts=token_counts)
+    model = CostModel.profile(measure, batch_sizes=batch_sizes, token_counts=token_counts, budget_s=budget_s)
+    timed, grid = model.num_anchor_samples, len(batch_sizes) * len(token_counts)
+    if timed < grid:
+        log.warning("profiling the target step cost: stopped after %.0fs with %d of %d (batch, tokens) points "
+                    "timed (the machine is slow or busy); the rest of the cost model is learned online",
+                    time.perf_counter() - t0, timed, grid)
     log.info("profiled the target step cost in %.1fs: %s", time.perf_counter() - t0, model.coefficients())
     return model
