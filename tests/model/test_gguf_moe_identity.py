@@ -71,3 +71,28 @@ def test_random_trees_identical_to_plain(moe_gguf, plain):
     llm.engine.spec.proposers["ngram"] = OracleTreeProposer(refs, llm.engine.config.vocab_size, seed=1)
     assert [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)] == plain
     assert llm.engine.spec.metrics.snapshot()["totals"]["accepted_per_position"][2] > 0
+
+
+@pytest.mark.slow
+def test_every_method_identical_to_plain(tmp_path):
+    """hyspec's conformance check for every method it lists (random drafters built for the target), CPU backend,
+    on a Q8_0 Qwen2-MoE GGUF: batch 1 and a ragged batch equal plain decoding, near-tie rate, KV pool clean.
+    The prompts are the conformance byte-id prompts; the file's vocabulary is the tiny BPE one (a GGUF's gpt2
+    vocabulary needs merges, which the conformance byte tokenizer has none of)."""
+    from hyspec.conformance.methods import MethodSettings, check_method, check_plain, methods_to_check
+    from hyspec.conformance.targets import resolve
+    from tests.model.hf_fixtures import identity_workspace
+    from tests.model.moe_fixtures import make_moe_checkpoint
+
+    src = tmp_path / "src"
+    make_moe_checkpoint(src, "qwen2_moe_a", seed=7, initializer_range=0.08, intermediate_size=96,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=64)
+    target = write_moe_gguf(src, tmp_path / "qwen2moe-q8_0.gguf", "Q8_0")
+    ws = identity_workspace(tmp_path / "ws", target)
+    settings = MethodSettings()
+    backend = resolve("cpu")[0]
+    results = [check_plain(backend, ws, settings)] + [check_method(backend, ws, m, settings)
+                                                      for m in methods_to_check()]
+    failed = [(r.name, r.status, r.detail) for r in results
+              if r.status != "pass" and not (r.status == "skip" and "not in this build" in r.detail)]
+    assert not failed, failed
