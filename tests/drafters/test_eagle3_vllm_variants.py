@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from hyspec import LLM, SamplingParams
 from hyspec.bench.vllm_server import PYTHON_ENV
-from hyspec.drafters.eagle.checkpoint import head_config_dict, head_tensors, load_head
+from hyspec.drafters.eagle.checkpoint import (eagle_config_dict, head_config_dict, head_tensors, load_head,
+                                              read_public_tensors)
 from hyspec.drafters.eagle.model import EAGLE, EAGLE3
 from hyspec.drafters.eagle.recipe import Eagle3Recipe, load_saved_head
 from hyspec.errors import CheckpointError, ConfigError
@@ -328,8 +329,11 @@ def test_sliding_window_layers_are_refused(tmp_path, target):
 
 
 def test_writing_them_is_refused_naming_what_is_written(tmp_path, target):
-    head = load_head(_write_multi_layer(tmp_path / "h", "vllm", public_tensors(EAGLE3), 2), target, EAGLE3)
-    for write_out in (head_tensors, head_config_dict):
+    path = _write_multi_layer(tmp_path / "h", "vllm", public_tensors(EAGLE3), 2)
+    head = load_head(path, target, EAGLE3)
+    for write_out in (head_tensors, head_config_dict,  # save_head; then what export-drafter eagle3 runs
+                      lambda _: eagle_config_dict(read_public_tensors(path, EAGLE3, target.config)[0], torch.float32,
+                                                  False)):
         with pytest.raises(CheckpointError, match="2 decoder layers: hyspec writes .*one-layer heads behind fc only"):
             write_out(head)
     cfg = head_config(EAGLE3, **NO_FC)

@@ -66,7 +66,7 @@ class EagleConfig:
     """What an EAGLE head is: its decoder layer's shape plus the EAGLE-specific parts."""
 
     method: str  # "eagle" (EAGLE-1/2 layout) or "eagle3"
-    layer: ModelConfig  # the single decoder layer (hidden size, heads, MLP, RoPE, eps)
+    layer: ModelConfig  # the decoder layers' shape, alike in all of them (hidden size, heads, MLP, RoPE, eps)
     target_hidden_size: int
     vocab_size: int  # the target's vocabulary
     draft_vocab_size: int  # lm_head rows; == vocab_size for EAGLE-1
