@@ -14,6 +14,12 @@ The weights are repacked once at load into the kernel's layout (same bytes per
 row as the GGUF's blocks, no value changed).  Fast on CPUs with AVX-512 VNNI
 (Zen 4, Sapphire Rapids); elsewhere a portable build gives the same bits slowly,
 and :func:`available` says which.
+
+``HYSPEC_A8_PORTABLE=1`` (:data:`PORTABLE_OPT_IN`) lets :func:`available` accept the portable build: a
+measurement switch, for scoring a8's quality (perplexity, agreement with the exact path) on a CPU
+without VNNI, since every build gives the same bits.  It is over ten times slower than the exact kernel
+(about 16x on a 512-token forward of the default model, 2-core Zen 3)
+and is never chosen on its own.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import torch
 from hyspec.cpu_ops.qgemm import QTYPES
 
 log = logging.getLogger(__name__)
+
+PORTABLE_OPT_IN = "HYSPEC_A8_PORTABLE"  # "1": accept the portable build (same bits, slow) -- for measurements
 
 
 @functools.cache
@@ -66,8 +74,18 @@ def available() -> tuple[bool, str]:
     if lib is None:
         return False, "hyspec's qgemm_a8 kernel did not build here (see the log) or HYSPEC_QGEMM=0"
     if isa(lib) != "avx512-vnni":
-        return False, f"this CPU has no AVX-512 VNNI (the a8 kernel built as {isa(lib)!r}, far slower than fp32)"
+        if os.environ.get(PORTABLE_OPT_IN) == "1":
+            _warn_portable(isa(lib))
+            return True, ""
+        return False, (f"this CPU has no AVX-512 VNNI (the a8 kernel built as {isa(lib)!r}, far slower than fp32; "
+                       f"{PORTABLE_OPT_IN}=1 runs it anyway, for measuring a8's quality)")
     return True, ""
+
+
+@functools.cache
+def _warn_portable(built_as: str) -> None:
+    log.warning("%s=1: quantization='a8' runs on the %s build of qgemm_a8 (the VNNI build's bits, over ten times "
+                "slower than the exact kernel): meant for measuring a8, not for serving", PORTABLE_OPT_IN, built_as)
 
 
 def pack(block_type: str, blocks: torch.Tensor, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
@@ -105,4 +123,4 @@ def qgemm_a8(block_type: str, x: torch.Tensor, packed: torch.Tensor, n: int,
     return y
 
 
-__all__ = ["available", "isa", "library", "pack", "qgemm_a8", "variant"]
+__all__ = ["PORTABLE_OPT_IN", "available", "isa", "library", "pack", "qgemm_a8", "variant"]
