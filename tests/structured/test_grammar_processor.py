@@ -96,6 +96,21 @@ def test_process_rows_equal_the_matcher_stepped_token_by_token(tokenizer, kind):
     assert torch.equal(processor.allowed_tokens(), before), "process moved the committed state"
 
 
+def test_the_torch_path_masks_as_the_numpy_path(tokenizer):
+    """float32 CPU logits are masked in place with numpy; other dtypes (and devices) go through torch: same rows."""
+    params = CONSTRAINTS["json"]
+    processor = _processor(tokenizer, params)
+    branch = _random_walk(processor, random.Random(3), 5)
+    paths = [branch[:k] for k in range(len(branch) + 1)]
+    fp32 = torch.randn(len(paths), PADDED_VOCAB, generator=torch.Generator().manual_seed(2))
+    fp64 = fp32.double()
+    processor.process(paths, fp32)
+    processor.process(paths, fp64)
+    assert torch.equal(torch.isfinite(fp32), torch.isfinite(fp64))
+    assert torch.equal(fp32.double()[torch.isfinite(fp32)], fp64[torch.isfinite(fp64)])
+    assert not torch.isfinite(fp32).all(), "the grammar masked nothing: the test shows nothing"
+
+
 def _advanced(tokenizer, params, path):
     processor = _processor(tokenizer, params)
     processor.commit(path)
