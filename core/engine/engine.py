@@ -126,6 +126,7 @@ class LLMEngine:
             dtype = self.backend.quantized_activation_dtype() or dtype
         self.model = load_model(path, dtype=dtype, device=self.device, ops=self.backend.ops,
                                 max_positions=max_model_len + 64,  # + room for draft positions past the end
+                                context_length=max_model_len,  # fixes longrope's factor set (model/rope.py)
                                 quantization=quantization, backend=self.backend)
         self.quantization = self.model.quantization
         self.model = self.backend.optimize_model(self.model)

@@ -1,17 +1,17 @@
 """Target-model configuration read from a Hugging Face ``config.json``.
 
 Supported: decoder-only Llama, Mistral, Qwen2 (qkv bias), Qwen3 (per-head
-q/k RMSNorm), Phi-3 (fused qkv / gate_up tensors, without longrope) and Gemma 2 /
+q/k RMSNorm), Phi-3 (fused qkv / gate_up tensors; longrope, hyspec.model.rope) and Gemma 2 /
 Gemma 3 text (hyspec.model.gemma), and the mixture-of-experts Mixtral, Qwen2-MoE and Qwen3-MoE
 (hyspec.model.moe, hyspec.model.moe_config), with GQA, tied or untied embeddings, and RoPE scaling types
-``linear``, ``dynamic``, ``yarn`` and ``llama3``.  Both the transformers 4
+``linear``, ``dynamic``, ``yarn``, ``llama3`` and ``longrope``.  Both the transformers 4
 (``rope_theta`` + ``rope_scaling``) and 5 (``rope_parameters``) spellings are read.
 """
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,9 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
 _WINDOW_TWIN = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
 #: model types built by hyspec.model.gemma: (1+w) RMSNorms, scaled embeddings, GeGLU, four norms a layer
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+#: transformers' Phi3Config default for a config.json without original_max_position_embeddings
+PHI3_ORIGINAL_CONTEXT = 4096
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -60,22 +62,58 @@ class RopeConfig:
     high_freq_factor: float = 4.0  # llama3
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn
+    attention_factor: float | None = None  # yarn, longrope
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
     #: per-frequency divisors of the inverse frequencies, [head_dim // 2]: how llama.cpp's converter stores
     #: llama3 scaling in a GGUF (the ``rope_freqs.weight`` tensor); None: none
     freq_factors: tuple[float, ...] | None = None
+    #: longrope: per-frequency divisors [head_dim // 2] for short and for long contexts
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    #: longrope: cos / sin multipliers replacing the attention factor in each regime (vLLM's keys); None: absent
+    short_mscale: float | None = None
+    long_mscale: float | None = None
+    #: longrope: the longest sequence the model will serve (an engine's max_model_len); it fixes the factor set
+    #: for every sequence (long where it exceeds original_max_position_embeddings).  None: the RoPE table's length
+    context_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.freq_factors is not None and not all(f > 0 for f in self.freq_factors):
             raise CheckpointError("RoPE frequency factors (GGUF rope_freqs) must all be positive")
+        if self.rope_type == "longrope":
+            self._check_longrope()
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise CheckpointError(
                 f"rope_scaling type {self.rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
         if self.theta <= 0 or self.factor <= 0:
             raise CheckpointError("rope_theta and rope_scaling.factor must be positive")
+
+    def _check_longrope(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            factors = getattr(self, name)
+            if factors is None:
+                raise CheckpointError(f"config.json: rope_scaling type 'longrope' needs {name} (a list of numbers)")
+            if not all(f > 0 for f in factors):
+                raise CheckpointError(f"config.json: rope_scaling.{name} must hold positive numbers")
+        if len(self.short_factor) != len(self.long_factor):
+            raise CheckpointError(f"config.json: rope_scaling.short_factor has {len(self.short_factor)} entries, "
+                                  f"long_factor {len(self.long_factor)}")
+        if not self.original_max_position_embeddings or self.original_max_position_embeddings < 1:
+            raise CheckpointError("config.json: rope_scaling type 'longrope' needs a positive "
+                                  "original_max_position_embeddings")
+        for name in ("short_mscale", "long_mscale", "attention_factor"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise CheckpointError(f"config.json: rope_scaling.{name} must be positive, got {value}")
+        if self.attention_factor is not None and (self.short_mscale is not None or self.long_mscale is not None):
+            # vLLM follows the mscales and drops attention_factor, transformers the reverse: no rule to follow
+            raise CheckpointError("config.json: longrope rope_scaling with both attention_factor and "
+                                  "short_mscale / long_mscale is not supported (transformers applies the first, "
+                                  "vLLM the second)")
+        if self.context_length is not None and self.context_length < 1:
+            raise CheckpointError(f"longrope context length must be positive, got {self.context_length}")
 
 
 @dataclass(frozen=True)
@@ -158,11 +196,10 @@ class ModelConfig:
                 raise CheckpointError(f"config.json: hidden_act {hidden_act!r} is not supported (only 'silu')")
         scaling = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
         phi3_rope = scaling.get("rope_type") or scaling.get("type") or "default"
-        if model_type == "phi3" and phi3_rope != "default":  # longrope, or its older name su
-            raise CheckpointError(
-                f"config.json: Phi-3 rope_scaling {phi3_rope!r} is not supported (hyspec does not implement "
-                "longrope's short/long factor switch); the 4k-context Phi-3 variants, which have no "
-                "rope_scaling, load")
+        if model_type == "phi3" and phi3_rope not in ("default", "longrope", "su"):
+            raise CheckpointError(  # transformers' Phi3Config rejects them too (it reads 'yarn' as longrope)
+                f"config.json: Phi-3 rope_scaling {phi3_rope!r} is not supported; Phi-3 runs default RoPE or "
+                "'longrope' (older name 'su')")
         global_rope, local_rope = _gemma3_ropes(d) if model_type == "gemma3_text" else (_rope_from_dict(d), None)
         heads = int(d["num_attention_heads"])
         try:
@@ -230,6 +267,13 @@ class ModelConfig:
         if is_gguf(path):
             return GGUFCheckpoint(path).hf_config()
         return json.loads((path / "config.json").read_text())
+
+    def for_context(self, context_length: int) -> "ModelConfig":
+        """This config serving sequences of up to ``context_length`` tokens: longrope's factor set fixed by it
+        (hyspec.model.rope); other RoPE types do not depend on it."""
+        if self.rope.rope_type != "longrope":
+            return self
+        return replace(self, rope=replace(self.rope, context_length=int(context_length)))
 
     def sliding_window(self, layer: int, max_positions: int) -> int | None:
         """Layer ``layer``'s attention window where it can cut anything within ``max_positions`` (a window at
@@ -326,6 +370,10 @@ def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:
     params = {**scaling, **params}
     theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "su":  # longrope's first name (Phi-3's early configs), as transformers and vLLM read it
+        rope_type = "longrope"
+    if rope_type == "longrope":
+        return _longrope_from_dict(d, params, theta)
     if rope_type == "dynamic" and "factor" not in params:
         raise CheckpointError("config.json: rope_scaling type 'dynamic' needs 'factor'")
     orig = params.get("original_max_position_embeddings")
@@ -348,3 +396,38 @@ def _rope_from_dict(d: dict[str, Any]) -> RopeConfig:
         truncate=bool(params.get("truncate", True)),
         freq_factors=None if d.get("rope_freq_factors") is None else tuple(float(f) for f in d["rope_freq_factors"]),
     )
+
+
+def _longrope_from_dict(d: dict[str, Any], params: dict[str, Any], theta: float) -> RopeConfig:
+    """longrope's keys as transformers reads them (modeling_rope_utils.py ``_compute_longrope_parameters``;
+    configuration_phi3.py): Phi-3 takes original_max_position_embeddings from the top level (default 4096) over
+    rope_scaling's; ``factor`` defaults to max_position_embeddings / original_max_position_embeddings."""
+    top, inner = d.get("original_max_position_embeddings"), params.get("original_max_position_embeddings")
+    if d.get("model_type") == "phi3":
+        orig = PHI3_ORIGINAL_CONTEXT if top is None else top
+        if inner is not None and int(inner) != int(orig):
+            raise CheckpointError(f"config.json: rope_scaling.original_max_position_embeddings {inner} disagrees "
+                                  f"with original_max_position_embeddings {orig}, which transformers' Phi-3 uses")
+    else:
+        orig = inner if inner is not None else d.get("max_position_embeddings")
+    if orig is None:
+        raise CheckpointError("config.json: rope_scaling type 'longrope' needs original_max_position_embeddings")
+    lists = {}
+    for name in ("short_factor", "long_factor"):
+        value = params.get(name)
+        if value is None:
+            raise CheckpointError(f"config.json: rope_scaling type 'longrope' needs {name} (a list of numbers)")
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+            raise CheckpointError(f"config.json: rope_scaling.{name} must be a list of numbers, got {value!r}")
+        lists[name] = tuple(float(x) for x in value)
+    factor = params.get("factor")
+    if factor is None:
+        factor = int(d.get("max_position_embeddings", 2048)) / int(orig)
+
+    def optional(key: str) -> float | None:
+        return None if params.get(key) is None else float(params[key])
+
+    return RopeConfig(rope_type="longrope", theta=theta, factor=float(factor),
+                      original_max_position_embeddings=int(orig), attention_factor=optional("attention_factor"),
+                      short_mscale=optional("short_mscale"), long_mscale=optional("long_mscale"), **lists)

@@ -104,9 +104,7 @@ class GGUFCheckpoint:
             hf = hf_tensor_name(t.name, arch)
             if hf is not None:
                 self._tensors[hf] = t
-        if arch == "phi3" and any(t.name.startswith("rope_factors_") for t in self.reader.tensors):
-            raise CheckpointError(f"{self.path.name}: a Phi-3 GGUF with rope_factors_long / rope_factors_short "
-                                  "(longrope, the 128k variants) is not supported; the 4k-context variants load")
+        self._longrope_tensors()  # a half-written longrope file is refused on opening
         experts = self.metadata.get(f"{arch}.expert_count") or 0
         self.is_moe = is_moe_gguf(arch, self.metadata)
         if self.is_moe:  # Mixtral ("llama" with expert_count), Qwen2-MoE, Qwen3-MoE: stacked ffn_*_exps tensors
@@ -173,6 +171,8 @@ class GGUFCheckpoint:
             # metadata (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors): per-frequency divisors
             cfg["rope_freq_factors"] = [float(f) for f in np.asarray(freqs.data, dtype=np.float32).reshape(-1)]
         scaling = md.get(f"{arch}.rope.scaling.type")
+        if self._longrope(cfg, scaling):
+            return cfg
         if scaling not in (None, "none"):
             factor = md.get(f"{arch}.rope.scaling.factor")
             if scaling not in ("linear", "yarn") or factor is None:
@@ -182,6 +182,49 @@ class GGUFCheckpoint:
                                    "original_max_position_embeddings":
                                        md.get(f"{arch}.rope.scaling.original_context_length")}
         return cfg
+
+    def _longrope(self, cfg: dict[str, Any], scaling_type: Any) -> bool:
+        """Phi-3's longrope as llama.cpp's converter writes it (convert_hf_to_gguf.py ``Phi3MiniModel``,
+        ggml-org/llama.cpp a458664): the two factor sets as the tensors ``rope_factors_long`` /
+        ``rope_factors_short``, ``{arch}.rope.scaling.attn_factor``, ``{arch}.context_length`` (the config's
+        max_position_embeddings) and ``{arch}.rope.scaling.original_context_length``.  True: read."""
+        md, arch, name = self.metadata, self.architecture, self.path.name
+        tensors = self._longrope_tensors()
+        if not tensors:
+            return False
+        if scaling_type not in (None, "none") or "rope_freq_factors" in cfg:
+            other = "rope_freqs" if "rope_freq_factors" in cfg else f"RoPE scaling type {scaling_type!r}"
+            raise CheckpointError(f"{name}: GGUF has longrope factors and {other}; hyspec does not combine them")
+        orig = md.get(f"{arch}.rope.scaling.original_context_length")
+        if orig is None:
+            raise CheckpointError(f"{name}: GGUF metadata lacks {arch}.rope.scaling.original_context_length, "
+                                  "which picks longrope's factor set")
+        factors = {f"{kind}_factor": [float(f) for f in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+                   for kind, t in tensors.items()}
+        cfg["original_max_position_embeddings"] = int(orig)
+        cfg["rope_scaling"] = {"rope_type": "longrope", "original_max_position_embeddings": int(orig), **factors}
+        attn = md.get(f"{arch}.rope.scaling.attn_factor")
+        if attn is not None:
+            cfg["rope_scaling"]["attention_factor"] = float(attn)
+        return True
+
+    def _longrope_tensors(self) -> dict[str, Any]:
+        """``{"long": tensor, "short": tensor}`` where the file holds longrope's factor sets, else {}; one set
+        alone, or the sets in another architecture than phi3, is refused by name."""
+        name = self.path.name
+        tensors = {kind: self._optional_tensor(f"rope_factors_{kind}.weight") for kind in ("long", "short")}
+        present = sorted(kind for kind, t in tensors.items() if t is not None)
+        if not present:
+            return {}
+        if self.architecture != "phi3":
+            raise CheckpointError(f"{name}: rope_factors_{present[0]} (longrope) in a GGUF of architecture "
+                                  f"{self.architecture!r} is not supported; hyspec reads longrope GGUFs of "
+                                  "architecture phi3")
+        if len(present) == 1:
+            missing = "short" if present == ["long"] else "long"
+            raise CheckpointError(f"{name}: GGUF has rope_factors_{present[0]} but not rope_factors_{missing}; "
+                                  "longrope needs both factor sets")
+        return tensors
 
     def _sliding_window(self, cfg: dict[str, Any]) -> None:
         """``{arch}.attention.sliding_window`` (and ``.sliding_window_pattern``: per layer, True = windowed) into

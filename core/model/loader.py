@@ -39,6 +39,7 @@ def load_model(
     max_positions: int | None = None,
     quantization: str | None = None,
     backend: "Backend | None" = None,
+    context_length: int | None = None,
 ) -> CausalLM:
     """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``,
     or build and fill it from one GGUF file (``path`` ending in ``.gguf``).
@@ -46,9 +47,14 @@ def load_model(
     With a ``backend``, its quantized kernels take the linears ``quantization`` asks for
     (hyspec.model.quantize_model: by default a GGUF's own Q4 / Q8 codes); the report of what
     was quantized is ``model.quantization``.  Without one the model is dense.
+
+    ``context_length``: the longest sequence the caller will run (an engine's max_model_len), which fixes
+    longrope's factor set (hyspec.model.rope); None: ``max_positions`` decides.
     """
     path = Path(path)
     cfg = ModelConfig.from_pretrained(path)
+    if context_length is not None:
+        cfg = cfg.for_context(context_length)
     torch_dtype = resolve_dtype(cfg, dtype)
     ckpt = open_checkpoint(path)
     with torch.device("meta"):

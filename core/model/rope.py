@@ -6,6 +6,15 @@ positions up to ``max_position_embeddings`` (where dynamic scaling is inactive)
 and uses the scaled base for the whole context beyond it; the reference
 re-derives the base from the current length, which a paged cache cannot follow
 without re-rotating cached keys.
+
+``longrope`` (Phi-3's 128k variants, Phi-3.5) divides each frequency by a short or a long factor set.  Which
+set is fixed once per model, from the context it will serve: long when ``RopeConfig.context_length`` (an
+engine's max_model_len; the table length when unset) exceeds ``original_max_position_embeddings`` --
+llama.cpp's rule (``n_ctx_per_seq > n_ctx_orig_yarn``, src/llama-model.cpp) and vLLM 0.32's
+(``max_model_len > original_max_position_embeddings``, phi3_long_rope_scaled_rope.py).  transformers instead
+switches per forward on the longest position in the batch (``dynamic_rope_update``), which makes a
+sequence's logits depend on its neighbours and on the step, and leaves keys cached before the switch rotated
+with the short set; the two agree whenever the whole sequence lies on one side of the original length.
 """
 from __future__ import annotations
 
@@ -48,6 +57,8 @@ def _scaled_inverse_frequencies(rope: RopeConfig, head_dim: int, max_position_em
         return _llama3(inv_freq, rope), 1.0
     if rope.rope_type == "yarn":
         return _yarn(rope, dim, max_position_embeddings)
+    if rope.rope_type == "longrope":
+        return _longrope(rope, exponents, max_positions)
     raise AssertionError(rope.rope_type)  # RopeConfig validates the type
 
 
@@ -61,6 +72,31 @@ def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def uses_long_factors(rope: RopeConfig, max_positions: int) -> bool:
+    """longrope: whether the long factor set applies (to every position and sequence of this model)."""
+    context = rope.context_length if rope.context_length is not None else max_positions
+    return context > rope.original_max_position_embeddings
+
+
+def _longrope(rope: RopeConfig, exponents: torch.Tensor, max_positions: int) -> tuple[torch.Tensor, float]:
+    for name in ("short_factor", "long_factor"):  # both checked, whichever this context uses
+        if len(getattr(rope, name)) != exponents.numel():
+            raise CheckpointError(f"rope_scaling.{name} has {len(getattr(rope, name))} entries; head_dim "
+                                  f"{2 * exponents.numel()} needs {exponents.numel()}")
+    long = uses_long_factors(rope, max_positions)
+    factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
+    # transformers: inv_freq = 1 / (factors * base ** (2i / d)); llama.cpp divides theta by the same factors
+    inv_freq = 1.0 / (factors * rope.theta ** exponents)
+    mscale = rope.long_mscale if long else rope.short_mscale
+    if mscale is not None:
+        return inv_freq, float(mscale)
+    if rope.attention_factor is not None:
+        return inv_freq, float(rope.attention_factor)
+    # the LongRoPE paper's default, in both regimes (transformers, vLLM and llama.cpp's converter alike)
+    orig = rope.original_max_position_embeddings
+    return inv_freq, 1.0 if rope.factor <= 1 else math.sqrt(1 + math.log(rope.factor) / math.log(orig))
 
 
 def _yarn(rope: RopeConfig, dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:

@@ -105,6 +105,8 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
     scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if scaling.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(cfg, scaling))
+    if scaling.get("rope_type") in ("longrope", "su"):
+        _add_longrope(w, cfg, scaling)
     for name, tensor in state.items():
         gguf_name = _gguf_name(name, arch)
         if gguf_name is None:
@@ -129,6 +131,19 @@ def write_gguf(src: Path, out: Path, qtype: str, arch: str = "llama", *, tokeniz
         cfg["torch_dtype"] = "float32"
         (src / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+def _add_longrope(w, cfg: dict, scaling: dict) -> None:
+    """Phi-3's longrope as llama.cpp's converter writes it (convert_hf_to_gguf.py, Phi3MiniModel
+    set_gguf_parameters / generate_extra_tensors, ggml-org/llama.cpp a458664): the original context as metadata,
+    the attention factor it derives from max_position_embeddings / original (not the config's), the factor sets
+    as two file-global F32 tensors."""
+    orig = cfg["original_max_position_embeddings"]
+    scale = cfg["max_position_embeddings"] / orig
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+    w.add_tensor("rope_factors_long.weight", np.asarray(scaling["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.asarray(scaling["short_factor"], dtype=np.float32))
 
 
 def llama3_rope_freqs(cfg: dict, scaling: dict) -> np.ndarray:

@@ -64,10 +64,8 @@ def test_configs_as_published_read_as_transformers_reads_them():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "phi3", "hidden_act": "silu", "rope_scaling": {
-        "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-        "original_max_position_embeddings": 4096}},
-     "Phi-3 rope_scaling 'longrope' is not supported.*4k-context Phi-3 variants"),
+    ({"model_type": "phi3", "hidden_act": "silu", "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     "Phi-3 rope_scaling 'dynamic' is not supported; Phi-3 runs default RoPE or 'longrope'"),
     ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported for gemma3_text"),
     ({"query_pre_attn_scalar": -1}, "query_pre_attn_scalar must be a positive number"),
 ])
@@ -159,7 +157,7 @@ def test_speculation_on_gemma2_returns_plain_decodings_tokens(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "phi3", "phi3_longrope"])
 def test_every_method_is_token_identical_to_plain_decoding(arch, tmp_path):
     """hyspec's conformance check for every method it lists (random drafters built for the target), on the CPU
     backend: batch 1 and a ragged batch equal plain decoding, near-tie rate, KV pool clean (~1 min each)."""

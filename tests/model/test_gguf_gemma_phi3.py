@@ -1,12 +1,11 @@
 """Gemma 2, Gemma 3 and Phi-3 through GGUF files written as llama.cpp's converter writes them (norms stored as
 ``1 + w`` for Gemma, Phi-3's fused qkv / gate_up, soft-caps as metadata): the file gives the source checkpoint's
-logits, and the source checkpoint is transformers'."""
+logits, and the source checkpoint is transformers'.  Phi-3's longrope files: test_phi3_longrope.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.loader import load_model
 from tests.model.gguf_fixtures import write_gguf
@@ -63,21 +62,6 @@ def test_round_trip_gives_the_source_checkpoints_logits(arch, qtype, tmp_path):
     if qtype == "F32":  # and the source is transformers' model
         with torch.no_grad():
             torch.testing.assert_close(ref, hf(IDS).logits[0].float(), atol=1e-4, rtol=1e-4)
-
-
-def test_a_longrope_phi3_gguf_is_refused_by_name(tmp_path):
-    import gguf
-
-    out = tmp_path / "phi3-128k.gguf"
-    w = gguf.GGUFWriter(str(out), "phi3")
-    w.add_block_count(1)
-    w.add_tensor("rope_factors_long.weight", torch.ones(8).numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(CheckpointError, match="Phi-3 GGUF with rope_factors_long.*4k-context variants load"):
-        load_model(out)
 
 
 @pytest.mark.parametrize("arch", ["phi3", "gemma2"])

@@ -57,7 +57,8 @@ class DraftModelProposer(Proposer):
         if target.tokenizer is not None:  # a remote worker compares vocabularies by fingerprint instead
             check_same_tokenizer(target.model_path, model_dir, target.tokenizer)
         self.model = load_model(model_dir, dtype=target.dtype, device=target.device, ops=target.ops,
-                                max_positions=target.max_model_len + 128)
+                                max_positions=target.max_model_len + 128,
+                                context_length=target.max_model_len)  # longrope: the target's factor rule
         cfg = self.model.config
         self.target_vocab = target.vocab_size
         self.pool: KVPool = target.pool
