@@ -277,6 +277,10 @@ class SpecDecoder(Speculation):
         n_acc = int(out.num_accepted.sum())
         self.metrics.record_step(method, "spec", len(seqs), n_draft, accepted_per_pos, causes,
                                  drafts.seconds, verify_seconds)
+        for seq, nodes, accepted in zip(seqs, batch.num_nodes_host, out.num_accepted.tolist()):
+            seq.metrics.num_spec_steps += 1  # RequestOutput.metrics: what speculation did for this request
+            seq.metrics.num_draft_tokens += nodes - 1
+            seq.metrics.num_accepted_tokens += accepted
         proposer = self.proposers.get(method)
         if proposer is not None and proposer.scores_drafts:
             for seq, path, n_acc in zip(seqs, out.accepted_nodes.tolist(), out.num_accepted.tolist()):
