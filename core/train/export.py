@@ -79,8 +79,23 @@ def llama_config_dict(*, vocab_size: int, hidden_size: int, intermediate_size: i
     }
 
 
-def rope_keys(target_cfg: ModelConfig) -> dict[str, Any]:
-    """The target's RoPE settings as written in its config.json (a drafter reading the same positions reuses them)."""
+def rope_keys(target_cfg: ModelConfig, head_dim: int | None = None) -> dict[str, Any]:
+    """The target's RoPE settings as written in its config.json (a drafter reading the same positions reuses them).
+
+    longrope's factor lists hold one entry per frequency of the target's head: a drafter with the same head_dim
+    gets them with every value resolved (a Phi-3 config's top-level original_max_position_embeddings would
+    not survive as a llama config), one with another head_dim gets plain RoPE at the target's base."""
+    rope = target_cfg.rope
+    if rope.rope_type == "longrope":
+        if head_dim not in (None, target_cfg.head_dim):
+            return {"rope_theta": rope.theta}
+        scaling = {"rope_type": "longrope", "short_factor": list(rope.short_factor),
+                   "long_factor": list(rope.long_factor), "factor": rope.factor,
+                   "original_max_position_embeddings": rope.original_max_position_embeddings}
+        for key in ("attention_factor", "short_mscale", "long_mscale"):
+            if getattr(rope, key) is not None:
+                scaling[key] = getattr(rope, key)
+        return {"rope_theta": rope.theta, "rope_scaling": scaling}
     raw = target_cfg.raw
     keys = {k: raw[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if raw.get(k) is not None}
     keys.setdefault("rope_theta", target_cfg.rope.theta)

@@ -68,6 +68,12 @@ LONGROPE_FAMILIES = {
         original_max_position_embeddings=32, rope_parameters={
             "rope_type": "longrope", "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
             "long_factor": [1.0, 1.3, 2.0, 3.5, 6.0, 10.0, 16.0, 24.0]})),
+    # one KV head, head_dim 32 (16 factors), theta 1e5, tied, 48 of 256 positions (factor 5.33)
+    "phi3_longrope_b": ("Phi3Config", dict(
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=None, max_position_embeddings=256,
+        original_max_position_embeddings=48, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 100000.0,
+            "short_factor": [1.0 + 0.03 * i for i in range(16)], "long_factor": [1.0 + 1.5 * i for i in range(16)]})),
 }
 
 

@@ -222,3 +222,17 @@ def test_speculation_on_a_longrope_target_returns_plain_decodings_tokens(tmp_pat
                 "prompt_lookup_max": 3}) == plain
     refs = {tuple(p): out for p, out in zip(prompts, plain)}
     assert run({"method": "ngram", "num_speculative_tokens": 8}, OracleTreeProposer(refs, VOCAB, seed=1)) == plain
+
+
+def test_a_drafter_built_for_a_longrope_target_reads_its_rope_as_the_target_does():
+    """hyspec's draft-model recipe copies the target's RoPE keys: with the target's head_dim the drafter (a llama
+    config) gets longrope with every value resolved (Phi-3's top-level original context included); with another
+    head_dim, whose frequencies the factor lists do not describe, plain RoPE at the target's base."""
+    from hyspec.train.export import rope_keys
+
+    target = ModelConfig.from_dict(PHI3_128K)
+    llama = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 131072}
+    assert ModelConfig.from_dict({**llama, **rope_keys(target, head_dim=16)}).rope == target.rope
+    other = ModelConfig.from_dict({**llama, "num_attention_heads": 2, **rope_keys(target, head_dim=32)}).rope
+    assert (other.rope_type, other.theta) == ("default", 10000.0)

@@ -68,7 +68,7 @@ def draft_config(target_cfg: ModelConfig, options: dict[str, Any]) -> dict[str, 
         vocab_size=target_cfg.vocab_size, hidden_size=hidden, intermediate_size=intermediate,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
         rms_norm_eps=target_cfg.rms_norm_eps, max_position_embeddings=target_cfg.max_position_embeddings,
-        tie_word_embeddings=bool(opts["tie_word_embeddings"]), rope=rope_keys(target_cfg),
+        tie_word_embeddings=bool(opts["tie_word_embeddings"]), rope=rope_keys(target_cfg, hidden // heads),
         special_ids=special_token_ids(target_cfg), torch_dtype=opts["storage"] or target_cfg.torch_dtype or "float32")
 
 

@@ -19,9 +19,15 @@ std 0.08 so the greedy choices are not near-ties, Gemma 2 at its published caps 
 conformance check (hyspec.conformance.methods.check_method) for every method it lists, on the CPU backend:
 batch 1 and a ragged batch token-identical to plain decoding, near-tie rate, KV pool clean.
 
+Part 4, Phi-3 with longrope (tests/model/hf_fixtures.py LONGROPE_FAMILIES): per config and regime (a model
+serving at most original_max_position_embeddings on a sequence within it: the short factor set; a model
+serving more on a sequence past it: the long set, where transformers picks the same set), the paged and dense
+|logit difference| against transformers and greedy equality; the GGUF round trip in both regimes
+(tests/model/test_phi3_longrope.py's source); every method on the phi3_longrope identity target.
+
 Run from the repository root:  python docs/results/2026-12-06/architectures/architectures.py --out results.json
 (``--quick``: part 1 on one config and part 3 on ngram only, to check the script works; ``--moe-gguf``: part 2b
-alone, merged into an existing ``--out`` file.)
+alone, merged into an existing ``--out`` file; ``--longrope``: part 4 alone, merged likewise.)
 """
 from __future__ import annotations
 
@@ -39,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT))
 
 from hyspec.model.loader import load_model  # noqa: E402
-from tests.model.hf_fixtures import (FAMILIES, IDENTITY_TARGETS, identity_workspace, make_hf_model,  # noqa: E402
-                                     make_identity_target)
+from tests.model.hf_fixtures import (FAMILIES, IDENTITY_TARGETS, LONGROPE_FAMILIES, identity_workspace,  # noqa: E402
+                                     make_hf_model, make_identity_target)
 from tests.model.paged_decode import greedy_paged  # noqa: E402
 
 ARCHITECTURES = {"gemma2": ("gemma2", "gemma2_mqa"), "gemma3_text": ("gemma3", "gemma3_softcap"),
@@ -112,6 +118,54 @@ def moe_gguf_round_trip(name: str, root: Path) -> dict:
 MOE_GGUF_SOURCES = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_moe_mixed")
 
 
+def longrope_regimes(family: str, root: Path) -> dict:
+    from hyspec.model.rope import uses_long_factors
+    from tests.model.hf_fixtures import LONGROPE_FAMILIES
+
+    cls, kwargs = LONGROPE_FAMILIES[family]
+    path = root / family
+    hf = make_hf_model(family, path)
+    orig, served = kwargs["original_max_position_embeddings"], kwargs["max_position_embeddings"]
+    out: dict = {"family": family, "transformers_class": cls, "config": kwargs}
+    for regime, context, prompt_len, steps in (("short", orig, 8, orig - 9), ("long", served, orig + 8, 24)):
+        model = load_model(path, dtype="float32", max_positions=context)
+        prompt = torch.randint(3, 128, (prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+        tokens, logits = greedy_paged(model, prompt, steps=steps, block_size=16)
+        ids = torch.randint(3, 128, (2, prompt_len + steps), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, prompt_len - 1:].float()
+            gen = hf.generate(torch.tensor([prompt]), max_new_tokens=steps + 1, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, prompt_len:].tolist()
+            dense = (model.compute_logits(model.forward_dense(ids).hidden) - hf(ids).logits.float()).abs().max()
+        out[regime] = {"served_context": context, "long_factors": uses_long_factors(model.config.rope, context),
+                       "positions": prompt_len + steps, "paged_max_abs_logit_diff": float((logits - ref).abs().max()),
+                       "dense_max_abs_logit_diff": float(dense), "logit_scale": float(ref.abs().max()),
+                       "greedy_tokens_equal": tokens == gen, "greedy_tokens": len(tokens)}
+    return out
+
+
+def longrope_gguf_round_trip(root: Path) -> dict:
+    from tests.model.gguf_fixtures import write_gguf
+    from tests.model.test_phi3_longrope import ORIGINAL, _gguf_source
+
+    ids = torch.arange(3, 318, 5)[None]  # 64 positions
+    out: dict = {}
+    for qtype in ("F32", "Q8_0"):
+        src = root / f"gguf-longrope-{qtype}"
+        hf = _gguf_source(src)
+        gguf_file = write_gguf(src, root / f"longrope-{qtype}.gguf", qtype, "phi3")
+        for regime, context, length in (("short", ORIGINAL, ORIGINAL), ("long", 128, 64)):
+            ref, got = (load_model(p, dtype="float32", max_positions=context) for p in (src, gguf_file))
+            with torch.no_grad():
+                r, g = (m.compute_logits(m.forward_dense(ids[:, :length]).hidden)[0] for m in (ref, got))
+                row = {"gguf_vs_source_max_abs_logit_diff": float((g - r).abs().max())}
+                if qtype == "F32":
+                    row["gguf_vs_transformers_max_abs_logit_diff"] = float(
+                        (g - hf(ids[:, :length]).logits[0].float()).abs().max())
+            out[f"{qtype}_{regime}"] = row
+    return out
+
+
 def identity_matrix(arch: str, root: Path, methods: list[str] | None) -> dict:
     from hyspec.conformance.methods import MethodSettings, Workspace, check_method, check_plain, methods_to_check
     from hyspec.conformance.targets import resolve
@@ -139,8 +193,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--moe-gguf", action="store_true")
+    parser.add_argument("--longrope", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.longrope:
+        out = json.loads(args.out.read_text()) if args.out.exists() else {"identity": {}}
+        with tempfile.TemporaryDirectory() as tmp:
+            out["longrope"] = {"logits_vs_transformers": [longrope_regimes(f, Path(tmp)) for f in LONGROPE_FAMILIES],
+                               "gguf_round_trip": longrope_gguf_round_trip(Path(tmp))}
+            print(json.dumps(out["longrope"], indent=1), flush=True)
+            out["identity"]["phi3_longrope"] = identity_matrix("phi3_longrope", Path(tmp),
+                                                               ["ngram"] if args.quick else None)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return
     if args.moe_gguf:
         out = json.loads(args.out.read_text())
         with tempfile.TemporaryDirectory() as tmp:
