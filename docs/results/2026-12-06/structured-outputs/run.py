@@ -51,13 +51,20 @@ def prompts(count: int) -> list[str]:
             f"and up to three things it is famous for." for city in CITIES[:count]]
 
 
-def start_server(spec: dict | None, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(spec: dict | None, log: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(Path(sys.executable).with_name("hyspec")), "serve", "--port", str(port), "--host", "127.0.0.1"]
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
+    if args.kv_cache_bytes:
+        cmd += ["--kv-cache-bytes", args.kv_cache_bytes]
+    env = dict(os.environ)
+    if args.threads:
+        # torch's and hyspec's C kernels' OpenMP pool: on a machine with more runnable jobs than cores a
+        # 2-thread pool spends its time at barriers (a 64x576 matmul took 110 ms with 2 threads, 8 ms with 1)
+        env["OMP_NUM_THREADS"] = str(args.threads)
     handle = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, proc, timeout_s=900, log_tail=lambda: f" (log: {log})")
@@ -104,9 +111,9 @@ def validate(answers: list[dict]) -> list[str]:
     return problems
 
 
-def run_server(name: str, spec: dict | None, texts: list[str], log: Path) -> dict:
+def run_server(name: str, spec: dict | None, texts: list[str], log: Path, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    proc, url = start_server(spec, log)
+    proc, url = start_server(spec, log, args)
     started = time.perf_counter() - t0
     try:
         return {**run_prompts(url, texts), "startup_s": started}
@@ -133,7 +140,8 @@ def summarize(runs: dict[str, list[dict]], texts: list[str], args: argparse.Name
         "what": "chat completions with response_format json_schema via the openai client, T 0, batch 1",
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version(), "note": args.note},
-        "concurrent": args.concurrent, "prompts": len(texts), "max_tokens": MAX_TOKENS, "rounds": args.rounds,
+        "concurrent": args.concurrent, "threads": args.threads, "kv_cache_bytes": args.kv_cache_bytes,
+        "prompts": len(texts), "max_tokens": MAX_TOKENS, "rounds": args.rounds,
         "schema": SCHEMA, "summary": summary,
     }
     if len(summary) == 2:
@@ -144,6 +152,10 @@ def summarize(runs: dict[str, list[dict]], texts: list[str], args: argparse.Name
                                                   / summary["plain"]["tokens_per_s_median"], 3)
     done = runs.get("suffix") or runs.get("plain")
     result["answers"] = [a["content"] for a in done[0]["answers"]] if done else []
+    if args.out.exists():  # overhead.py's in-process figures live in the same file
+        previous = json.loads(args.out.read_text())
+        if "grammar_overhead" in previous:
+            result["grammar_overhead"] = previous["grammar_overhead"]
     return result
 
 
@@ -154,6 +166,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="runs of each server (alternating, or side by side)")
     ap.add_argument("--concurrent", action="store_true",
                     help="run the two servers side by side (a loaded machine: both see the same load)")
+    ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the servers (1 on a machine shared with "
+                                                "other jobs; default: the library's, every core)")
+    ap.add_argument("--kv-cache-bytes", help="the servers' KV cache, e.g. 256MiB (default: from the memory "
+                                             "fraction, several GiB resident each: two servers beside other "
+                                             "jobs got one OOM-killed)")
     ap.add_argument("--note", default="shared with other jobs (timings noisy)", help="what the machine was doing")
     args = ap.parse_args()
     texts = prompts(args.prompts)
@@ -161,7 +178,8 @@ def main() -> None:
     for round_ in range(args.rounds):
         if args.concurrent:
             with ThreadPoolExecutor(len(SERVERS)) as pool:
-                futures = {name: pool.submit(run_server, name, spec, texts, args.out.with_suffix(f".{name}.log"))
+                futures = {name: pool.submit(run_server, name, spec, texts, args.out.with_suffix(f".{name}.log"),
+                                             args)
                            for name, spec in SERVERS.items()}
                 failures = []
                 for name, future in futures.items():
@@ -174,11 +192,12 @@ def main() -> None:
                     raise SystemExit("; ".join(failures))
         else:
             for name, spec in SERVERS.items():
-                runs[name].append(run_server(name, spec, texts, args.out.with_suffix(f".{name}.log")))
+                runs[name].append(run_server(name, spec, texts, args.out.with_suffix(f".{name}.log"), args))
                 args.out.write_text(json.dumps(summarize(runs, texts, args), indent=1) + "\n")  # partial
     result = summarize(runs, texts, args)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("answers", "schema")}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("answers", "schema", "grammar_overhead")},
+                     indent=1))
     if any(s["invalid"] for s in result["summary"].values()) or result.get("identical_to_plain", "").split("/")[0] \
             != str(len(texts)):
         raise SystemExit("some answers were invalid or differed from plain decoding")
