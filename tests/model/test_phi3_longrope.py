@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from hyspec.errors import CheckpointError
 from hyspec.kv.sequence_kv import SequenceKV
 from hyspec.model.config import ModelConfig
 from hyspec.model.loader import load_model
 from hyspec.model.rope import cos_sin_cache, inverse_frequencies, uses_long_factors
 from hyspec.seam.forward import LAST_LOGITS, Feed
+
 from tests.model.gguf_fixtures import write_gguf
 from tests.model.hf_fixtures import LONGROPE_FAMILIES, make_hf_model
 from tests.model.paged_decode import greedy_paged, make_runner
@@ -198,6 +198,7 @@ def test_speculation_on_a_longrope_target_returns_plain_decodings_tokens(tmp_pat
     at max_model_len 128 (long factors) with sequences both sides of the original 32 (every method: the slow
     test_gemma_phi3.py::test_every_method_is_token_identical_to_plain_decoding[phi3_longrope])."""
     from hyspec import LLM, SamplingParams
+
     from tests.model.hf_fixtures import make_identity_target
     from tests.spec.oracle_tree import OracleTreeProposer
 
