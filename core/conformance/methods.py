@@ -126,7 +126,8 @@ class Workspace:
     def reference_model(self, dtype: str = "float32"):
         """The tiny target in ``dtype`` on the CPU with the reference ops."""
         if dtype not in self._reference_models:
-            self._reference_models[dtype] = load_model(self.target_dir, dtype=dtype)
+            # served at the engines' max_model_len: a longrope target picks the same factor set (model/rope.py)
+            self._reference_models[dtype] = load_model(self.target_dir, dtype=dtype, context_length=MAX_MODEL_LEN)
         return self._reference_models[dtype]
 
     def drafter(self, method: str) -> Path:
