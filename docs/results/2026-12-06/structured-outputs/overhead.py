@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     ap.add_argument("--baseline-rev", help="also time the grammar processor of this git revision")
-    ap.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache (batch-1 prompts need little)")
+    ap.add_argument("--kv-cache-mib", type=int, default=512,
+                    help="KV cache (batch 1 needs little; 512 MiB holds one 8192-token sequence)")
     ap.add_argument("--note", default="shared with other jobs (timings noisy)", help="what the machine was doing")
     args = ap.parse_args()
     conversations = [[{"role": "user", "content": text}] for text in prompts(args.prompts)]

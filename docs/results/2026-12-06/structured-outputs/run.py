@@ -168,7 +168,7 @@ def main() -> None:
                     help="run the two servers side by side (a loaded machine: both see the same load)")
     ap.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the servers (1 on a machine shared with "
                                                 "other jobs; default: the library's, every core)")
-    ap.add_argument("--kv-cache-bytes", help="the servers' KV cache, e.g. 256MiB (default: from the memory "
+    ap.add_argument("--kv-cache-bytes", help="the servers' KV cache, e.g. 512MiB (default: from the memory "
                                              "fraction, several GiB resident each: two servers beside other "
                                              "jobs got one OOM-killed)")
     ap.add_argument("--note", default="shared with other jobs (timings noisy)", help="what the machine was doing")
