@@ -2,8 +2,10 @@
 
     .venv/bin/python scripts/vllm_hybrid_sim.py
 
-A step takes 60 ms + 11 ms per token scored (rows + drafts: vLLM's CPU step here,
-docs/results/2026-12-06/vllm-bench/), every drafting arm drafts 4 tokens per row, each accepted at 0.68 given
+    .venv/bin/python scripts/vllm_hybrid_sim.py 0.011   # seconds per token: a dearer token
+
+A decode step takes 60 ms + 4.4 ms per token scored (rows + drafts: vLLM plain's decode steps here, its TTFT
+taken out, docs/results/2026-12-06/vllm-bench/), every drafting arm drafts 4 tokens per row, each accepted at 0.68 given
 the ones before it were (a mean acceptance length of ~2.7, as vLLM + hyspec measured at batch 8), and the match
 length the bandit classed steps by varies per step.  Batch 1 for 480 steps (3 passes of 8 prompts x ~20 steps),
 then batch 8 and batch 32 for 60 steps each (3 passes of ~20), as `hyspec bench` runs them.  The bandit is read
@@ -19,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 BANDIT_COMMIT = "0f2d160~1"  # core/vllm/hybrid.py as the bandit
-FIXED, PER_TOKEN, ACCEPT, K = 0.060, 0.011, 0.68, 4
+FIXED, ACCEPT, K = 0.060, 0.68, 4
+PER_TOKEN = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0044  # seconds per token scored (see the docstring)
 SCHEDULE = ((1, 480), (8, 60), (32, 60))
 
 

@@ -8,10 +8,11 @@ async scheduling off for a ``custom_class`` proposer, so the steps do not overla
 learnt, from every step whatever it drafted:
 
 * **the step's cost**: :class:`hyspec.policy.cost_model.CostModel` (hyspec's engine's own), fitted online on
-  (tokens the step scored: rows + drafts, seconds).  On vLLM's CPU build a step is roughly a fixed ~60 ms plus
-  ~11 ms per token scored (docs/results/2026-12-06/vllm-bench/: 15 / 55 / 75 tok/s at batch 1 / 8 / 32), so
-  at batch 1 a drafted token costs a sixth of the step's fixed part and drafting pays, while at batch 32 a
-  drafted token costs almost what a committed one does and only a near-certain one pays.  One model over all
+  (tokens the step scored: rows + drafts, seconds).  On vLLM's CPU build a decode step is roughly a fixed
+  ~60 ms plus ~4-5 ms per token scored (docs/results/2026-12-06/vllm-bench/, vLLM plain with its TTFT taken
+  out: ~65 / 90 / 200 ms a step at batch 1 / 8 / 32), so at batch 1 a drafted token costs a fifteenth of the
+  step and nearly any draft pays, while at batch 32 a row's share of the fixed part is ~2 ms and only a token
+  accepted with P > ~0.7 pays for itself.  One model over all
   batch sizes, in the tokens scored alone (a row is one token more): what batch 1 taught predicts batch 8
   from its first step.  (Fed as batch 1 of m tokens: with a separate per-row term, steps of one batch size
   cannot tell it from the fixed cost, and the fit then split the two and mispredicted every other size.)
