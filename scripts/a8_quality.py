@@ -208,6 +208,7 @@ def part_perplexity(args, emu, llm) -> dict[str, Any]:
             scored += len(target)
             all_values.append(values[-1])
             report["genres"][genre] = _ppl_summary(values, used, worst, agree, scored)
+            report["genres"][genre]["per_window_nll_sums"] = values  # (exact, a8, tokens): a rerun's bootstrap
             _save(args, "perplexity", report)
             print(genre, len(values), report["genres"][genre]["mean_nll"], flush=True)
     report["all"] = _ppl_summary(all_values, [], None, None, None)
@@ -368,6 +369,28 @@ def _mc_choices_agree(result) -> int:
     return sum(picks["exact"][d] == picks["a8"][d] for d in picks["exact"])
 
 
+def table(merged: dict[str, Any]) -> str:
+    """The README's perplexity table (markdown) from a collected JSON."""
+    ppl = merged.get("perplexity")
+    if not ppl:
+        return "(no perplexity part)"
+    rows = ["| text | tokens (windows) | ppl exact | ppl a8 | mean NLL exact | mean NLL a8 | delta NLL (a8 - exact) "
+            "| windows a8 worse | top-1 agree | max abs logit diff |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, g in [*ppl["genres"].items(), *([("all", ppl["all"])] if "all" in ppl else [])]:
+        rows.append(f"| {name} | {g['tokens']} ({g['windows']}) | {g['perplexity']['exact']:.3f} | "
+                    f"{g['perplexity']['a8']:.3f} | {g['mean_nll']['exact']:.4f} | {g['mean_nll']['a8']:.4f} | "
+                    f"{g['delta_nll']:+.4f} | {g['windows_a8_worse']}/{g['windows']} | "
+                    + (f"{g['top1_agreement']:.4f} | {g['max_abs_logit_diff']:.2f} |" if "top1_agreement" in g
+                       else "-- | -- |"))
+    b = ppl.get("bootstrap")
+    if b:
+        rows.append(f"\npaired bootstrap ({b['resamples']} resamples of {b['windows']} windows): delta NLL 95% CI "
+                    f"[{b['delta_nll_ci95'][0]:+.4f}, {b['delta_nll_ci95'][1]:+.4f}], sd {b['delta_nll_sd']:.4f}; "
+                    f"exact mean NLL alone: 95% CI [{b['exact_mean_nll_ci95'][0]:.4f}, "
+                    f"{b['exact_mean_nll_ci95'][1]:.4f}], sd {b['exact_mean_nll_sd']:.4f}")
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------------------------------------- plumbing
 def _save(args, part: str, data: dict[str, Any]) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
@@ -409,6 +432,7 @@ def main() -> int:
                 merged[part] = json.loads(path.read_text())
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(merged, indent=1) + "\n")
+        print(table(merged))
         return 0
     torch.set_num_threads(args.threads)
     llm = load()

@@ -189,3 +189,26 @@ def test_a8_speculation_emits_its_plain_law_through_generate(tiny_q4_1, method):
     assert drafted >= DEFAULT_SAMPLES // 4, f"{method}: only {drafted} draft tokens: the law would be plain's"
     assert result.passed, f"a8 {method}: {result.describe()}"
     assert result.power <= 0.05, result.describe()
+
+
+@needs_kernel
+def test_the_portable_opt_in_runs_a8_on_any_cpu_and_speculation_still_reproduces_its_plain_decoding(
+        tiny_q4_1, monkeypatch):
+    """HYSPEC_A8_PORTABLE=1 (for measuring a8's quality without VNNI, scripts/a8_quality.py) makes a8 run on
+    the portable build: the contract is checked here on every CPU, not only where VNNI skips nothing."""
+    from hyspec import LLM
+
+    monkeypatch.delenv(a8.PORTABLE_OPT_IN, raising=False)
+    if not fast:
+        ok, why = a8.available()
+        assert not ok and a8.PORTABLE_OPT_IN in why, why  # the refusal names the switch
+    monkeypatch.setenv(a8.PORTABLE_OPT_IN, "1")
+    assert a8.available() == (True, "")
+    _, path = tiny_q4_1
+    plain = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    assert plain.engine.quantization.kernels == {"hyspec qgemm, int8 activations": 8}
+    exact = LLM(str(path), kv_cache_bytes=4 << 20, dtype="float32")
+    assert plain.engine.model.layers[0].mlp.down_proj.a8 and not exact.engine.model.layers[0].mlp.down_proj.a8
+    spec = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert _greedy(spec) == _greedy(plain)
