@@ -295,11 +295,17 @@ def part_lm_eval(args, emu, llm) -> dict[str, Any]:
     """lm-eval's harness on docs/lm_eval/tasks with an in-process LM over the same LLM, on both paths (the
     server route of scripts/lm_eval_side_by_side.py would need the emulation inside the server)."""
     import lm_eval
+    from hyspec import SamplingParams
+    from hyspec.bench.vs_lm_eval import (
+        GEN_TASK,
+        MC_TASK,
+        REPO_ROOT,
+        TASKS_DIR,
+        generations,
+        loglikelihoods,
+    )
     from lm_eval.api.model import LM
     from lm_eval.tasks import TaskManager
-
-    from hyspec import SamplingParams
-    from hyspec.bench.vs_lm_eval import GEN_TASK, MC_TASK, REPO_ROOT, TASKS_DIR, generations, loglikelihoods
 
     tok = llm.tokenizer
 
@@ -374,8 +380,9 @@ def table(merged: dict[str, Any]) -> str:
     ppl = merged.get("perplexity")
     if not ppl:
         return "(no perplexity part)"
-    rows = ["| text | tokens (windows) | ppl exact | ppl a8 | mean NLL exact | mean NLL a8 | delta NLL (a8 - exact) "
-            "| windows a8 worse | top-1 agree | max abs logit diff |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ("| text | tokens (windows) | ppl exact | ppl a8 | mean NLL exact | mean NLL a8 | delta NLL (a8 - exact) "
+              "| windows a8 worse | top-1 agree | max abs logit diff |")
+    rows = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, g in [*ppl["genres"].items(), *([("all", ppl["all"])] if "all" in ppl else [])]:
         rows.append(f"| {name} | {g['tokens']} ({g['windows']}) | {g['perplexity']['exact']:.3f} | "
                     f"{g['perplexity']['a8']:.3f} | {g['mean_nll']['exact']:.4f} | {g['mean_nll']['a8']:.4f} | "
