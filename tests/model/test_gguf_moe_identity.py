@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from hyspec import LLM, SamplingParams
+from hyspec import LLM
 from tests.model.gguf_moe_fixtures import write_moe_gguf
 from tests.model.moe_fixtures import make_moe_checkpoint
-from tests.spec.conftest import PROMPTS
+from tests.model.test_moe_identity import BATCH, FAST, GREEDY, _generate
 from tests.spec.oracle_tree import OracleTreeProposer
-
-GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-FAST = {"controller": {"enabled": False, "profile_at_startup": False}}
-BATCH = PROMPTS[:6]
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +29,6 @@ def plain(moe_gguf):
     llm = LLM(str(moe_gguf), dtype="float32", kv_cache_bytes=8 << 20)
     assert llm.engine.model.quantization.linears.get("int8 (Q8_0)") == 2 * 2, llm.engine.model.quantization.summary()
     return [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)]
-
-
-def _generate(target, spec):
-    llm = LLM(str(target), dtype="float32", kv_cache_bytes=8 << 20, speculative_config={**FAST, **spec})
-    return llm, [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)]
 
 
 def test_prompt_lookup_identical_to_plain(moe_gguf, plain):
