@@ -8,8 +8,8 @@ greedy continuation (deep acceptances, so the routed blocks verify tree-shaped b
 from __future__ import annotations
 
 import pytest
-
 from hyspec import LLM
+
 from tests.model.gguf_moe_fixtures import write_moe_gguf
 from tests.model.moe_fixtures import make_moe_checkpoint
 from tests.model.test_moe_identity import BATCH, FAST, GREEDY, _generate
@@ -70,8 +70,14 @@ def test_every_method_identical_to_plain(tmp_path):
     on a Q8_0 Qwen2-MoE GGUF: batch 1 and a ragged batch equal plain decoding, near-tie rate, KV pool clean.
     The prompts are the conformance byte-id prompts; the file's vocabulary is the tiny BPE one (a GGUF's gpt2
     vocabulary needs merges, which the conformance byte tokenizer has none of)."""
-    from hyspec.conformance.methods import MethodSettings, check_method, check_plain, methods_to_check
+    from hyspec.conformance.methods import (
+        MethodSettings,
+        check_method,
+        check_plain,
+        methods_to_check,
+    )
     from hyspec.conformance.targets import resolve
+
     from tests.model.hf_fixtures import identity_workspace
     from tests.model.moe_fixtures import make_moe_checkpoint
 
