@@ -161,16 +161,16 @@ def device_partition_size(q: torch.Tensor, num_kv_heads: int) -> int | None:
 @triton.jit(do_not_specialize=PER_STEP_ATTENTION)
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, m_ws_ptr, l_ws_ptr, acc_ws_ptr,
-    qsl_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
+    qsl_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr, positions_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
     stride_ot, stride_oh, stride_od,
     stride_bt, stride_tree_t, stride_tree_k,
-    scale_log2, num_q_tiles, num_q_heads, head_dim, block_size, num_partitions, partition_size,
+    scale_log2, num_q_tiles, num_q_heads, head_dim, block_size, num_partitions, partition_size, window,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_TREE: tl.constexpr, SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, HAS_TREE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr, OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, SOFT_BF16: tl.constexpr,
 ):
     seq = tl.program_id(0) // num_q_tiles
     i0 = (tl.program_id(0) % num_q_tiles) * BLOCK_Q
@@ -197,6 +197,13 @@ def _paged_attention_kernel(
             kv_end = ctx + tl.minimum(i0 + BLOCK_Q, n)  # causal: nothing past the tile's last query
         lo = part * partition_size
         hi = tl.minimum(lo + partition_size, kv_end)
+        if HAS_WINDOW:
+            q_pos = tl.load(positions_ptr + tok, mask=row_ok, other=0).to(tl.int64)  # [BLOCK_M]
+            # No row of the tile sees a key before its earliest query's position - window + 1 (new entries sit
+            # at positions <= their index): start there, rounded down to a key tile so that tile boundaries
+            # stay absolute (docstring: a skipped tile is one that would have contributed exact zeros).
+            first_pos = tl.min(tl.where(row_ok, q_pos, 1 << 62), axis=0) - window + 1
+            lo = tl.maximum(lo, (tl.maximum(first_pos, 0) // BLOCK_N * BLOCK_N).to(tl.int32))
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -226,6 +233,11 @@ def _paged_attention_kernel(
                 visible = (new_index < 0)[None, :] | (ancestor != 0)
             else:
                 visible = new_index[None, :] <= qi[:, None]
+            if HAS_WINDOW:  # a context entry's position is its index, a new entry's its query row's position
+                new_pos = tl.load(positions_ptr + (q_start + new_index).to(tl.int64), mask=(new_index >= 0) & j_ok,
+                                  other=0)
+                kv_pos = tl.where(new_index >= 0, new_pos, j.to(tl.int64))
+                visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible & j_ok[None, :], s, float("-inf"))
 
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -303,8 +315,11 @@ def _merge_partitions_kernel(
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata) -> None:
+                  meta: AttentionMetadata, sliding_window: int | None) -> None:
     op = "attention"
+    if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                       or sliding_window < 1):
+        raise KernelInputError(f"{op}: sliding_window must be a positive integer or None, got {sliding_window!r}")
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise KernelInputError(f"{op}: expected q [T, Hq, D] and equal caches [num_blocks, block_size, Hkv, D]; "
                                f"got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
@@ -333,6 +348,11 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if meta.tree_mask.dtype != torch.bool:
             raise KernelInputError(f"{op}: tree_mask must be bool, got {meta.tree_mask.dtype}")
         tensors.append(meta.tree_mask)
+    if sliding_window is not None:
+        if meta.positions.dtype not in (torch.int32, torch.int64) or meta.positions.shape != (T,):
+            raise KernelInputError(f"{op}: a sliding window needs meta.positions as [{T}] int32/int64, got "
+                                   f"{tuple(meta.positions.shape)} {meta.positions.dtype}")
+        tensors.append(meta.positions)
     check_device(op, _paged_attention_kernel, *tensors)
 
 
@@ -342,11 +362,19 @@ def triton_paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
     *,
     config: AttentionConfig | None = None,
     static_bounds: tuple[int, int] | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Same contract as ``hyspec.ops.attention.paged_attention`` (new KV already written).
+
+    ``sliding_window=w``: a query at position ``p`` sees, of what it would see, the entries at positions
+    ``> p - w`` (a context entry's position is its index, a new entry's the position of its query row, as
+    the reference).  Each program starts its key walk at the key tile holding its earliest query's
+    ``p - w + 1``, so a step costs O(w) keys a query, not O(context).  That start is exact when every new
+    entry's position is at most its index (``c + k`` in a chain or a prefill, ``c + depth`` in a tree: what the
+    engine builds); keys inside the walked range are masked by their positions whatever they are.
 
     ``static_bounds=(max_query_len, max_seq_len)`` (default: ``meta.static_bounds``): launch for these bounds
     instead of this step's
@@ -356,7 +384,7 @@ def triton_paged_attention(
     are read there); empty partitions carry ``m = -inf, l = 0`` and weigh nothing in the merge, so
     the output equals the step's own launch bit for bit whenever that one splits too.
     """
-    _check_inputs(q, k_cache, v_cache, meta)
+    _check_inputs(q, k_cache, v_cache, meta, sliding_window)
     static_bounds = static_bounds if static_bounds is not None else meta.static_bounds
     if static_bounds is not None:
         bound_q, bound_len = static_bounds
@@ -413,13 +441,14 @@ def triton_paged_attention(
         qsl = meta.query_start_loc[first:]  # views: the launch sees its sequences only; rows stay absolute
         _paged_attention_kernel[(seqs * num_q_tiles, Hkv, num_partitions)](
             q, k_cache, v_cache, out, m_ws, l_ws, acc_ws,
-            qsl, meta.seq_lens[first:], meta.block_tables[first:], tree,
+            qsl, meta.seq_lens[first:], meta.block_tables[first:], tree, meta.positions,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
             meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
             float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
+            sliding_window or 0,
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
             D_PAD=d_pad,
-            HAS_TREE=meta.tree_mask is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
+            HAS_TREE=meta.tree_mask is not None, HAS_WINDOW=sliding_window is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "native",
             SOFT_BF16=interpreted(_paged_attention_kernel),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
@@ -432,6 +461,9 @@ def triton_paged_attention(
                 SOFT_BF16=interpreted(_merge_partitions_kernel), num_warps=4, enable_fp_fusion=False,
             )
     return out
+
+
+triton_paged_attention.supports_sliding_window = True
 
 
 __all__ = ["AttentionConfig", "MAX_HEAD_DIM", "PREFILL_MAX_HEAD_DIM", "default_attention_config",
