@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from hyspec.model.gemma import GemmaCausalLM, local_cos_sin_cache
 from hyspec.model.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from hyspec.model.llama import CausalLM
 from hyspec.model.moe import MoECausalLM, moe_layer_state
+from hyspec.model.moe_stored import plan_stored_experts
 from hyspec.model.quantize_model import check_quantization, quantize_model
 from hyspec.model.rope import cos_sin_cache
 from hyspec.model.weights import SafetensorsCheckpoint, check_shape
@@ -59,8 +61,12 @@ def load_model(
     ckpt = open_checkpoint(path)
     with torch.device("meta"):
         model = model_class(cfg)(cfg, ops=ops, max_positions=max_positions)
-    state = hf_state_dict(cfg, ckpt, torch_dtype)
+    # a quantized GGUF's experts stay as stored where the backend computes them so (hyspec.model.moe_stored):
+    # never dequantized, so the model is about the file's size
+    stored = plan_stored_experts(cfg, ckpt, backend, quantization, torch_dtype)
+    state = hf_state_dict(cfg, ckpt, torch_dtype, stored_expert_layers=stored.layers.keys())
     model.load_state_dict(state, strict=False, assign=True)
+    stored.attach(model)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise CheckpointError(f"checkpoint in {path} does not provide {missing[:5]}")
@@ -71,6 +77,7 @@ def load_model(
     model.quantization = None
     if backend is not None:
         model.quantization = quantize_model(model, ckpt, check_quantization(quantization), backend, torch_dtype)
+        stored.report_into(model.quantization)
         log.info("%s: %s", path.name, model.quantization.summary())
     elif quantization not in (None, "none"):
         raise CheckpointError(f"quantization={quantization!r} needs a backend to compute with it")
@@ -90,11 +97,13 @@ def open_checkpoint(path: Path) -> SafetensorsCheckpoint | GGUFCheckpoint:
 
 
 def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint, dtype: torch.dtype,
-                  prefix: str = "model.", layer_offset: int = 0, num_layers: int | None = None) -> dict[str, torch.Tensor]:
+                  prefix: str = "model.", layer_offset: int = 0, num_layers: int | None = None,
+                  stored_expert_layers: Collection[int] = ()) -> dict[str, torch.Tensor]:
     """Map HF tensor names onto hyspec's module names, fusing q/k/v and gate/up, checking shapes.
 
     ``layer_offset``/``num_layers`` select a slice of decoder layers (drafters
-    stored inside a target checkpoint, such as DeepSeek MTP layers).
+    stored inside a target checkpoint, such as DeepSeek MTP layers).  ``stored_expert_layers``: routed
+    layers whose experts are kept as the checkpoint stores them (hyspec.model.moe_stored), not read here.
     """
     H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     q_size = cfg.num_attention_heads * cfg.head_dim
@@ -146,7 +155,8 @@ def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint
         m = src + "mlp."
         routed = cfg.moe is not None and cfg.moe.is_sparse(i + layer_offset)  # experts (hyspec.model.moe)
         if routed:
-            state.update(moe_layer_state(cfg, take, src, dst))
+            state.update(moe_layer_state(cfg, take, src, dst,
+                                         claim=used.add if i in stored_expert_layers else None))
         elif cfg.model_type == "phi3":
             state[dst + "mlp.gate_up_proj.weight"] = take(m + "gate_up_proj.weight", (2 * I, H))
         else:

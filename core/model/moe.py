@@ -18,6 +18,10 @@ checkpoint's per-expert matrices) and computed two ways:
 * gathered (captured steps, tracing / ONNX export): each pair's expert matrices gathered and multiplied
   with ``bmm`` -- no data-dependent shape and no host read, so a recorded graph replays it right.
   A captured step is one whose ``AttentionMetadata.static_bounds`` is set (hyspec.engine.step_graphs).
+
+A quantized GGUF's experts can instead stay as the file stores them (hyspec.model.moe_stored): then each
+expert is a pair of the backend's quantized linears (:meth:`SparseMoE.use_stored_experts`) and the dense
+stacks do not exist; the grouped path calls them, the gathered one is refused.
 """
 from __future__ import annotations
 
@@ -25,12 +29,11 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import MLP, CausalLM, ModelOutput
 from hyspec.model.moe_config import MoEConfig
 from hyspec.ops import AttentionMetadata, OpTable
+from torch import nn
 
 
 class SparseMoE(nn.Module):
@@ -55,6 +58,20 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(H, 1, bias=False) if shared else None
         #: True while a captured step runs (set by MoECausalLM.forward): the gathered, sync-free path
         self.static_shapes = False
+        #: per expert, the backend's quantized gate|up and down linears (use_stored_experts), or None: dense stacks
+        self.stored_gate_up: nn.ModuleList | None = None
+        self.stored_down: nn.ModuleList | None = None
+
+    def use_stored_experts(self, gate_up: list[nn.Module], down: list[nn.Module]) -> None:
+        """Compute expert ``e`` with ``gate_up[e]`` (``[.., H] -> [.., 2I]``) and ``down[e]`` (``[.., I] -> [.., H]``),
+        modules over the checkpoint's quantized blocks, and drop the dense stacks (never filled: the loader
+        calls this on a block still on the meta device)."""
+        if len(gate_up) != self.num_experts or len(down) != self.num_experts:
+            raise ValueError(f"use_stored_experts: {len(gate_up)} gate|up and {len(down)} down modules for "
+                             f"{self.num_experts} experts")
+        self.stored_gate_up, self.stored_down = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.register_parameter("experts_gate_up", None)
+        self.register_parameter("experts_down", None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) for tokens ``x [T, H]``."""
@@ -76,6 +93,9 @@ class SparseMoE(nn.Module):
         return out.reshape(shape)
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        if self.stored_gate_up is not None:
+            gate, up = self.stored_gate_up[e](x).split(self.intermediate_size, dim=-1)
+            return self.stored_down[e](F.silu(gate) * up)
         gate, up = F.linear(x, self.experts_gate_up[e]).split(self.intermediate_size, dim=-1)
         return F.linear(F.silu(gate) * up, self.experts_down[e])
 
@@ -99,6 +119,11 @@ class SparseMoE(nn.Module):
         return ys.view(x.shape[0], k, -1).sum(dim=1).to(x.dtype)
 
     def _gathered(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        if self.stored_gate_up is not None:
+            # which expert module runs is a host decision: a recorded graph would replay the first step's experts
+            raise NotImplementedError("a captured / traced step (graph capture, tracing, ONNX export) over experts "
+                                      "kept as the checkpoint's quantized blocks is not implemented; load the model "
+                                      "with quantization='none' for dense experts")
         T, H = x.shape
         flat = experts.reshape(-1)
         xs = x.repeat_interleave(self.top_k, dim=0).unsqueeze(-1)  # [T*k, H, 1]
@@ -135,38 +160,61 @@ class MoECausalLM(CausalLM):
         return super().forward_dense(input_ids, aux_layers)
 
 
-def moe_layer_state(cfg: ModelConfig, take, src: str, dst: str) -> dict[str, torch.Tensor]:
+def expert_weight_names(cfg: ModelConfig, src: str) -> list[tuple[str, str, str]]:
+    """Per expert, the checkpoint names of its (gate, up, down) matrices in the layer with prefix ``src``
+    (``model.layers.3.``).  Mixtral stores ``block_sparse_moe.experts.E.w1 / w3 / w2``; Qwen
+    ``mlp.experts.E.gate_proj / up_proj / down_proj``."""
+    m, names = _routed_prefix(cfg, src)
+    return [tuple(f"{m}experts.{e}.{n}.weight" for n in names) for e in range(cfg.moe.num_experts)]
+
+
+def _routed_prefix(cfg: ModelConfig, src: str) -> tuple[str, tuple[str, str, str]]:
+    if cfg.model_type == "mixtral":
+        return src + "block_sparse_moe.", ("w1", "w3", "w2")
+    return src + "mlp.", ("gate_proj", "up_proj", "down_proj")
+
+
+def moe_layer_state(cfg: ModelConfig, take, src: str, dst: str, claim=None) -> dict[str, torch.Tensor]:
     """The routed block of one layer from a checkpoint in the published layout, under hyspec's names.
 
     ``take(name, shape)`` reads a checkpoint tensor (marking it used); ``src`` is the layer's checkpoint
     prefix (``model.layers.3.``), ``dst`` hyspec's (``layers.3.``).  Mixtral stores
     ``block_sparse_moe.{gate, experts.E.w1 / w3 / w2}`` (gate / up / down); Qwen
     ``mlp.{gate, experts.E.gate_proj / up_proj / down_proj}`` and Qwen2-MoE also
-    ``mlp.shared_expert.*`` and ``mlp.shared_expert_gate``.
+    ``mlp.shared_expert.*`` and ``mlp.shared_expert_gate``.  ``claim(name)``: the experts are kept as the
+    checkpoint stores them (hyspec.model.moe_stored), so their names are only marked used, never read.
     """
     moe: MoEConfig = cfg.moe
     E, H, I = moe.num_experts, cfg.hidden_size, moe.expert_intermediate_size
-    if cfg.model_type == "mixtral":
-        m, names = src + "block_sparse_moe.", ("w1", "w3", "w2")
-    else:
-        m, names = src + "mlp.", ("gate_proj", "up_proj", "down_proj")
-    gate, up, down = names
+    m, _ = _routed_prefix(cfg, src)
     out = dst + "mlp."
-    state = {
-        out + "gate.weight": take(m + "gate.weight", (E, H)),
-        out + "experts_gate_up": torch.stack([
-            torch.cat([take(f"{m}experts.{e}.{gate}.weight", (I, H)), take(f"{m}experts.{e}.{up}.weight", (I, H))])
-            for e in range(E)]),
-        out + "experts_down": torch.stack([take(f"{m}experts.{e}.{down}.weight", (H, I)) for e in range(E)]),
-    }
+    state = {out + "gate.weight": take(m + "gate.weight", (E, H))}
+    experts = expert_weight_names(cfg, src)
+    if claim is not None:
+        for name in (n for names in experts for n in names):
+            claim(name)
+    else:
+        state[out + "experts_gate_up"] = torch.stack([torch.cat([take(gate, (I, H)), take(up, (I, H))])
+                                                      for gate, up, _ in experts])
+        state[out + "experts_down"] = torch.stack([take(down, (H, I)) for _, _, down in experts])
     S = moe.shared_expert_intermediate_size
     if S:
         s = m + "shared_expert."
-        state[out + "shared_expert.gate_up_proj.weight"] = torch.cat([
-            take(s + "gate_proj.weight", (S, H)), take(s + "up_proj.weight", (S, H))])
-        state[out + "shared_expert.down_proj.weight"] = take(s + "down_proj.weight", (H, S))
+        if claim is not None:  # kept as stored too (hyspec.model.moe_stored)
+            for name in shared_expert_weight_names(cfg, src):
+                claim(name)
+        else:
+            state[out + "shared_expert.gate_up_proj.weight"] = torch.cat([
+                take(s + "gate_proj.weight", (S, H)), take(s + "up_proj.weight", (S, H))])
+            state[out + "shared_expert.down_proj.weight"] = take(s + "down_proj.weight", (H, S))
         state[out + "shared_expert_gate.weight"] = take(m + "shared_expert_gate.weight", (1, H))
     return state
 
 
-__all__ = ["MoECausalLM", "SparseMoE", "moe_layer_state"]
+def shared_expert_weight_names(cfg: ModelConfig, src: str) -> tuple[str, str, str]:
+    """Qwen2-MoE's shared expert's (gate, up, down) checkpoint names in the layer with prefix ``src``."""
+    m, _ = _routed_prefix(cfg, src)
+    return tuple(f"{m}shared_expert.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+__all__ = ["MoECausalLM", "SparseMoE", "expert_weight_names", "moe_layer_state", "shared_expert_weight_names"]

@@ -1,6 +1,6 @@
 """Temperature 0 on a mixture-of-experts GGUF target (Qwen2-MoE in Q8_0, as llama.cpp writes it): every
-speculative method returns plain decoding's tokens.  The CPU backend computes the attention linears with the
-file's Q8_0 codes; the routed experts stay dense (hyspec.model.quantize_model).
+speculative method returns plain decoding's tokens.  The CPU backend computes the attention linears and the
+routed and shared experts with the file's Q8_0 blocks (hyspec.model.quantize_model, hyspec.model.moe_stored).
 
 Default tier, as tests/model/test_moe_identity.py does for the safetensors checkpoint: prompt lookup, a
 separate draft model, the target drafting for itself (every draft accepted) and random trees around the
@@ -27,7 +27,10 @@ def moe_gguf(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plain(moe_gguf):
     llm = LLM(str(moe_gguf), dtype="float32", kv_cache_bytes=8 << 20)
-    assert llm.engine.model.quantization.linears.get("int8 (Q8_0)") == 2 * 2, llm.engine.model.quantization.summary()
+    report = llm.engine.model.quantization
+    assert report.linears.get("int8 (Q8_0)") == 2 * 2, report.summary()
+    # 2 layers x (4 experts + the shared one) x (gate|up, down)
+    assert report.linears.get("expert int8 (Q8_0)") == 2 * 5 * 2, report.summary()
     return [o.outputs[0].token_ids for o in llm.generate(BATCH, GREEDY)]
 
 
