@@ -21,6 +21,10 @@ Calls (argument derivation and the mask convention: hyspec.npu_ops.attention_arg
     torch_npu._npu_paged_attention(query=q [B, Hq, D], key_cache=[Nv, bs, Hkv, D], value_cache=...,
         num_kv_heads=Hkv, num_heads=Hq, scale_value=scale, block_table=int32 [B, nb],
         context_lens=int32 [B] (host), out=[B, Hq, D])
+
+A sliding window (``sliding_window=w``) sends every step of that layer, decode and prefill included, to the
+tree call with the window ANDed into its explicit mask (why not PA or FIA's band mode: attention_args), unless
+the step's sequences all fit in the window (eager steps only: a captured graph must not change route).
 """
 from __future__ import annotations
 
@@ -72,6 +76,8 @@ class _StepCache:
 class NpuAttention:
     """``OpTable.attention`` backed by torch_npu (see the module docstring)."""
 
+    supports_sliding_window = True  # through the explicit-mask route (module docstring)
+
     def __init__(self, fia: Callable | None, paged_attention: Callable | None = None,
                  config: NpuAttentionConfig = NpuAttentionConfig(), limits: Any = None):
         if fia is None and paged_attention is None:
@@ -82,9 +88,10 @@ class NpuAttention:
         # the release's documented PageAttention layouts (hyspec.npu_ops.op_schemas); None: generic limits only
         fia_limits = limits.limits("npu_fused_infer_attention_score") if limits is not None else {}
         self.layout_rules: dict | None = fia_limits.get("paged_layouts")
-        self._tree_cache = _StepCache()
+        # one cache per window: the layers of one step share a route and masks per window (Gemma alternates)
+        self._tree_caches: dict[int | None, _StepCache] = {}
         self._causal_masks = _StepCache()
-        self._routes = _StepCache()  # the route is the same for every layer of a step: decided once
+        self._route_caches: dict[int | None, _StepCache] = {}
 
     def __call__(
         self,
@@ -93,34 +100,46 @@ class NpuAttention:
         v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window < 1):
+            raise ValueError(f"NPU attention: sliding_window must be a positive integer or None, got "
+                             f"{sliding_window!r}")
+        static = graph.capturing()
+        if sliding_window is not None and meta.max_seq_len <= sliding_window and not static:
+            sliding_window = None  # nothing reaches past the window this step: the unwindowed routes serve it
         cache = paged_cache(k_cache, v_cache)
         key = (tuple(q.shape), q.dtype, tuple(cache.key.shape), cache.key.dtype, meta.max_query_len, meta.num_seqs,
                meta.max_seq_len, meta.tree_mask is None)
-        decided = self._routes.get(meta, key)
+        routes = self._route_caches.setdefault(sliding_window, _StepCache())
+        decided = routes.get(meta, key)
         if decided is None:
-            decided = self.route(q, cache, meta)
-            self._routes.put(meta, key, decided)
+            decided = self.route(q, cache, meta, sliding_window)
+            routes.put(meta, key, decided)
         route, why = decided
         if route == "reference":
             warn_once(f"attention:{why}", f"NPU attention runs the reference op: {why}")
-            return reference_attention(q, k_cache, v_cache, meta, scale)
+            return reference_attention(q, k_cache, v_cache, meta, scale, sliding_window=sliding_window)
         q = q.contiguous()
-        static = graph.capturing()
         if route == "paged_attention":
             return self._decode(q, cache, meta, scale, static)
         if route == "TND":
             return self._causal(q, cache, meta, scale, static)
-        return self._tree(q, cache, meta, scale, static, self._tree_mask(meta))
+        return self._tree(q, cache, meta, scale, static, self._tree_mask(meta), sliding_window)
 
-    def route(self, q: torch.Tensor, cache: PagedCache, meta: AttentionMetadata) -> tuple[str, str | None]:
+    def route(self, q: torch.Tensor, cache: PagedCache, meta: AttentionMetadata,
+              sliding_window: int | None = None) -> tuple[str, str | None]:
         """("paged_attention" | "TND" | "BSND" | "reference", why the reference) for this step.
 
         Single-token decode goes to ATB PA where it fits; causal steps to TND
         (sparse_mode 3) where the release documents TND PageAttention for this
         head dim, else to BSND with an explicit causal mask; trees to BSND.
+        A windowed step goes to BSND whatever its shape: only the explicit
+        mask carries the window (module docstring).
         """
-        if meta.max_query_len == 1 and self._use_paged_attention(q, cache, meta):
+        windowed = sliding_window is not None
+        if meta.max_query_len == 1 and not windowed and self._use_paged_attention(q, cache, meta):
             return "paged_attention", None
         if self.fia is None:
             return "reference", "this torch_npu offers no usable npu_fused_infer_attention_score"
@@ -130,11 +149,14 @@ class NpuAttention:
         multi = meta.max_query_len > 1
         args = (q.shape[2], q.dtype, cache.block_size, multi, meta.num_seqs)
         tnd = layout_problems(self.layout_rules, "TND", *args)
-        if (meta.tree_mask is None or not multi) and not tnd:  # a one-node tree is the causal case
+        if (meta.tree_mask is None or not multi) and not tnd and not windowed:  # a one-node tree is causal
             return "TND", None
         bsnd = layout_problems(self.layout_rules, "BSND", *args)
         if not bsnd:
             return "BSND", None
+        if windowed:
+            return "reference", "; ".join(bsnd + [f"sliding window {sliding_window}: only BSND's explicit mask "
+                                                  "carries it"])
         return "reference", "; ".join(bsnd + ([] if meta.tree_mask is not None and multi else tnd))
 
     def _tree_mask(self, meta: AttentionMetadata) -> torch.Tensor:
@@ -163,7 +185,7 @@ class NpuAttention:
                       sparse_mode=3, **self._fia_common(q, cache, scale))
         return self._launch_fia(q, cache, kwargs, lambda m: {"actual_seq_lengths_kv": list(m.seq_lens_host)})
 
-    def _tree(self, q, cache, meta, scale, static, tree_mask) -> torch.Tensor:
+    def _tree(self, q, cache, meta, scale, static, tree_mask, sliding_window=None) -> torch.Tensor:
         cap = self.config.max_tree_query_tokens
         if meta.max_query_len > cap and not self.config.split_large_trees:
             raise NpuOpUnsupportedError(
@@ -171,11 +193,13 @@ class NpuAttention:
                 "query rows per request against a tree mask; shrink the tree budget or enable split_large_trees")
         # keyed on the capture too: a mask built before capturing would be a constant inside the graph
         key = (id(tree_mask), id(meta.block_tables), tuple(meta.query_lens), tuple(meta.seq_lens_host),
-               cache.block_stride, cache.block_size, cap, id(graph.active_capture()))
-        args = self._tree_cache.get(meta, key)
+               cache.block_stride, cache.block_size, cap, id(graph.active_capture()), id(meta.positions))
+        tree_cache = self._tree_caches.setdefault(sliding_window, _StepCache())
+        args = tree_cache.get(meta, key)
         if args is None:
-            args = tree_args(meta, cache, cap, static_shapes=static, tree_mask=tree_mask)
-            self._tree_cache.put(meta, key, args)
+            args = tree_args(meta, cache, cap, static_shapes=static, tree_mask=tree_mask,
+                             sliding_window=sliding_window)
+            tree_cache.put(meta, key, args)
         pieces = args.pieces
         E, C = len(pieces.entry_rows), pieces.rows
         q_padded = q.index_select(0, pieces.gather).view(E, C, q.shape[1], q.shape[2])  # [E, C, Hq, D]

@@ -21,6 +21,15 @@ Three calls serve hyspec's one attention op (semantics: hyspec.ops.attention):
   table row and KV length, so splitting changes nothing numerically.
 * single-token decode: ATB ``_npu_paged_attention`` with int32
   ``block_table`` and host ``context_lens``.
+* a sliding window ``w`` (hyspec.ops.attention: a query at position ``p`` sees
+  the entries at positions ``> p - w``): every step of a windowed layer takes
+  the explicit-mask call (BSND, sparse_mode 0) with the window ANDed into the
+  mask, built on the device from ``positions`` and ``seq_lens``.  ATB paged
+  attention takes no mask; FIA documents ``pre_tokens`` / ``next_tokens`` as
+  having no effect when Q_S = 1, and for its band mode (sparse_mode 4) states
+  no alignment or inclusivity (op-plugin docs/zh/custom_APIs/torch_npu/
+  torch_npu-npu_fused_infer_attention_score.md at 09fca6f6), so neither can
+  carry the window here until an Ascend run pins the band down.
 
 With ``static_shapes`` (NPU graph capture) nothing depends on values that
 change between replays except the FIA/PA host length lists, which the graph
@@ -151,7 +160,7 @@ def causal_tree_mask(meta: AttentionMetadata) -> torch.Tensor:  # [T, max_query_
 
 
 def tree_args(meta: AttentionMetadata, cache: PagedCache, cap: int, static_shapes: bool = False,
-              tree_mask: torch.Tensor | None = None) -> TreeArgs:
+              tree_mask: torch.Tensor | None = None, sliding_window: int | None = None) -> TreeArgs:
     tree_mask = meta.tree_mask if tree_mask is None else tree_mask
     if tree_mask is None:
         raise ValueError("tree_args needs a tree_mask")
@@ -164,11 +173,23 @@ def tree_args(meta: AttentionMetadata, cache: PagedCache, cap: int, static_shape
     qlen = (qsl[1:] - qsl[:-1])[seq]  # [E] query rows of the entry's request
     kv_len = seq_lens[seq]  # [E]
     context = kv_len - qlen  # [E] committed KV before this step's tokens
-    mask = tree_mask_for_fia(tree_mask, pieces, context, qlen, width * cache.block_size)
+    window = None
+    if sliding_window is not None:
+        window = WindowRule(sliding_window, meta.positions.to(device=device, dtype=torch.long), qsl[:-1][seq])
+    mask = tree_mask_for_fia(tree_mask, pieces, context, qlen, width * cache.block_size, window)
     table = meta.block_tables[:, :width].index_select(0, seq.to(meta.block_tables.device))
     return TreeArgs(pieces=pieces, actual_seq_lengths=list(pieces.entry_rows),
                     actual_seq_lengths_kv=[meta.seq_lens_host[b] for b in pieces.entry_seq_host],
                     block_table=cache.block_table(table), atten_mask=mask)
+
+
+@dataclass(frozen=True)
+class WindowRule:
+    """A sliding window as the mask builder needs it (device tensors: a captured graph replays the build)."""
+
+    window: int
+    positions: torch.Tensor  # [T] long, position of each packed query row
+    first_row: torch.Tensor  # [E] long, packed row of the first query of each entry's request
 
 
 def tree_mask_for_fia(
@@ -177,15 +198,18 @@ def tree_mask_for_fia(
     context: torch.Tensor,  # [E] long, committed KV length of each entry's request
     qlen: torch.Tensor,  # [E] long, new tokens of each entry's request
     kv_width: int,  # KV_S of the mask: the block table width times block_size
+    window: WindowRule | None = None,
 ) -> torch.Tensor:  # [E, 1, C, kv_width] bool, True = masked out
     """hyspec's visibility rule as FIA's explicit ``atten_mask`` (sparse_mode 0).
 
     Row ``i`` of entry ``e`` (packed row ``gather[e * C + i]``) sees every
     context key ``j < context[e]`` and new key ``context[e] + k`` iff
-    ``tree_mask[row, k]``; keys past the request's length are masked.  Padded
-    rows see key 0 only, so no row is entirely masked (FIA would otherwise
-    need its row-invalid correction, inner_precise 2/3); their outputs are
-    dropped.
+    ``tree_mask[row, k]``; keys past the request's length are masked.  With a
+    ``window`` it sees, of those, only the keys at positions ``> p - w`` (``p``
+    its position; a context key's position is its index, new key ``k``'s the
+    position of its request's query row ``k``).  Padded rows see key 0 only,
+    so no row is entirely masked (FIA would otherwise need its row-invalid
+    correction, inner_precise 2/3); their outputs are dropped.
     """
     E, C = len(pieces.entry_rows), pieces.rows
     Q = tree_mask.shape[1]
@@ -201,5 +225,12 @@ def tree_mask_for_fia(
     new_visible = tree_mask[packed] & in_request[:, None, :]  # [E, C, Q]
     visible.scatter_(2, column[:, None, :].expand(E, C, Q), new_visible)
     visible = visible[:, :, :kv_width] & rows_valid[:, :, None]
+    if window is not None:
+        last_row = window.positions.shape[0] - 1
+        kv_pos = torch.arange(kv_width + 1, device=device).repeat(E, 1)  # [E, kv_width + 1], the sink again
+        new_pos = window.positions[(window.first_row[:, None] + k[None, :]).clamp(max=last_row)]  # [E, Q]
+        kv_pos.scatter_(1, column, new_pos)
+        q_pos = window.positions[packed]  # [E, C]
+        visible &= kv_pos[:, None, :kv_width] > (q_pos[:, :, None] - window.window)
     visible[:, :, 0] |= ~rows_valid
     return (~visible).unsqueeze(1)

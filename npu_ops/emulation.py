@@ -104,7 +104,9 @@ def npu_fused_infer_attention_score(query, key, value, *, atten_mask=None, actua
                   "PageAttention with a mask needs KV_S >= maxBlockNumPerSeq * block_size")
             _contiguous(atten_mask=atten_mask)
     else:
-        raise EmulationError(f"emulation covers sparse_mode 0 and 3, not {sparse_mode}")
+        raise EmulationError(f"emulation covers sparse_mode 0 and 3, not {sparse_mode} (4, the band of pre_tokens/"
+                             "next_tokens, has no documented alignment or inclusivity to emulate)")
+    _band_is_ignored(sparse_mode, atten_mask, max(n for _, n in batches), pre_tokens, next_tokens)
     out = torch.zeros_like(query)
     for b, (rows, n) in enumerate(batches):
         L = kv_lens[b]
@@ -122,6 +124,22 @@ def npu_fused_infer_attention_score(query, key, value, *, atten_mask=None, actua
         _need(bool(visible.any(-1).all()), "a query row is entirely masked (needs inner_precise 2/3)")
         out[rows] = _attend(query[rows], k, v, visible.to(query.device), scale).to(query.dtype)
     return out, torch.zeros(1, dtype=torch.float32, device=query.device)
+
+
+_NO_BAND = 2147483647  # pre_tokens / next_tokens default: no band
+
+
+def _band_is_ignored(sparse_mode: int, atten_mask, max_rows: int, pre_tokens: int, next_tokens: int) -> None:
+    """pre_tokens / next_tokens as the FIA doc states them (op-plugin docs/zh/custom_APIs/torch_npu/
+    torch_npu-npu_fused_infer_attention_score.md, 09fca6f6): no effect when Q_S = 1, in sparse_mode 1/2/3,
+    and in sparse_mode 0 without a mask; with a mask in sparse_mode 0 the band applies, and the doc does not
+    say where it is anchored, so a non-default band there is refused rather than guessed."""
+    if (pre_tokens, next_tokens) == (_NO_BAND, _NO_BAND) or max_rows == 1 or sparse_mode in (1, 2, 3):
+        return
+    if sparse_mode == 0 and atten_mask is None:
+        return
+    raise EmulationError(f"pre_tokens={pre_tokens} / next_tokens={next_tokens} with sparse_mode {sparse_mode} and a "
+                         "mask: the band's anchoring is not documented, the emulation does not guess it")
 
 
 def _fia_release_rules(limits: dict | None, layout: str, max_rows: int, head_dim: int, block_size: int,
