@@ -30,6 +30,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+static inline int omp_threads(void) { return omp_get_max_threads(); }
+#else
+static inline int omp_threads(void) { return 1; }
+#endif
 
 #if defined(__AVX512F__) && defined(__F16C__)
 #include <immintrin.h>
@@ -42,6 +48,10 @@
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
 enum { MANY_ROWS = 2 }; /* AVX2: from this many rows of x, rows_block_many (codes converted once per chunk) */
 enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
+/* rows_block_many's outputs per task: a chunk of x is read from L1 by this many output rows before the next
+ * chunk (with four, every output block streamed all of x from L3: a 1024-token prefill ran at 5 cycles a
+ * block and row, 3.5 with x in cache).  At most this many; fewer where the threads need more tasks. */
+enum { MANY_OUTPUTS = 32 };
 /* How far ahead the kernels ask for weights (software prefetch).  With the weights in L3 or memory the
  * hardware prefetchers fell behind: on a 2-core Sapphire Rapids VM, SmolLM2's 120 projections read from
  * memory took 7.2 ms for one row of x where they take 4.7 ms from cache (8 KiB ahead: 4.6 ms), and 2 rows
@@ -235,36 +245,37 @@ static inline __attribute__((always_inline)) void rows_block(const int qtype, co
     }
 }
 
-/* The same sums as rows_block for many rows of x (prefill): each block's codes are converted once and
- * used for every row, whose accumulators live in acc / sc between blocks.  Every (output, row) pair
- * goes through exactly the operations rows_block does, in the same order: the results are equal. */
-/* R rows of x (a compile-time count, so the accumulators stay in registers) against one output row */
+/* The same sums as rows_block for many rows of x (verification, prefill): one output row against R rows of x
+ * (a compile-time count, so the accumulators stay in registers), the block's codes converted once for all R.
+ * The scalar m * xs sums of the R rows run as the lanes of one vector (xst: block g's sums of the R rows in
+ * lanes 0..7, see transposed_block_sums): lane r is the fma rows_block does for row r, one instruction for
+ * eight rows instead of eight.  Every (output, row) pair goes through exactly the operations rows_block does,
+ * in the same order: the results are equal. */
 static inline __attribute__((always_inline)) void one_row_r(const int qtype, const int R, const float *x,
-                                                            const float *xs, int64_t K, const uint8_t *wr,
+                                                            const float *xst, int64_t K, const uint8_t *wr,
                                                             float *y, int64_t N) {
     const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
-    __m256 acc[8];
-    float sc[8];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        sc[r] = 0.0f;
-    }
+    __m256 acc[8], sc = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         const uint8_t *b = wr + g * bs;
         _mm_prefetch((const char *)(b + PREFETCH_BYTES), _MM_HINT_T0);
         __m256 c[4];
         codes(qtype, b, c);
-        const float d = f16(b), mn = qtype == Q4_1 ? f16(b + 2) : -8.0f * d;
+        const float d = f16(b);
         const __m256 vd = _mm256_set1_ps(d);
         for (int r = 0; r < R; r++) {
             const float *xg = x + r * K + 32 * g;
             __m256 p = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xg + 8), _mm256_mul_ps(c[0], _mm256_loadu_ps(xg)));
             p = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24), _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16), p));
             acc[r] = _mm256_fmadd_ps(p, vd, acc[r]);
-            if (qtype != Q8_0) sc[r] = __builtin_fmaf(mn, xs[r * G + g], sc[r]);
         }
+        if (qtype != Q8_0)
+            sc = _mm256_fmadd_ps(_mm256_set1_ps(qtype == Q4_1 ? f16(b + 2) : -8.0f * d), _mm256_loadu_ps(xst + 8 * g), sc);
     }
-    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + sc[r];
+    float s[8];
+    _mm256_storeu_ps(s, sc);
+    for (int r = 0; r < R; r++) y[r * N] = hsum(acc[r]) + s[r];
 }
 
 /* xs[m, g]: the sum of block g of row m, in a fixed order */
@@ -275,6 +286,15 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
                                        _mm256_add_ps(_mm256_loadu_ps(b + 16), _mm256_loadu_ps(b + 24)));
         xs[i] = hsum(v);
     }
+}
+
+/* xst[c, g, r]: xs[8 c + r, g] (rows in chunks of ROW_CHUNK, block by block, zero past the last row): the
+ * sums one_row_r reads as one vector per block */
+static void transposed_block_sums(const float *xs, int64_t M, int64_t G, float *xst) {
+    for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK)
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t r = 0; r < ROW_CHUNK; r++)
+                xst[(m0 / ROW_CHUNK * G + g) * ROW_CHUNK + r] = m0 + r < M ? xs[(m0 + r) * G + g] : 0.0f;
 }
 
 #else /* portable: the same sums in the same order, without vectors */
@@ -345,36 +365,37 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
 #endif
 
 #if defined(HYSPEC_AVX2)
-/* The same sums as rows_block for many rows of x (verification, prefill): each block's codes are
- * converted once per chunk of up to eight rows.  Every (output, row) pair goes through exactly the
- * operations rows_block does, in the same order: the results are equal. */
-static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xs,
+/* The same sums as rows_block for many rows of x (verification, prefill), output rows n0 .. n0+NB-1 (NB up to
+ * MANY_OUTPUTS): rows of x in chunks of eight, each chunk passed over by every one of the NB output rows while it
+ * sits in L1 (the NB rows' blocks stay in L1/L2 between chunks).  Every (output, row) pair goes through exactly
+ * the operations rows_block does, in the same order: the results are equal. */
+static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xst,
                                                                   int64_t M, int64_t K, const uint8_t *w, int64_t n0,
                                                                   int NB, float *y, int64_t N) {
     const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
-    /* rows of x in chunks that stay in the L1/L2 cache while the output rows of this block pass over them */
     for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
         const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
-        const float *xc = x + m0 * K, *xsc = xs + m0 * G;
+        const float *xc = x + m0 * K, *xstc = xst + m0 * G; /* xst: ROW_CHUNK lanes per block and chunk */
         for (int i = 0; i < NB; i++) {
             const uint8_t *wr = w + (n0 + i) * G * bs;
             float *yc = y + m0 * N + n0 + i;
             switch (R) {
-                case 1: one_row_r(qtype, 1, xc, xsc, K, wr, yc, N); break;
-                case 2: one_row_r(qtype, 2, xc, xsc, K, wr, yc, N); break;
-                case 3: one_row_r(qtype, 3, xc, xsc, K, wr, yc, N); break;
-                case 4: one_row_r(qtype, 4, xc, xsc, K, wr, yc, N); break;
-                case 5: one_row_r(qtype, 5, xc, xsc, K, wr, yc, N); break;
-                case 6: one_row_r(qtype, 6, xc, xsc, K, wr, yc, N); break;
-                case 7: one_row_r(qtype, 7, xc, xsc, K, wr, yc, N); break;
-                default: one_row_r(qtype, 8, xc, xsc, K, wr, yc, N); break;
+                case 1: one_row_r(qtype, 1, xc, xstc, K, wr, yc, N); break;
+                case 2: one_row_r(qtype, 2, xc, xstc, K, wr, yc, N); break;
+                case 3: one_row_r(qtype, 3, xc, xstc, K, wr, yc, N); break;
+                case 4: one_row_r(qtype, 4, xc, xstc, K, wr, yc, N); break;
+                case 5: one_row_r(qtype, 5, xc, xstc, K, wr, yc, N); break;
+                case 6: one_row_r(qtype, 6, xc, xstc, K, wr, yc, N); break;
+                case 7: one_row_r(qtype, 7, xc, xstc, K, wr, yc, N); break;
+                default: one_row_r(qtype, 8, xc, xstc, K, wr, yc, N); break;
             }
         }
     }
 }
 #endif
 
-/* one block of output rows: rows_block_many and rows_block give equal results, the first is faster for many rows */
+/* output rows n0 .. n0+NB-1 (NB <= 4, or up to MANY_OUTPUTS for rows_block_many): rows_block_many and rows_block
+ * give equal results, the first is faster for many rows (it reads xs transposed, as transposed_block_sums writes) */
 static inline __attribute__((always_inline)) void output_rows(const int qtype, int many, const float *x,
                                                               const float *xs, int64_t M, int64_t K, const uint8_t *w,
                                                               int64_t n0, int NB, float *y, int64_t N) {
@@ -397,6 +418,7 @@ static inline __attribute__((always_inline)) void output_rows(const int qtype, i
 int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
     if (qtype >= Q5_0 && qtype <= LAST_QTYPE) return kq_gemm(qtype, x, M, K, w, N, y);
     if (qtype < 0 || qtype > 2 || K % 32 || M < 0 || N < 0) return -1;
+    const int many = M >= MANY_ROWS; /* verification, prefill: codes converted once per chunk of rows */
 #if defined(HYSPEC_AVX512)
     float *xs = NULL; /* the AVX-512 path folds m into the dequantized weights */
 #else
@@ -404,12 +426,27 @@ int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
     if (!xs) return -2;
     block_sums(x, M, K, xs);
 #endif
-    const int64_t nblocks = (N + 3) / 4;
-    const int many = M >= MANY_ROWS; /* verification, prefill: codes converted once per chunk of rows */
+    int64_t step = 4; /* output rows per task */
+#if defined(HYSPEC_AVX2)
+    if (many) {
+        float *xst = malloc(sizeof(float) * (size_t)((M + ROW_CHUNK - 1) / ROW_CHUNK * ROW_CHUNK * (K / 32) + 1));
+        if (!xst) {
+            free(xs);
+            return -2;
+        }
+        transposed_block_sums(xs, M, K / 32, xst);
+        free(xs);
+        xs = xst;
+        /* a chunk of x read by up to MANY_OUTPUTS output rows, with at least four tasks per thread */
+        const int64_t threads = omp_threads(), per = (N + 3) / 4 / (4 * threads);
+        step = 4 * (per < 1 ? 1 : per > MANY_OUTPUTS / 4 ? MANY_OUTPUTS / 4 : per);
+    }
+#endif
+    const int64_t ntasks = (N + step - 1) / step;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nblocks; b++) {
-        const int64_t n0 = b * 4;
-        const int NB = N - n0 >= 4 ? 4 : (int)(N - n0);
+    for (int64_t b = 0; b < ntasks; b++) {
+        const int64_t n0 = b * step;
+        const int NB = N - n0 >= step ? (int)step : (int)(N - n0);
         /* constant qtypes: each case is compiled for its own block format (no branch in the inner loop) */
         switch (qtype) {
             case Q4_0: output_rows(Q4_0, many, x, xs, M, K, w, n0, NB, y, N); break;

@@ -71,6 +71,38 @@ def test_bf16_matches_the_reference_within_its_rounding(scenario):
     torch.testing.assert_close(actual.float(), expected, atol=2e-2, rtol=2e-2)
 
 
+def _marches() -> list[str]:
+    """The -march builds this CPU can run: portable, AVX2 (haswell) where present, and its own."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["native"]
+    from hyspec.cpu_ops.native import _cpu_key
+
+    flags = set(_cpu_key().split())
+    return ["x86-64", *(["haswell"] if {"avx2", "fma"} <= flags else []), "native"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_the_avx2_path_computes_the_portable_paths_bits(dtype, head_dim):
+    """AVX2 (eight keys' dot products summed together, the value rows accumulated in registers) does the portable
+    build's operations in its order: equal bit for bit, at a prefill long enough for many groups of keys (AVX-512
+    sums in sixteen lanes, another order: not compared)."""
+    from hyspec.cpu_ops.paged_attention import variant
+
+    case = paged_attention_case([0, 13, 70], [150, 21, 1], 9, 3, head_dim, 16, dtype, seed=head_dim)
+    portable = paged_attention(*case.args(), lib=variant("x86-64"))
+    from hyspec.cpu_ops.native import _cpu_key
+
+    for march in _marches()[1:]:
+        if march == "native" and "avx512f" in _cpu_key().split():
+            continue
+        lib = variant(march)
+        assert torch.equal(paged_attention(*case.args(), lib=lib), portable), march
+
+
 def test_other_dtypes_run_the_reference():
     case = paged_attention_case([10], [2], 4, 2, 32, 16, torch.float16, seed=1)
     assert torch.equal(paged_attention(*case.args()), REF.attention(*case.args()))

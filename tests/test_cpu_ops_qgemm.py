@@ -99,6 +99,31 @@ def test_the_portable_path_sums_in_the_avx2_paths_order(qtype):
                        qg.qgemm(qtype, x, w.blocks, 52, lib=qg.variant("haswell")))
 
 
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_many_rows_alone_or_in_batches_of_1_to_33_on_every_isa_path(qtype):
+    """The many-row kernels (verification, prefill: chunks of eight rows, output rows in groups of up to 32,
+    the block sums of eight rows in one vector) against the one-row path and the portable build: every row
+    equal bit for bit to itself computed alone, in any batch of 1..33 rows, with any thread count."""
+    w, _ = _blocks(qtype, 100, 576, seed=5)  # 100 outputs: groups that end part-way through a block of four
+    x = torch.randn(33, 576)
+    for march in _marches():
+        lib = qg.variant(march)
+        alone = torch.cat([qg.qgemm(qtype, x[m:m + 1].contiguous(), w.blocks, 100, lib=lib) for m in range(33)])
+        for n in range(1, 34):
+            assert torch.equal(qg.qgemm(qtype, x[:n].contiguous(), w.blocks, 100, lib=lib), alone[:n]), (march, n)
+        if march == "x86-64":
+            portable = alone
+        elif qg.isa(lib) != "avx512f+f16c":  # AVX-512 sums in sixteen lanes: another order
+            assert torch.equal(alone, portable), march
+    together = qg.qgemm(qtype, x, w.blocks, 100)
+    torch.set_num_threads(1)  # fewer threads: other output groups per task, the same bits
+    try:
+        assert torch.equal(qg.qgemm(qtype, x, w.blocks, 100), together)
+    finally:
+        torch.set_num_threads(2)
+
+
 def test_quantize_writes_blocks_that_mean_the_same_values():
     torch.manual_seed(0)
     dense = torch.randn(48, 96) * 0.1
