@@ -26,7 +26,8 @@ a458664fc83b6513baea7adafcb0ef0626b006f8: ``TextModel.set_gguf_parameters``, ``L
 
 The stacked tensors are exposed per expert (:class:`ExpertSlice`, a view of the file's blocks, nothing
 copied) under the Hugging Face names hyspec.model.moe.moe_layer_state reads, so safetensors and GGUF share
-one loader.
+one loader; where the backend computes with the blocks, hyspec.model.moe_stored keeps each expert's slice as
+stored instead of dequantizing it.
 """
 from __future__ import annotations
 

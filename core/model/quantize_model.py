@@ -87,7 +87,7 @@ def _sources(model: "CausalLM") -> list[tuple[str, list[str], nn.Module]]:
         qkv = [a + "qkv_proj"] if fused else [a + "q_proj", a + "k_proj", a + "v_proj"]
         out.append((f"layers.{i}.self_attn.qkv_proj", qkv, layer.self_attn.qkv_proj))
         out.append((f"layers.{i}.self_attn.o_proj", [a + "o_proj"], layer.self_attn.o_proj))
-        if not hasattr(layer.mlp, "gate_up_proj"):  # a routed block's experts stay dense (hyspec.model.moe)
+        if not hasattr(layer.mlp, "gate_up_proj"):  # a routed block: its experts are hyspec.model.moe_stored's
             continue
         gate_up = [m + "gate_up_proj"] if fused else [m + "gate_proj", m + "up_proj"]
         out.append((f"layers.{i}.mlp.gate_up_proj", gate_up, layer.mlp.gate_up_proj))
@@ -118,8 +118,9 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
     routed = [i for i, layer in enumerate(model.layers) if not hasattr(layer.mlp, "gate_up_proj")]
     if routed and quantization in ("int4", "int8", "a8"):
         raise ConfigError("quantization", f"{quantization} is not implemented for the routed experts of this "
-                                          f"{model.config.model_type} model (layers {routed[:4]}...): hyspec keeps "
-                                          "MoE experts dense; leave quantization unset or 'none'")
+                                          f"{model.config.model_type} model (layers {routed[:4]}...): hyspec does "
+                                          "not requantize MoE experts; leave quantization unset (a GGUF's experts "
+                                          "then run as stored) or 'none'")
     demanded = {"int4": 4, "int8": 8}.get(quantization)
     activations = "int8" if quantization == "a8" else "native"
     if activations == "int8" and not hasattr(ckpt, "group_quantized"):

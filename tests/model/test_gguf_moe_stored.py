@@ -60,14 +60,21 @@ def test_experts_run_as_stored_and_give_the_dequantized_models_logits(name, qtyp
 
 
 @needs_kernel
-def test_an_experts_output_does_not_depend_on_how_many_tokens_share_it(tmp_path):
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "hyspec qgemm, fp32"), (torch.bfloat16, "torch int4, bf16")])
+def test_an_experts_output_does_not_depend_on_how_many_tokens_share_it(dtype, kernel, tmp_path):
     """The grouped path hands each expert every token routed to it in a step; a token's output must be the one it
     gets alone (what makes verifying n drafted tokens equal n plain steps).  The model as the engine runs it: the
-    router on the backend's batch-invariant dense kernel (optimize_model), the experts on the block kernel."""
+    router on the backend's batch-invariant dense kernel (optimize_model), the experts on the block kernel (fp32)
+    or, with bf16 activations, torch's int4 kernel, as the dense projections."""
+    from hyspec.cpu_ops.quantized_linear import int4_kernel_available
+
+    if dtype == torch.bfloat16 and not int4_kernel_available():
+        pytest.skip("this torch build has no CPU int4 kernel")
     backend = get_backend("cpu")
-    model = backend.optimize_model(load_model(_gguf("qwen3_moe", "Q4_0", tmp_path), dtype="float32", backend=backend))
+    model = backend.optimize_model(load_model(_gguf("qwen3_moe", "Q4_0", tmp_path), dtype=dtype, backend=backend))
+    assert model.quantization.kernels[kernel] == sum(model.quantization.linears.values())
     block = _blocks(model)[0]
-    x = torch.randn(23, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(23, model.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(dtype)
     with torch.no_grad():
         together = block(x)
         alone = torch.cat([block(x[t:t + 1]) for t in range(x.shape[0])])
