@@ -60,7 +60,8 @@ def test_experts_run_as_stored_and_give_the_dequantized_models_logits(name, qtyp
 
 
 @needs_kernel
-@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "hyspec qgemm, fp32"), (torch.bfloat16, "torch int4, bf16")])
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "hyspec qgemm, fp32"),
+                                               (torch.bfloat16, "torch int4, bf16")])
 def test_an_experts_output_does_not_depend_on_how_many_tokens_share_it(dtype, kernel, tmp_path):
     """The grouped path hands each expert every token routed to it in a step; a token's output must be the one it
     gets alone (what makes verifying n drafted tokens equal n plain steps).  The model as the engine runs it: the
