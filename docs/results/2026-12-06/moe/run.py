@@ -12,8 +12,9 @@ quantization type:
   experts kept as stored (the default) and for the experts dequantized at load (the path before 2026-12-06's
   change: the stored-experts plan emptied, so the attention linears and the head still run as stored);
 * speed, interleaved per round in one process: transformers (``generate``, fp32), hyspec ``LLM`` on the GGUF
-  with the experts as stored, the same with dense experts, and hyspec on the safetensors source (fp32, dense
-  everything); decode tokens/s with the time to the first token subtracted, batch 1, and batch 8 (aggregate).
+  with the experts as stored, the same with dense experts, and (``--safetensors``) hyspec on the safetensors
+  source (fp32, dense everything); decode tokens/s with the time to the first token subtracted, batch 1, and
+  batch 8 (aggregate).
 
     .venv/bin/python docs/results/2026-12-06/moe/run.py --out docs/results/2026-12-06/moe/result.json
     .venv/bin/python docs/results/2026-12-06/moe/run.py --small   # seconds: proves the script runs
@@ -135,7 +136,7 @@ def hyspec_decode(llm, prompts: list[list[int]], steps: int) -> tuple[list[list[
     return [list(o.outputs[0].token_ids) for o in outs], first, total
 
 
-def measure(src: Path, gguf_file: Path, steps: int, rounds: int) -> dict:
+def measure(src: Path, gguf_file: Path, steps: int, rounds: int, with_safetensors: bool) -> dict:
     import transformers
     from hyspec import LLM
 
@@ -149,7 +150,8 @@ def measure(src: Path, gguf_file: Path, steps: int, rounds: int) -> dict:
     llms = {"hyspec_gguf_experts_as_stored": LLM(str(gguf_file), **kw)}
     with dense_experts():
         llms["hyspec_gguf_experts_dense"] = LLM(str(gguf_file), **kw)
-    llms["hyspec_safetensors_fp32"] = LLM(str(src), **kw)
+    if with_safetensors:
+        llms["hyspec_safetensors_fp32"] = LLM(str(src), **kw)
     rows: dict[str, list[float]] = {"transformers_b1": []}
     for name in llms:
         rows[f"{name}_b1"], rows[f"{name}_b8"] = [], []
@@ -176,6 +178,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--qtypes", default="Q8_0,Q4_0")
+    ap.add_argument("--safetensors", action="store_true", help="also hyspec on the safetensors source (fp32)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     steps = 8 if args.small else args.steps
@@ -190,7 +193,7 @@ def main() -> None:
             src = Path(tmp) / qtype
             shutil.copytree(base, src)
             gguf_file = write_moe_gguf(src, Path(tmp) / f"mixtral-{qtype}.gguf", qtype)  # src now holds its values
-            results[qtype] = measure(src, gguf_file, steps, rounds)
+            results[qtype] = measure(src, gguf_file, steps, rounds, args.safetensors)
             print(qtype, json.dumps(results[qtype], indent=2), flush=True)
             shutil.rmtree(src)
     result = {
