@@ -36,6 +36,16 @@ ATTENTION = [
           ("mixed_prefill_decode", [0, 300, 700], [200, 1, 1], False)],
           [torch.bfloat16, torch.float16, torch.float32])],
 ]
+#: sliding-window launches (the HAS_WINDOW variants): gpu_check's windowed cases and a windowed SmolLM2-shaped
+#: decode, chain and prefill chunk, as (name, heads, context lens, query lens, tree, block size, dtype, window)
+WINDOWED = [
+    ("gpu_check decode_bs8_ctx8k_window1k", (32, 8, 128), [8192] * 8, [1] * 8, False, 16, torch.bfloat16, 1024),
+    ("gpu_check tree_bs16_n16_ctx4k_window512", (32, 8, 128), [4096] * 16, [16] * 16, True, 16, torch.bfloat16, 512),
+    ("gpu_check prefill_bs1_n4096_window1k", (32, 8, 128), [0], [4096], False, 16, torch.bfloat16, 1024),
+    ("serve windowed decode_bs8", (9, 3, 64), [900] * 8, [1] * 8, False, 16, torch.bfloat16, 256),
+    ("serve windowed chain_bs8_n5", (9, 3, 64), [400] * 8, [5] * 8, False, 16, torch.bfloat16, 256),
+    ("serve windowed prefill_chunk_1024", (9, 3, 64), [0], [1024], False, 16, torch.bfloat16, 256),
+]
 #: gpu_check's tuning sweep (AttentionConfig overrides) on two of its cases
 SWEEP = [dict(block_m=16), dict(block_m=64, num_warps=8), dict(block_n=64), dict(block_m=64, block_n=64, num_warps=8),
          dict(partition_size=256), dict(partition_size=1024)]
@@ -80,6 +90,10 @@ def launch_all() -> None:
             for overrides in SWEEP:
                 config = AttentionConfig(**{**base.__dict__, **overrides})
                 triton_paged_attention(q, cache, cache, meta, d ** -0.5, config=config)
+    for _name, (hq, hkv, d), ctx, qlens, tree, bs, dtype, window in WINDOWED:
+        q = torch.empty(sum(qlens), hq, d, dtype=dtype)
+        cache = torch.empty(2, bs, hkv, d, dtype=dtype)
+        triton_paged_attention(q, cache, cache, metadata(ctx, qlens, bs, tree), d ** -0.5, sliding_window=window)
     for (tokens, hq, hkv, d, hidden), dtype in itertools.product(SMALL_OPS, [torch.bfloat16, torch.float16,
                                                                             torch.float32]):
         pool = torch.empty(tokens // 16 + 8, 16, hkv, d, dtype=dtype)
@@ -103,4 +117,4 @@ def launch_all() -> None:
                                                                                       dtype=torch.float64))
 
 
-__all__ = ["ATTENTION", "SMALL_OPS", "VERIFY", "launch_all", "metadata"]
+__all__ = ["ATTENTION", "SMALL_OPS", "VERIFY", "WINDOWED", "launch_all", "metadata"]

@@ -198,12 +198,13 @@ def _paged_attention_kernel(
         lo = part * partition_size
         hi = tl.minimum(lo + partition_size, kv_end)
         if HAS_WINDOW:
-            q_pos = tl.load(positions_ptr + tok, mask=row_ok, other=0).to(tl.int64)  # [BLOCK_M]
+            q_pos = tl.load(positions_ptr + tok, mask=row_ok, other=0).to(tl.int32)  # [BLOCK_M]; int32: registers
             # No row of the tile sees a key before its earliest query's position - window + 1 (new entries sit
             # at positions <= their index): start there, rounded down to a key tile so that tile boundaries
             # stay absolute (docstring: a skipped tile is one that would have contributed exact zeros).
-            first_pos = tl.min(tl.where(row_ok, q_pos, 1 << 62), axis=0) - window + 1
-            lo = tl.maximum(lo, (tl.maximum(first_pos, 0) // BLOCK_N * BLOCK_N).to(tl.int32))
+            q_reach = q_pos - window  # a row sees positions above this
+            first_pos = tl.min(tl.where(row_ok, q_reach, 0x7FFFFFFF), axis=0) + 1
+            lo = tl.maximum(lo, tl.maximum(first_pos, 0) // BLOCK_N * BLOCK_N)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -234,10 +235,9 @@ def _paged_attention_kernel(
             else:
                 visible = new_index[None, :] <= qi[:, None]
             if HAS_WINDOW:  # a context entry's position is its index, a new entry's its query row's position
-                new_pos = tl.load(positions_ptr + (q_start + new_index).to(tl.int64), mask=(new_index >= 0) & j_ok,
-                                  other=0)
-                kv_pos = tl.where(new_index >= 0, new_pos, j.to(tl.int64))
-                visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
+                new_pos = tl.load(positions_ptr + (q_start + new_index), mask=(new_index >= 0) & j_ok, other=0)
+                kv_pos = tl.where(new_index >= 0, new_pos.to(tl.int32), j)
+                visible = visible & (kv_pos[None, :] > q_reach[:, None])
             s = tl.where(visible & j_ok[None, :], s, float("-inf"))
 
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -445,7 +445,7 @@ def triton_paged_attention(
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
             meta.block_tables.stride(0), tree.stride(0), tree.stride(1),
             float(scale) * _LOG2E, num_q_tiles, Hq, D, block_size, num_partitions, partition_size,
-            sliding_window or 0,
+            min(sliding_window or 0, 1 << 30),  # int32 in the kernel; a window this wide cuts nothing anyway
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=cfg.block_n,
             D_PAD=d_pad,
             HAS_TREE=meta.tree_mask is not None, HAS_WINDOW=sliding_window is not None, SPLIT=split, OUT_DTYPE=TRITON_DTYPES[q.dtype],

@@ -102,7 +102,11 @@ def markdown(results: list[dict], seconds: float) -> str:
               "configurations (64-key tiles, 64-row tiles with trees): up to 650 bytes; they are measured, not "
               "defaults.",
               "* `_scatter_kernel` on sm_90a, 16-token tiles of D = 64: 32-36 bytes of spills (ptxas-blackwell), "
-              "none on sm_80.", ""]
+              "none on sm_80.",
+              "* Sliding windows (`HAS_WINDOW=True`: a position per query row and per key, int32): on sm_90a every "
+              "windowed D = 128 variant spills nothing; the D = 64 unsplit 32-row tile spills 8 bytes on both GPUs, "
+              "and on sm_80 the D = 128 64-row prefill tile 164 bytes (the unwindowed one: none).  Measured, not "
+              "yet tuned.", ""]
     return "\n".join(lines)
 
 

@@ -95,6 +95,7 @@ def plan(dry_run: bool) -> dict[str, Any]:
                 ("decode_bs2", [70, 40], [1, 1], False, 16, "bfloat16"),
                 ("tree_bs1_n6", [20], [6], True, 16, "bfloat16"),
                 ("prefill_bs1_n20", [0], [20], False, 16, "float32"),
+                ("tree_bs2_n6_window20", [70, 30], [1, 6], True, 16, "bfloat16", 20),
             ],
             chain=(70, 4), tokens=(8, 33), moves=5, hidden=64,
             verify=[("trees_bs3_n5_v40_q", 3, 5, 40, True), ("chains_bs2_n4_v1500", 2, 4, 1500, False)],
@@ -121,6 +122,10 @@ def plan(dry_run: bool) -> dict[str, Any]:
             ("prefill_bs4_n512_ctx1k", [1024] * 4, [512] * 4, False, 16, "bfloat16"),
             ("decode_bs8_ctx2k_fp16", ragged(2048, 8), [1] * 8, False, 16, "float16"),
             ("tree_bs4_n16_ctx1k_fp32", ragged(1024, 4), [16] * 4, True, 16, "float32"),
+            # sliding windows (a 7th field): keys before a program's window are skipped, so these read O(w)
+            ("decode_bs8_ctx8k_window1k", ragged(8192, 8), [1] * 8, False, 16, "bfloat16", 1024),
+            ("tree_bs16_n16_ctx4k_window512", ragged(4096, 16), [16] * 16, True, 16, "bfloat16", 512),
+            ("prefill_bs1_n4096_window1k", [0], [4096], False, 16, "bfloat16", 1024),
         ],
         chain=(3000, 8), tokens=(64, 4096), moves=512, hidden=4096,
         verify=[  # (name, sequences, nodes per tree, vocab, drafts sampled from stored q rows)
@@ -249,10 +254,18 @@ class Checker:
             tflops=flops / (kernel_ms * 1e-3) / 1e12 if flops else None, **extra))
 
 
-def attention_work(meta: Any, hq: int, hkv: int, d: int, elem: int) -> tuple[int, int]:
-    """(ideal bytes, flops): KV of every sequence read once, q read and out written once; 4*d per visible pair."""
-    kv_bytes = sum(meta.seq_lens_host) * hkv * d * 2 * elem
+def attention_work(meta: Any, hq: int, hkv: int, d: int, elem: int, window: int | None = None) -> tuple[int, int]:
+    """(ideal bytes, flops): KV of every sequence read once, q read and out written once; 4*d per visible pair.
+    With a window: the last ``window + n - 1`` keys of a sequence, and the pairs its visibility mask leaves."""
     qo_bytes = meta.num_tokens * hq * d * 2 * elem
+    if window is not None:
+        from hyspec.ops.attention import visibility_mask
+
+        keys = sum(min(length, window + n - 1) for n, length in zip(meta.query_lens, meta.seq_lens_host))
+        mask = visibility_mask(meta, meta.seq_lens.device, window)
+        pairs = sum(int(mask[b, :n].sum()) for b, n in enumerate(meta.query_lens))
+        return keys * hkv * d * 2 * elem + qo_bytes, 4 * hq * d * pairs
+    kv_bytes = sum(meta.seq_lens_host) * hkv * d * 2 * elem
     pairs = 0
     for b, (n, length) in enumerate(zip(meta.query_lens, meta.seq_lens_host)):
         ctx = length - n
@@ -273,17 +286,19 @@ def check_attention(chk: Checker, spec: dict, torch: Any) -> None:
     hq, hkv, d = spec["heads"]
     config = AttentionConfig(**spec["config"]) if spec["config"] else None
     cases = {}
-    for name, ctx, qlens, tree, block_size, dtype_name in spec["attention"]:
-        def one(name=name, ctx=ctx, qlens=qlens, tree=tree, block_size=block_size, dtype_name=dtype_name) -> None:
+    for name, ctx, qlens, tree, block_size, dtype_name, *window in spec["attention"]:
+        def one(name=name, ctx=ctx, qlens=qlens, tree=tree, block_size=block_size, dtype_name=dtype_name,
+                window=window[0] if window else None) -> None:
             dtype = getattr(torch, dtype_name)
             case = paged_attention_case(ctx, qlens, hq, hkv, d, block_size, dtype, tree=tree, device=chk.device)
-            expected = ref.attention(*case.args())
-            actual = triton_paged_attention(*case.args(), config=config)
+            expected = ref.attention(*case.args(), sliding_window=window)
+            actual = triton_paged_attention(*case.args(), sliding_window=window, config=config)
             chk.compare("attention", name, actual, expected, dtype)
             del expected, actual
-            nbytes, flops = attention_work(case.meta, hq, hkv, d, case.q.element_size())
-            chk.time("attention", name, lambda: triton_paged_attention(*case.args(), config=config),
-                     lambda: ref.attention(*case.args()), nbytes, flops)
+            nbytes, flops = attention_work(case.meta, hq, hkv, d, case.q.element_size(), window)
+            chk.time("attention", name,
+                     lambda: triton_paged_attention(*case.args(), sliding_window=window, config=config),
+                     lambda: ref.attention(*case.args(), sliding_window=window), nbytes, flops)
             if name in spec["sweep_cases"]:
                 cases[name] = (case, nbytes, flops)
         chk.guarded("attention", name, one)
