@@ -29,6 +29,7 @@ class Rung:
     context_lens: tuple[int, ...]
     query_lens: tuple[int, ...]
     tree: bool = False
+    sliding_window: int | None = None  # a windowed layer's step: FIA's explicit mask carries the window
 
 
 LADDER = (
@@ -47,6 +48,12 @@ LADDER = (
     Rung("bf16 D=128 GQA 8/2 block 512: prefill + chain", torch.bfloat16, (8, 2), 128, 512, (0, 700), (64, 4)),
     Rung("bf16 D=128 GQA 8/2 block 16: decode (PA's 16-aligned rule)", torch.bfloat16, (8, 2), 128, 16, (50, 3),
          (1, 1)),
+    Rung("bf16 D=128 GQA 8/2 block 128: decode, window 64", torch.bfloat16, (8, 2), 128, 128, (40, 300), (1, 1),
+         sliding_window=64),
+    Rung("bf16 D=128 GQA 8/2 block 128: prefill + chain, window 16", torch.bfloat16, (8, 2), 128, 128, (0, 200),
+         (24, 4), sliding_window=16),
+    Rung("bf16 D=64 GQA 9/3 block 128: tree, window 5", torch.bfloat16, (9, 3), 64, 128, (33, 140), (9, 16),
+         tree=True, sliding_window=5),
 )
 
 
@@ -74,15 +81,17 @@ def run_ladder(device: torch.device | str | None = None) -> list[dict[str, Any]]
         try:
             case = paged_attention_case(list(rung.context_lens), list(rung.query_lens), *rung.heads, rung.head_dim,
                                         rung.block_size, rung.dtype, tree=rung.tree, seed=100 + i)
-            expected = reference.attention(*case.args())
+            window = {} if rung.sliding_window is None else {"sliding_window": rung.sliding_window}
+            expected = reference.attention(*case.args(), **window)
             if attention is None:
                 row.update(route="reference", why="no torch_npu attention function is usable", passed=None)
             else:
                 args = paged_case_to(case, device)
-                row["route"], why = attention.route(args[0], paged_cache(args[1], args[2]), args[3])
+                row["route"], why = attention.route(args[0], paged_cache(args[1], args[2]), args[3],
+                                                    rung.sliding_window)
                 if why:
                     row["why"] = why
-                actual = attention(*args).cpu()
+                actual = attention(*args, **window).cpu()
                 check = tolerance("attention", rung.dtype)
                 row["max_error"] = float((actual.float() - expected.float()).abs().max())
                 check.check(actual, expected, rung.name)
@@ -97,4 +106,43 @@ def run_ladder(device: torch.device | str | None = None) -> list[dict[str, Any]]
     return results
 
 
-__all__ = ["LADDER", "Rung", "run_ladder"]
+def probe_band_mode(device: torch.device | str | None = None, window: int = 16) -> dict[str, Any]:
+    """Which ``pre_tokens`` makes FIA's band mode (sparse_mode 4, TND, ``next_tokens=0``) hyspec's window ``w``.
+
+    The FIA doc states the band but not its anchoring or inclusivity, so hyspec carries windows in explicit
+    masks (hyspec.npu_ops.attention_args); vllm-ascend passes ``pre_tokens=w`` (vllm_ascend/attention/
+    attention_v1.py at 182b75ea84).  This calls the band with ``w - 1`` and ``w`` on one prefill + chain step
+    and reports each one's largest error against the reference window: the faster route can be adopted once
+    a 910B says which is exact.  The emulation refuses the band (undocumented), so a dry run records that.
+    """
+    from hyspec.conformance.op_cases import paged_case_to
+    from hyspec.cuda_ops.cases import paged_attention_case
+    from hyspec.npu_ops.attention_args import causal_args, causal_mask
+    from hyspec.npu_ops.detect import import_torch_npu
+    from hyspec.npu_ops.layout import paged_cache
+    from hyspec.ops import reference_ops
+
+    module = import_torch_npu()
+    device = torch.device(device) if device is not None else (torch.device("cpu") if getattr(
+        module, "HYSPEC_EMULATION", None) else torch.device("npu", 0))
+    case = paged_attention_case([0, 200], [24, 4], 8, 2, 128, 128, torch.bfloat16, seed=7)
+    expected = reference_ops().attention(*case.args(), sliding_window=window).float()
+    q, k_cache, v_cache, meta, scale = paged_case_to(case, device)
+    cache = paged_cache(k_cache, v_cache)
+    args = causal_args(meta, cache)
+    result: dict[str, Any] = {"window": window, "next_tokens": 0}
+    for pre_tokens in (window - 1, window):
+        try:
+            out, _ = module.npu_fused_infer_attention_score(
+                q.contiguous(), cache.key_bsh(), cache.value_bsh(), atten_mask=causal_mask(q.device),
+                block_table=args.block_table, input_layout="TND", block_size=cache.block_size,
+                actual_seq_lengths=args.actual_seq_lengths, actual_seq_lengths_kv=args.actual_seq_lengths_kv,
+                num_heads=q.shape[1], num_key_value_heads=cache.key.shape[2], scale=scale, sparse_mode=4,
+                pre_tokens=pre_tokens, next_tokens=0)
+            result[f"pre_tokens={pre_tokens}"] = {"max_error": float((out.cpu().float() - expected).abs().max())}
+        except Exception as exc:  # a refusal (the emulation, an older release) is the answer for this value
+            result[f"pre_tokens={pre_tokens}"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return result
+
+
+__all__ = ["LADDER", "Rung", "probe_band_mode", "run_ladder"]

@@ -9,7 +9,9 @@ a crash in one step (a kernel that faults the device) loses nothing before it:
 3. the op plan (hyspec.npu_ops.plan): each op's signature as installed, the ATB start-up call, the variant
    chosen per op and why the others were not;
 4. ``hyspec probe --backend npu --json``;
-5. the attention ladder (hyspec.npu_ops.first_contact): bf16, D = 128, GQA, block 128 first, then outwards;
+5. the attention ladder (hyspec.npu_ops.first_contact): bf16, D = 128, GQA, block 128 first, then outwards,
+   windowed steps last; then FIA's band mode (sparse_mode 4) against the reference window, to learn which
+   ``pre_tokens`` reproduces it (``probe_band_mode``);
 6. ``hyspec conformance --backend npu --quick`` (every op, every drafting method on a tiny target);
 7. the same methods on the default model (SmolLM2-135M, D = 64: the BSND paths).
 
@@ -46,6 +48,8 @@ print(json.dumps(out))
 PLAN = EMULATION + "import json\nfrom hyspec.npu_ops import npu_op_plan\nprint(json.dumps(npu_op_plan()))\n"
 LADDER = EMULATION + ("import json\nfrom hyspec.npu_ops.first_contact import run_ladder\n"
                       "print(json.dumps(run_ladder()))\n")
+BAND = EMULATION + ("import json\nfrom hyspec.npu_ops.first_contact import probe_band_mode\n"
+                    "print(json.dumps(probe_band_mode()))\n")
 
 
 def main() -> int:
@@ -71,6 +75,7 @@ def main() -> int:
         ("op plan (signatures, ATB, variants)", [sys.executable, "-c", PLAN], 300, True),
         ("hyspec probe --backend npu", hyspec + ["probe", "--backend", "npu", "--json"], 300, True),
         ("attention ladder", [sys.executable, "-c", LADDER], 600, True),
+        ("FIA band mode probe (sparse_mode 4 vs the window)", [sys.executable, "-c", BAND], 300, True),
         ("conformance (tiny target)", hyspec + ["conformance", "--backend", "npu", "--quick", "--json"], 900, True),
     ]
     if not args.skip_default_model:
