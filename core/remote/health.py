@@ -149,6 +149,7 @@ class HealthMonitor:
             slot.last_ok = time.monotonic()
             if stats.get("incarnation") != slot.incarnation:
                 if slot.incarnation is not None:
+                    self.metrics.add("worker_restarts")
                     log.warning("draft worker %s restarted: resending sequence histories", slot.name)
                 slot.incarnation = stats.get("incarnation")
                 slot.sent.clear()
@@ -159,6 +160,7 @@ class HealthMonitor:
                         self.metrics.add("incompatible_workers")
                         log.error("draft worker %s cannot serve this target: %s", slot.name, problem)
                     slot.state, slot.problem = INCOMPATIBLE, problem
+                    self.metrics.set_worker(slot.name, up=0.0, misses=0)
                     return
                 slot.problem = None
                 if slot.state == INCOMPATIBLE:
@@ -171,7 +173,7 @@ class HealthMonitor:
                 log.warning("draft worker %s is healthy again: its sequences draft remotely", slot.name)
                 slot.state = UP
         self.metrics.set_worker(slot.name, threads=stats.get("threads", 0), cpu_util=stats.get("cpu_util", 0.0),
-                                cores_used=stats.get("cores_used", 0.0), up=float(slot.state == UP),
+                                cores_used=stats.get("cores_used", 0.0), up=float(slot.state == UP), misses=0,
                                 spec_hits=stats.get("spec_hits", 0), spec_misses=stats.get("spec_misses", 0))
 
     def miss(self, slot: WorkerSlot, why: str) -> None:
@@ -185,4 +187,4 @@ class HealthMonitor:
                 self.metrics.observe_failover(detect)
                 log.warning("draft worker %s missed %d pings (%s): its sequences draft locally", slot.name,
                             slot.misses, why)
-        self.metrics.set_worker(slot.name, up=float(slot.state == UP))
+        self.metrics.set_worker(slot.name, up=float(slot.state == UP), misses=slot.misses)

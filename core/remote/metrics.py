@@ -4,12 +4,13 @@
     hyspec_remote_bytes_sent / _bytes_received         counters   exact message bytes
     hyspec_remote_draft_timeouts                       counter    sequence drafts lost to the deadline
     hyspec_remote_failovers / _rejoins                 counters   worker down / back
+    hyspec_remote_worker_restarts                      counter    new worker incarnations seen (a restarted process)
     hyspec_remote_invalid_drafts {kind}                counter    garbage from workers, by problem
     hyspec_remote_drafts {source}                      counter    drafts served: remote, pipelined, fallback
     hyspec_remote_rtt_seconds                          histogram  call round trip (submit -> answer)
     hyspec_remote_failover_seconds                     gauge      last detection time (last good ping -> down)
     hyspec_remote_health, hyspec_remote_target_busy    gauges
-    hyspec_remote_worker_threads / _cpu_utilisation / _up {worker}   gauges
+    hyspec_remote_worker_threads / _cpu_utilisation / _up / _missed_pings {worker}   gauges
 
 Every family carries a ``method`` label (one RemoteProposer per method).
 """
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 
 RTT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 COUNTERS = ("calls", "steps", "bytes_sent", "bytes_received", "draft_timeouts", "failovers", "rejoins",
-            "resyncs", "worker_errors", "connect_failures", "incompatible_workers")
+            "worker_restarts", "resyncs", "worker_errors", "connect_failures", "incompatible_workers")
 SOURCES = ("remote", "pipelined", "fallback")
 
 
@@ -144,6 +145,7 @@ def _families(snaps: list[dict[str, Any]]) -> Iterator[Any]:
                       ("draft_timeouts", "Sequence drafts lost to the deadline (the step went plain)."),
                       ("failovers", "Workers declared down after missed pings."),
                       ("rejoins", "Workers back after a failover."),
+                      ("worker_restarts", "New worker incarnations seen (the worker's process restarted)."),
                       ("resyncs", "Sequence histories resent after a gap or a worker restart."),
                       ("worker_errors", "Draft calls that failed at the worker."),
                       ("connect_failures", "Failed attempts to reach the Ray cluster."),
@@ -182,7 +184,8 @@ def _families(snaps: list[dict[str, Any]]) -> Iterator[Any]:
         yield fam
     for name, key, doc in (("worker_threads", "threads", "Threads the scheduler gives the worker."),
                            ("worker_cpu_utilisation", "cpu_util", "Worker CPU time per wall second per thread."),
-                           ("worker_up", "up", "1 while the worker serves drafts.")):
+                           ("worker_up", "up", "1 while the worker serves drafts."),
+                           ("worker_missed_pings", "misses", "Pings the worker missed in a row (0 after a good one).")):
         fam = GaugeMetricFamily(f"hyspec_remote_{name}", doc, labels=["method", "worker"])
         for snap in snaps:
             for worker, w in sorted(snap["workers"].items()):

@@ -124,11 +124,6 @@ class InProcessHandle:
 
     def close(self) -> None:
         self.kill()
-
-    def runtime_up(self) -> bool:
-        import ray
-
-        return ray.is_initialized()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def runtime_up(self) -> bool:

@@ -166,6 +166,42 @@ def test_the_hybrid_weighs_the_remote_arm_and_scrapes_the_workers_health():
         proposer.remote.close()
 
 
+def test_the_endpoint_shows_a_worker_up_missing_pings_down_and_back_after_its_restart():
+    """What the kill drill reads on hyspec's endpoint, in order: up with no misses; killed, missed pings climbing
+    to the failover; restarted (a new incarnation), up again with the misses cleared and one rejoin."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    (worker,) = ngram_workers()
+    proposer = remote_proposer([worker])
+    registry = CollectorRegistry()
+    proposer.remote.metrics.register_prometheus(registry)
+
+    def sample(name: str) -> float:
+        for line in generate_latest(registry).decode().splitlines():
+            if line.startswith(f'hyspec_remote_{name}{{method="ngram"'):
+                return float(line.rpartition(" ")[2])
+        raise AssertionError(f"hyspec_remote_{name} is not on the endpoint")
+
+    try:
+        runner = FakeRunner(proposer)
+        wait_for(lambda: sample("worker_up") == 1.0 and sample("worker_missed_pings") == 0.0)
+        assert runner.propose_draft_token_ids([("A", 3, REP, [7])]) == [[8, 9, 10, 5]]
+        worker.kill()
+        wait_for(lambda: sample("worker_missed_pings") >= 1.0)
+        wait_for(lambda: sample("failovers_total") == 1.0)
+        assert sample("worker_up") == 0.0 and sample("worker_missed_pings") >= 3.0
+        worker.restart()
+        wait_for(lambda: sample("rejoins_total") == 1.0)
+        assert sample("worker_up") == 1.0 and sample("worker_missed_pings") == 0.0
+        assert sample("worker_restarts_total") == 1.0 and sample("failovers_total") == 1.0
+        # drafting resumes on the new incarnation, which gets the request's whole history again
+        assert runner.propose_draft_token_ids([("A", 3, REP + [8, 9, 10], [10])]) == [[5, 6, 7, 8]]
+        assert proposer.stats["remote_drafts"] == 2
+    finally:
+        proposer.remote.close()
+
+
 @pytest.mark.parametrize("remote, key, message", [
     ('"local"', "remote", "JSON object"),
     ('{"metod": "ngram"}', "remote.metod", "unknown option"),
