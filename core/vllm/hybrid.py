@@ -44,6 +44,7 @@ over: vLLM + hyspec ran at 0.89x / 0.92x vLLM plain at batch 8 / 32 (docs/result
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,9 @@ BATCH_CLASSES = (1, 4, 8, 16, 32)
 #: the cost model is refitted this often (steps): a bench pass gives each batch size a few dozen steps, and the
 #: engine's default (256, for a model profiled at start-up) would leave its first fit in place for all of them
 REFIT_EVERY = 8
+#: the learnt steps kept for inspection (rows, draft tokens, seconds): what the cost fit sees, for the A/B script
+#: (scripts/vllm_ab.py) to check whether a step that verifies drafts costs more than its tokens say
+STEP_LOG = 512
 
 
 def batch_class(rows: int) -> str:
@@ -117,6 +121,7 @@ class VllmHybrid:
         self._last_sent = False
         self.cut_tokens = 0  # drafted tokens the plan did not send
         self.decisions = {(c, drafted): 0 for c in ALL_BATCH_CLASSES for drafted in (True, False)}
+        self.step_log: deque[tuple[int, int, float]] = deque(maxlen=STEP_LOG)  # (rows, draft tokens, seconds)
 
     # -- learning ------------------------------------------------------------------------------------------
     def observe(self, request_ids: Sequence[str], sampled: Sequence[int], now: float) -> None:
@@ -140,6 +145,7 @@ class VllmHybrid:
         seconds = now - pending.ended
         if seconds > 0:
             self.cost.observe(1, rows + drafted, seconds)
+            self.step_log.append((rows, drafted, seconds))
 
     # -- planning ------------------------------------------------------------------------------------------
     def over_load(self, rows: int) -> bool:

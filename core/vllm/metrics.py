@@ -54,6 +54,7 @@ COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
     "hybrid_cost_probes": ("hyspec_vllm_hybrid_cost_probes",
                            "Steps left without drafts to measure vLLM's step cost at another token count.", {}),
     "propose_seconds": ("hyspec_vllm_propose_seconds", "Time spent in propose: drafting and planning.", {}),
+    "propose_calls": ("hyspec_vllm_propose_calls", "Calls of propose (one per vLLM step that had rows).", {}),
 }
 #: gauges() key -> (metric name, help): labelled values that are true now
 GAUGES: dict[str, tuple[str, str]] = {

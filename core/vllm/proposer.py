@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hyspec.drafters.ngram.proposer import find_continuation
 from hyspec.drafters.suffix.corpus import default_corpus_dir, load_corpus
 from hyspec.drafters.suffix.proposer import (
     CACHE,
@@ -64,7 +63,7 @@ from hyspec.vllm.hybrid import (
 from hyspec.vllm.options import DRAFTING, OPTIONS_ENV, VllmOptions, load_options
 from hyspec.vllm.requests import LiveRequest, RequestTable, identify_rows
 
-__all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "likeliest_path", "load_options"]
+__all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "latest_ngram_match", "likeliest_path", "load_options"]
 log = logging.getLogger(__name__)
 #: a suffix draft's source (hyspec.drafters.suffix.proposer) -> the stats key that counts it
 _SOURCE_STATS = {OWN: "drafts_own", CACHE: "drafts_cache", CORPUS: "drafts_corpus"}
@@ -92,7 +91,7 @@ class HyspecProposer:
                       "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)},
                       **{f"canary_{what}_{arm}": 0 for what in ("requests", "tokens") for arm in (SPEC, CONTROL)},
                       "remote_drafts": 0, "remote_rows_without_draft": 0, "remote_fallback_rows": 0,
-                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "propose_seconds": 0.0,
+                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "propose_seconds": 0.0, "propose_calls": 0,
                       **{f"hybrid_batch_{c}_{d}": 0 for c in ALL_BATCH_CLASSES for d in ("drafted", "plain")}}
         self.canary = Canary(1.0 - o.control_fraction, o.canary_salt) if o.control_fraction else None
         self.quality_alerts: dict[tuple[str, str], bool] = {}  # (method, reason) -> raised now
@@ -216,6 +215,7 @@ class HyspecProposer:
         if planned is not None:  # vLLM's step runs from here to the next call
             self.hybrid.sent([live.request_id for *_, live in rows], planned, end)
         self.stats["propose_seconds"] += end - now
+        self.stats["propose_calls"] += 1
         return drafts
 
     def _plan_hybrid(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]],
@@ -318,13 +318,14 @@ class HyspecProposer:
         return self._suffix_candidate(context, budget, live)
 
     def _ngram_candidate(self, context: np.ndarray, budget: int) -> Candidate | None:
-        """Prompt lookup, longest n-gram first (find_continuation), keeping which n matched."""
+        """Prompt lookup: what followed the latest earlier occurrence of the longest n-gram (n within vLLM's
+        prompt_lookup bounds) that ends the context, keeping which n matched."""
         o = self.options
-        for n in range(min(o.prompt_lookup_max, len(context) - 1), o.prompt_lookup_min - 1, -1):
-            follow = find_continuation(context, n, n, budget)
-            if follow:
-                return Candidate("ngram", tuple(follow), (1.0,) * len(follow), NGRAM_SOURCE, n)
-        return None
+        n, end = latest_ngram_match(context, o.prompt_lookup_min, o.prompt_lookup_max)
+        if not n:
+            return None
+        follow = [int(t) for t in context[end + 1:end + 1 + budget]]
+        return Candidate("ngram", tuple(follow), (1.0,) * len(follow), NGRAM_SOURCE, n)
 
     def _suffix_candidate(self, context: np.ndarray, budget: int, live: LiveRequest | None) -> Candidate | None:
         o = self.options
@@ -357,6 +358,29 @@ class HyspecProposer:
         self.stats["cached_responses"] += 1
         while len(self.cache) > self.options.suffix_max_cached_requests:
             self.cache.evict_oldest()
+
+
+def latest_ngram_match(tokens: np.ndarray, n_min: int, n_max: int) -> tuple[int, int]:
+    """(n, end): the longest n in ``n_min..n_max`` whose last n tokens occurred earlier with a token after them,
+    and where the latest such occurrence ends; (0, -1) when none.  The same answer as
+    hyspec.drafters.ngram.proposer.find_continuation tried at each n from the longest down, in one pass over the
+    context (the occurrences of the last token) instead of one per n: the hybrid runs it for every row of every
+    step, drafting or not, and at batch 32 the per-n passes were most of propose's time."""
+    length = len(tokens)
+    n_max = min(n_max, length - 1)
+    if n_max < max(1, n_min):
+        return 0, -1
+    ends = np.flatnonzero(tokens[:length - 1] == tokens[length - 1])  # every earlier occurrence has a next token
+    n = 1
+    while ends.size and n < n_max:  # narrow to the occurrences that also match one token further back
+        earlier = ends[ends >= n]
+        longer = earlier[tokens[earlier - n] == tokens[length - 1 - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    if not ends.size or n < n_min:
+        return 0, -1
+    return n, int(ends[-1])
 
 
 def likeliest_path(draft: Draft) -> list[int]:

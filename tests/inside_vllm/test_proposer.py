@@ -91,3 +91,23 @@ def test_a_bad_option_file_is_a_clear_error_naming_the_key(tmp_path, content, ke
     with pytest.raises(ConfigError, match=message) as err:
         load_options(str(path))
     assert err.value.key == key
+
+
+def test_the_one_pass_ngram_match_finds_what_prompt_lookup_finds_at_each_n():
+    """latest_ngram_match (one pass over the context, run for every row of every hybrid step) gives the n and the
+    continuation that find_continuation tried from the longest n down gives, on random short-alphabet contexts
+    (many repeats, ties, matches reaching the context's start)."""
+    import random
+
+    from hyspec.drafters.ngram.proposer import find_continuation
+    from hyspec.vllm.proposer import latest_ngram_match
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        tokens = np.array([rng.randrange(rng.choice([2, 3, 20])) for _ in range(rng.randint(1, 40))], dtype=np.int32)
+        low = rng.randint(1, 3)
+        high, k = rng.randint(low, 6), rng.randint(1, 6)
+        expected = next(((n, follow) for n in range(min(high, len(tokens) - 1), low - 1, -1)
+                         if (follow := find_continuation(tokens, n, n, k))), (0, []))
+        n, end = latest_ngram_match(tokens, low, high)
+        assert (n, tokens[end + 1:end + 1 + k].tolist() if n else []) == expected
