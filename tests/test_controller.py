@@ -318,3 +318,34 @@ def test_a_ragged_verification_step_teaches_the_cost_of_its_total_rows():
     # uniform 8 x 31 step was predicted at 39 ms here against its 202 ms, and 38 rows at 15 ms against 34)
     assert model.predict(8, 31) == pytest.approx(hardware(248), rel=0.05)
     assert model.predict(8, 38 / 8) == pytest.approx(hardware(38), rel=0.05)
+
+
+def test_the_acceptance_prior_counts_for_one_step_not_fifty():
+    """A chain drafter accepted 20 % of the time at its first position (chat): the optimistic prior (0.9) must
+    not keep it drafting for tens of steps.  With the prior worth one step, a handful of verified steps bring
+    the estimate near the measured rate, and positions never reached borrow the measured one's estimate."""
+    model = CostModel([StepSample(b, n, 0.008 + 0.004 * b * n) for b in (1, 2) for n in (1, 2, 3, 5, 9)])
+    c = make(model, num_speculative_tokens=4, explore_interval=0)
+    assert c.choose("mtp", 1) > 0  # never verified: the prior says it pays
+    c.observe_acceptance("mtp", [20, 0, 0, 0], 100)
+    first = c.acceptance("mtp")[0]
+    assert 0.5 < first < 0.6  # the prior (0.9) and one step (0.2), weighed about equally
+    for _ in range(4):
+        c.observe_acceptance("mtp", [20, 0, 0, 0], 100)
+    estimates = c.acceptance("mtp")
+    assert estimates[0] < 0.35 and max(estimates[1:]) < 0.1  # positions 1.. reached, never accepted
+    # 1.2 tokens in 16 ms lose to 1 in 12 ms (the old EWMA from the prior still read 0.74 here, and drafted)
+    assert c.choose("mtp", 1) == 0
+    # a method verified only at position 0 (drafts of one token) leaves deeper positions at that estimate
+    c.observe_acceptance("ngram", [30], 100)
+    c.observe_acceptance("ngram", [30], 100)
+    a = c.acceptance("ngram")
+    assert a[1] == a[2] == a[3] == pytest.approx(a[0]) and a[0] < 0.9
+
+
+def test_steady_acceptance_estimates_carry_no_prior_bias():
+    c = make(hinge_step, num_speculative_tokens=2)
+    feed_acceptance(c, "ngram", 0.4, 2, steps=300)
+    assert c.acceptance("ngram") == pytest.approx((0.4, 0.4), abs=0.01)
+    assert c.first_acceptance("ngram") == pytest.approx(0.4, abs=0.01)
+    assert c.first_acceptance("eagle") == pytest.approx(0.9)  # never verified: the prior

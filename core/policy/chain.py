@@ -177,11 +177,7 @@ class DispatcherGate:
     def signals(self, step: StepState) -> StepSignals:
         running = step.scheduler.running
         lengths = [len(s.token_ids) for s in running] or [0]
-        accept = {}
-        for method in step.proposers:
-            a = self.controller.acceptance(method)
-            if a:
-                accept[method] = float(a[0])
+        accept = {method: self.controller.first_acceptance(method) for method in step.proposers}
         return StepSignals(
             context_length=sum(lengths) / len(lengths),
             batch_size=len(running),

@@ -25,7 +25,14 @@ even a = 0.95 loses, and the answer is 0.  The floor (``min_draft_tokens``)
 only restricts *how much* to draft once speculating pays; it never turns
 speculation on.
 
-Learning.  Acceptance starts at an optimistic prior so a new method is tried.
+Learning.  Acceptance starts at an optimistic prior so a new method is tried, but the prior counts
+for one step only: each position's estimate is a bias-corrected EWMA (discounted sums of accepted and
+reached drafts, the prior one step's worth), so the first verified step halves the prior's say and a
+few more replace it.  An EWMA that decayed from the prior instead (0.9, alpha 0.05) still read ~0.6
+after ten steps of a drafter accepted 20 % of the time, and deeper positions, reached only when the
+earlier ones are accepted, stayed near 0.9: on chat, where no drafter pays, every method the hybrid
+tried drafted long chains at a loss for tens of steps.  A position not reached yet borrows the
+estimate of the position before it (not the optimistic prior) once that one has evidence.
 Estimates move only when drafts are verified, so a method turned off (k = 0)
 would keep a stale, low estimate forever, even after the workload changed
 (new prompts that repeat themselves, a drafter that warmed up).  So after
@@ -103,7 +110,11 @@ class DraftCost:
 
 @dataclass
 class _MethodState:
-    acceptance: list[float]  # [max_draft_tokens] conditional acceptance per position
+    # [max_draft_tokens] per position: discounted accepted / reached drafts (a rate per step), and the
+    # discounted weight of the steps that reached it; the estimate is their ratio with the prior as one step
+    accepted: list[float]
+    reached: list[float]
+    steps: list[int]  # verified steps that reached each position: the prior's weight decays as theirs does
     draft: DraftCost
     # budget bucket -> EWMA of the accepted length and the EWMA's total weight (1 - (1 - alpha)^steps):
     # their ratio is the bias-corrected mean, so a bucket's first step replaces the optimistic prior
@@ -170,13 +181,15 @@ class GoodputController:
         """
         st = self._state(method)
         reached = num_drafts
-        for j, accepted in enumerate(accepted_per_position[:len(st.acceptance)]):
+        for j, accepted in enumerate(accepted_per_position[:len(st.accepted)]):
             denom = reached if drafted_per_position is None else min(reached, drafted_per_position[j])
             if accepted < 0 or accepted > denom:
                 raise HyspecError(f"observe_acceptance({method!r}): position {j} has {accepted} accepted "
                                   f"of {denom} drafts that reached it")
             if denom > 0:
-                st.acceptance[j] += self.alpha * (accepted / denom - st.acceptance[j])
+                st.accepted[j] = (1.0 - self.alpha) * st.accepted[j] + self.alpha * accepted / denom
+                st.reached[j] = (1.0 - self.alpha) * st.reached[j] + self.alpha
+                st.steps[j] += 1
             reached = accepted
 
     def observe_tree_acceptance(self, method: str, budget: int, accepted_lengths: Sequence[int]) -> None:
@@ -224,7 +237,7 @@ class GoodputController:
             return cap
         st = self._state(method)
         candidates = range(max(1, self.min_tokens), cap + 1)
-        expected = self._expected_tokens(st.acceptance)
+        expected = self._expected_tokens(self._acceptance(st))
         return self._decide(st, batch_size, candidates, lambda k: expected[k], lambda k: k + 1)
 
     def choose_tree_budget(self, method: str, batch_size: int) -> int:
@@ -276,13 +289,33 @@ class GoodputController:
         st = self._state(method)
         if k == 0:
             return 1.0 / (self.cost_model.predict(batch_size, 1) + self.host_seconds(batch_size, False))
-        return self._expected_tokens(st.acceptance)[k] / self._step_seconds(st, batch_size, k)
+        return self._expected_tokens(self._acceptance(st))[k] / self._step_seconds(st, batch_size, k)
 
     def acceptance(self, method: str) -> tuple[float, ...]:
         """Current per-position conditional acceptance estimates of a method."""
-        return tuple(self._state(method).acceptance)
+        return tuple(self._acceptance(self._state(method)))
+
+    def first_acceptance(self, method: str) -> float:
+        """The estimate for a method's first draft position (the dispatcher's ``accept_rate`` signal, read
+        every step: one position, not the whole chain)."""
+        first = self._acceptance(self._state(method), 1)
+        return first[0] if first else self.prior
 
     # -- internals ---------------------------------------------------------------------
+    def _acceptance(self, st: _MethodState, positions: int | None = None) -> list[float]:
+        """Per-position estimates: the discounted rate with the prior as one step of weight (bias-corrected);
+        the prior of a position is the configured one until the position before it has been verified, then
+        that position's estimate."""
+        out: list[float] = []
+        prior, seen = self.prior, False
+        for accepted, reached, steps in zip(st.accepted[:positions], st.reached, st.steps):
+            if seen:
+                prior = out[-1]
+            weight = self.alpha * (1.0 - self.alpha) ** steps  # one step's worth, discounted like the steps
+            out.append((accepted + weight * prior) / (reached + weight))
+            seen = steps > 0
+        return out
+
     def _decide(self, st: _MethodState, batch: int, candidates: Sequence[int],
                 expected: Callable[[int], float], perfect: Callable[[int], float]) -> int:
         seconds, plain = self._costs(st, batch, candidates)
@@ -341,7 +374,8 @@ class GoodputController:
     def _state(self, method: str) -> _MethodState:
         st = self._methods.get(method)
         if st is None:
-            st = _MethodState([self.prior] * self.max_tokens, DraftCost(self.alpha))
+            n = self.max_tokens
+            st = _MethodState([0.0] * n, [0.0] * n, [0] * n, DraftCost(self.alpha))
             self._methods[method] = st
         return st
 
