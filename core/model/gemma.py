@@ -4,9 +4,13 @@
 What differs from the Llama family (hyspec.model.llama), and where it lives here:
 
 * RMSNorm multiplies by ``1 + w``: the loader folds the ``+ 1`` into the stored weight
-  (hyspec.model.loader, as llama.cpp's converter does for its GGUFs), so the op table's
-  ``rms_norm`` runs unchanged.  In fp32 that is the same arithmetic; in bf16 / fp16 the
-  folded weight is rounded once to the model dtype where transformers keeps ``1 + w`` in fp32.
+  (hyspec.model.loader, as llama.cpp's converter does for its GGUFs) and keeps it in fp32
+  whatever the model dtype, and :func:`gemma_rms_norm` multiplies in fp32 and rounds once, as
+  transformers' ``Gemma2RMSNorm`` / ``Gemma3RMSNorm`` do.  The Llama-family norm instead rounds
+  the normed activations to the model dtype before the weight multiplies them; rounding twice,
+  and ``1 + w`` rounded to bf16, put a bf16 Gemma 3 at 1.21x the 4-ulp bound of
+  tests/model/test_numerics_vs_transformers.py where transformers sits at 0.85x (measured in
+  docs/results/2026-12-06/architectures).  An fp32 model runs the op table's ``rms_norm`` unchanged.
 * Four norms a layer: after attention and around the MLP (``post_attention_layernorm``,
   ``pre_feedforward_layernorm``, ``post_feedforward_layernorm``).
 * Embeddings scaled by ``sqrt(hidden_size)`` (in the activation dtype); GeGLU MLP
@@ -42,12 +46,27 @@ def local_cos_sin_cache(cfg: ModelConfig, max_positions: int) -> torch.Tensor | 
     return cos_sin_cache(replace(cfg, rope=cfg.local_rope), max_positions)
 
 
+def gemma_rms_norm(ops: OpTable, x: torch.Tensor, norm: RMSNorm,
+                   residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``ops.rms_norm`` for a norm whose weight (``1 + w``) is kept in fp32 over bf16 / fp16 activations:
+    the residual add in the activation dtype, then the norm and the weight product in fp32, rounded once."""
+    if norm.weight.dtype == x.dtype:  # an fp32 model: the op table's fused norm as it is
+        return ops.rms_norm(x, norm.weight, norm.eps, residual)
+    if residual is not None:
+        x = x + residual
+    out = ops.rms_norm(x.float(), norm.weight, norm.eps).to(x.dtype)
+    return out if residual is None else (out, x)
+
+
 class GemmaAttention(Attention):
     def __init__(self, cfg: ModelConfig, sliding_window: int | None = None):
         super().__init__(cfg, sliding_window)
         if cfg.query_pre_attn_scalar is not None:
             self.scale = cfg.query_pre_attn_scalar ** -0.5
         self.softcap = cfg.attn_logit_softcapping
+
+    def norm_qk(self, ops: OpTable, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return gemma_rms_norm(ops, q, self.q_norm), gemma_rms_norm(ops, k, self.k_norm)
 
     def _attention_kwargs(self) -> dict:
         kwargs = {}
@@ -95,18 +114,14 @@ class GemmaDecoderLayer(nn.Module):
                 attend) -> tuple[torch.Tensor, torch.Tensor]:
         """One block on the (h, residual) pair, as hyspec.model.llama.DecoderLayer: the residual stream after it
         is ``h + residual``.  Attention's and the MLP's outputs are normed before they join the stream."""
-        norm = self.input_layernorm
         if residual is None:
             residual = h
-            h = ops.rms_norm(h, norm.weight, norm.eps)
+            h = gemma_rms_norm(ops, h, self.input_layernorm)
         else:
-            h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
-        h = attend(h)
-        h = ops.rms_norm(h, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        norm = self.pre_feedforward_layernorm
-        h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
-        h = self.mlp(h)
-        h = ops.rms_norm(h, self.post_feedforward_layernorm.weight, self.post_feedforward_layernorm.eps)
+            h, residual = gemma_rms_norm(ops, h, self.input_layernorm, residual)
+        h = gemma_rms_norm(ops, attend(h), self.post_attention_layernorm)
+        h, residual = gemma_rms_norm(ops, h, self.pre_feedforward_layernorm, residual)
+        h = gemma_rms_norm(ops, self.mlp(h), self.post_feedforward_layernorm)
         return h, residual
 
 
@@ -140,6 +155,9 @@ class GemmaCausalLM(CausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         return h * torch.tensor(self.config.hidden_size ** 0.5, dtype=h.dtype)
+
+    def final_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return gemma_rms_norm(self.ops, h, self.norm, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

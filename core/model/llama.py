@@ -62,10 +62,13 @@ class Attention(nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q, k = self.norm_qk(ops, q, k)
         q, k = ops.rotary(q, k, positions, cos_sin)
         return q, k, v
+
+    def norm_qk(self, ops: OpTable, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head q / k norms (Qwen3; Gemma 3 overrides it for its ``1 + w`` weights)."""
+        return ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps), ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
 
     def forward(self, ops: OpTable, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -197,8 +200,7 @@ class CausalLM(nn.Module):
                                     attn(ops, x, positions, cs, kv, meta))
                 if i in aux_layers:
                     aux[i] = h + residual
-        h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
-        return ModelOutput(hidden=h, aux_hidden=aux)
+        return ModelOutput(hidden=self.final_norm(h, residual), aux_hidden=aux)
 
     def forward_dense(
         self,
@@ -216,8 +218,11 @@ class CausalLM(nn.Module):
                                 lambda x, attn=attn, cs=self.layer_cos_sin(i): attn.forward_dense(ops, x, cs))
             if i in aux_layers:
                 aux[i] = h + residual
-        h, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
-        return ModelOutput(hidden=h, aux_hidden=aux)
+        return ModelOutput(hidden=self.final_norm(h, residual), aux_hidden=aux)
+
+    def final_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last residual add and norm: what lm_head sees (Gemma overrides it for its ``1 + w`` weight)."""
+        return self.ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)[0]
 
     def layer_cos_sin(self, layer: int) -> torch.Tensor:
         """The RoPE table layer ``layer`` rotates with (one for all layers here; Gemma 3's local layers have

@@ -122,11 +122,12 @@ def hf_state_dict(cfg: ModelConfig, ckpt: SafetensorsCheckpoint | GGUFCheckpoint
     gemma = cfg.model_type in GEMMA_MODEL_TYPES
 
     def take_norm(name: str, shape) -> torch.Tensor:
-        """A norm weight; Gemma's RMSNorm multiplies by ``1 + w``, folded here (hyspec.model.gemma)."""
+        """A norm weight; Gemma's RMSNorm multiplies by ``1 + w``, folded here and kept in fp32 for the fp32
+        product transformers computes (hyspec.model.gemma.gemma_rms_norm)."""
         if not gemma:
             return take(name, shape)
         used.add(name)
-        return (check_shape(name, ckpt.get(name), shape).float() + 1.0).to(dtype)
+        return check_shape(name, ckpt.get(name), shape).float() + 1.0
 
     state["embed_tokens.weight"] = take(f"{prefix}embed_tokens.weight", (V, H))
     state["norm.weight"] = take_norm(f"{prefix}norm.weight", (H,))
