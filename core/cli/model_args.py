@@ -124,6 +124,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
                                               "(off by default here)")),
     Option("enforce_eager", dict(action=argparse.BooleanOptionalAction, default=False,
                                  help="never replay captured steps (only the CUDA backend captures graphs)")),
+    Option("disable_sliding_window", dict(action=argparse.BooleanOptionalAction, default=False,
+                                          help="full attention on every layer, max_model_len capped to the model's "
+                                               "sliding window (vLLM's flag and rule)")),
     Option("cuda_graph_sizes", dict(type=positive_int, nargs="+", default=None, metavar="B",
                                     help="batch sizes the CUDA backend captures step graphs for"), always=False),
     Option("max_logprobs", dict(type=non_negative_int, default=20, metavar="K",

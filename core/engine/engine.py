@@ -89,6 +89,7 @@ class LLMEngine:
         enable_prefix_caching: bool = False,
         enforce_eager: bool = False,
         cuda_graph_sizes: list[int] | None = None,
+        disable_sliding_window: bool = False,
     ):
         # looked up on the module at each call: conformance and tests install a backend by replacing get_backend
         self.backend = backend_registry.get_backend(None if backend in (None, "auto") else backend)
@@ -112,8 +113,15 @@ class LLMEngine:
         # tokenizer: a directory with tokenizer.json, for a GGUF file that carries no vocabulary (vLLM's argument);
         # skip_tokenizer_init: token ids in and out only (vLLM's flag): no text, no stop strings, no chat
         self.tokenizer = None if skip_tokenizer_init else Tokenizer(path if tokenizer is None else tokenizer)
+        window = cfg.configured_sliding_window if disable_sliding_window else None
         if max_model_len is None:
             max_model_len = cfg.max_position_embeddings
+            if window is not None:  # vLLM 0.32 (config/model.py, _get_and_verify_max_len): capped to the window
+                max_model_len = min(max_model_len, window)
+        elif window is not None and max_model_len > window:
+            raise ConfigError("max_model_len", f"{max_model_len} exceeds the model's sliding_window ({window}); with "
+                                               "disable_sliding_window every layer attends fully, so sequences are "
+                                               "capped to the window, as vLLM does")
         if not 1 < max_model_len:
             raise ConfigError("max_model_len", f"must be at least 2, got {max_model_len}")
         if max_model_len > cfg.max_position_embeddings and cfg.rope.rope_type == "default":
@@ -127,7 +135,8 @@ class LLMEngine:
         self.model = load_model(path, dtype=dtype, device=self.device, ops=self.backend.ops,
                                 max_positions=max_model_len + 64,  # + room for draft positions past the end
                                 context_length=max_model_len,  # fixes longrope's factor set (model/rope.py)
-                                quantization=quantization, backend=self.backend)
+                                quantization=quantization, backend=self.backend,
+                                disable_sliding_window=disable_sliding_window)
         self.quantization = self.model.quantization
         self.model = self.backend.optimize_model(self.model)
         self.config = self.model.config

@@ -155,8 +155,11 @@ ENGINE_ARGS: dict[str, Arg] = {
     "max_parallel_loading_workers": Refused("hyspec loads the weights in its own process"),
     "tokens_only": Refused("hyspec's server renders and detokenizes in the engine's process"),
     "fail_on_environ_validation": Refused("hyspec does not validate VLLM_* environment variables"),
-    "disable_sliding_window": Refused("hyspec's models use full attention; there is no sliding window to disable"),
-    "swa_bounded_replay": Refused("hyspec's models use full attention (no sliding-window layers)", (True,)),
+    "disable_sliding_window": Implemented("disable_sliding_window", "every layer attends fully and max_model_len "
+                                                                    "is capped to the window (vLLM 0.32's rule)"),
+    "swa_bounded_replay": Refused("bounded replay is vLLM's prefix caching of DeepSeek-V4.1's sliding-window KV, an "
+                                  "architecture hyspec does not load; hyspec keeps windowed layers' KV whole",
+                                  (True,)),
     "enable_prompt_embeds": Refused("hyspec takes text or token ids as prompts, not embeddings"),
     "watermark": Refused("hyspec has no output watermarking", (0, 0.0)),
     "watermark_config": Refused("hyspec has no output watermarking"),

@@ -138,6 +138,9 @@ class ModelConfig:
     #: full causal attention.  From ``sliding_window`` (Mistral: every layer), ``use_sliding_window`` +
     #: ``max_window_layers`` (Qwen2 / Qwen3: layers from max_window_layers on) or ``layer_types``.
     layer_windows: tuple[int | None, ...] = ()
+    #: vLLM's ``disable_sliding_window``: every layer attends fully; ``layer_windows`` still says which layers
+    #: are the sliding kind (Gemma 3 rotates those with its local RoPE table, as vLLM does)
+    sliding_windows_disabled: bool = False
     hidden_act: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh (Gemma's GeGLU)
     #: Gemma 2: attention scores become ``c * tanh(s / c)`` before the softmax; None: plain scores
     attn_logit_softcapping: float | None = None
@@ -278,8 +281,17 @@ class ModelConfig:
     def sliding_window(self, layer: int, max_positions: int) -> int | None:
         """Layer ``layer``'s attention window where it can cut anything within ``max_positions`` (a window at
         least that long is full attention), else None."""
-        window = self.layer_windows[layer] if self.layer_windows else None
+        window = self.layer_windows[layer] if self.layer_windows and not self.sliding_windows_disabled else None
         return window if window is not None and window < max_positions else None
+
+    @property
+    def configured_sliding_window(self) -> int | None:
+        """The window the sliding layers are configured with (None: no layer has one), disabled or not."""
+        return max((w for w in self.layer_windows if w is not None), default=None)
+
+    def without_sliding_windows(self) -> "ModelConfig":
+        """vLLM's ``disable_sliding_window``: full attention on every layer."""
+        return replace(self, sliding_windows_disabled=True)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -42,6 +42,7 @@ def load_model(
     quantization: str | None = None,
     backend: "Backend | None" = None,
     context_length: int | None = None,
+    disable_sliding_window: bool = False,
 ) -> CausalLM:
     """Build the model described by ``path/config.json`` and fill it from ``path/*.safetensors``,
     or build and fill it from one GGUF file (``path`` ending in ``.gguf``).
@@ -52,11 +53,15 @@ def load_model(
 
     ``context_length``: the longest sequence the caller will run (an engine's max_model_len), which fixes
     longrope's factor set (hyspec.model.rope); None: ``max_positions`` decides.
+    ``disable_sliding_window``: every layer attends fully (vLLM's flag; the engine caps max_model_len to the
+    window, so nothing it serves could tell).
     """
     path = Path(path)
     cfg = ModelConfig.from_pretrained(path)
     if context_length is not None:
         cfg = cfg.for_context(context_length)
+    if disable_sliding_window:
+        cfg = cfg.without_sliding_windows()
     torch_dtype = resolve_dtype(cfg, dtype)
     ckpt = open_checkpoint(path)
     with torch.device("meta"):
