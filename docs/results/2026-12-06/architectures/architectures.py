@@ -25,13 +25,25 @@ serving more on a sequence past it: the long set, where transformers picks the s
 |logit difference| against transformers and greedy equality; the GGUF round trip in both regimes
 (tests/model/test_phi3_longrope.py's source); every method on the phi3_longrope identity target.
 
+Part 5, Gemma in bf16 (``--gemma``, with parts 1 and 2 for the Gemma configs again, merged into an existing
+``--out`` file): how far bf16 logits drift from fp32's, in units of the 4-ulp bound of
+tests/model/test_numerics_vs_transformers.py, for hyspec, for hyspec with the norm arithmetic it had before
+issue 48's fix (``1 + w`` and the normed activations rounded to bf16 before they multiply) and for transformers:
+the mean and the largest over 64 sequences of 16 tokens on the dense path (the test
+tests/model/test_gemma_phi3.py::test_bf16_drifts_from_fp32_no_more_than_transformers); the same over 20 random
+12-token prompts + 4 decode steps through the paged KV cache, bf16 fed fp32's greedy tokens (teacher-forced, as
+transformers' single forward is); and the single paged measurement of test_low_precision_loads_and_tracks_fp32
+(prompt 3..14 + 4 greedy steps, bf16 choosing its own tokens, transformers teacher-forced).
+
 Run from the repository root:  python docs/results/2026-12-06/architectures/architectures.py --out results.json
 (``--quick``: part 1 on one config and part 3 on ngram only, to check the script works; ``--moe-gguf``: part 2b
-alone, merged into an existing ``--out`` file; ``--longrope``: part 4 alone, merged likewise.)
+alone, merged into an existing ``--out`` file; ``--longrope``: part 4 alone, merged likewise; ``--gemma``:
+part 5, merged likewise.)
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import sys
@@ -184,6 +196,75 @@ def identity_matrix(arch: str, root: Path, methods: list[str] | None) -> dict:
             "prompts": settings.num_prompts, "max_tokens": settings.max_tokens, "methods": rows}
 
 
+def _bf16_drift(fp32: torch.Tensor, bf16: torch.Tensor) -> torch.Tensor:
+    """Per sequence ([N, S, V] logits), the largest error in units of 4 bf16 ulps at each logit's magnitude."""
+    a, b = fp32.float(), bf16.float()
+    bound = 4 * torch.finfo(torch.bfloat16).eps * (a.abs() + a.pow(2).mean((1, 2), keepdim=True).sqrt())
+    return ((a - b).abs() / bound).amax((1, 2))
+
+
+def teacher_forced_paged(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Logits [len(tokens), V] of a prefill then one-token decodes of ``tokens`` (not the model's own choices)."""
+    from hyspec.kv.sequence_kv import SequenceKV
+    from hyspec.seam.forward import LAST_LOGITS, Feed
+    from tests.model.paged_decode import make_runner
+
+    pool, layout, runner = make_runner(model)
+    kv = SequenceKV(pool, layout)
+    kv.reserve(len(prompt) + len(tokens) + 1)
+    logits = [runner.run([Feed(kv, list(prompt), 0, logits=LAST_LOGITS)]).logits[0]]
+    for token in tokens[:-1]:
+        logits.append(runner.run([Feed(kv, [token], kv.num_tokens)]).logits[0])
+    return torch.stack(logits)
+
+
+def _with_bf16_norm_weights(model):
+    """The arithmetic before issue 48's fix: ``1 + w`` rounded to bf16, so hyspec.model.gemma.gemma_rms_norm
+    takes the op table's norm, which rounds the normed activations before the weight multiplies them."""
+    for module in model.modules():
+        if hasattr(module, "eps") and getattr(module, "weight", None) is not None:
+            module.weight = torch.nn.Parameter(module.weight.to(torch.bfloat16), requires_grad=False)
+    return model
+
+
+def gemma_bf16_drift(family: str, root: Path) -> dict:
+    path = root / f"bf16-{family}"
+    hf = make_hf_model(family, path)
+    hf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    fp32, bf16 = load_model(path, dtype="float32"), load_model(path, dtype="bfloat16")
+    before = _with_bf16_norm_weights(load_model(path, dtype="bfloat16"))
+    ids = torch.randint(3, 128, (64, 16), generator=torch.Generator().manual_seed(0))
+    prompt = list(range(3, 15))  # test_low_precision_loads_and_tracks_fp32's
+    tokens, a = greedy_paged(fp32, prompt, steps=4)
+    with torch.no_grad():
+        ref = fp32.compute_logits(fp32.forward_dense(ids).hidden)
+        dense = {"hyspec": _bf16_drift(ref, bf16.compute_logits(bf16.forward_dense(ids).hidden)),
+                 "hyspec_before_fix": _bf16_drift(ref, before.compute_logits(before.forward_dense(ids).hidden))}
+        full = torch.tensor([prompt + tokens[:-1]])
+        dense["transformers"] = _bf16_drift(hf(ids).logits, hf16(ids).logits)
+        paged = {"transformers": float(_bf16_drift(hf(full).logits[:, len(prompt) - 1:],
+                                                   hf16(full).logits[:, len(prompt) - 1:])[0])}
+    paged["hyspec"] = float(_bf16_drift(a[None], greedy_paged(bf16, prompt, steps=4)[1][None])[0])
+    paged["hyspec_before_fix"] = float(_bf16_drift(a[None], greedy_paged(before, prompt, steps=4)[1][None])[0])
+    forced = {"hyspec": [], "hyspec_before_fix": [], "transformers": []}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        p = torch.randint(3, 128, (12,), generator=g).tolist()
+        toks, ref = greedy_paged(fp32, p, steps=4)
+        forced["hyspec"].append(float(_bf16_drift(ref[None], teacher_forced_paged(bf16, p, toks)[None])[0]))
+        forced["hyspec_before_fix"].append(float(_bf16_drift(ref[None], teacher_forced_paged(before, p, toks)[None])[0]))
+        with torch.no_grad():
+            seq = torch.tensor([p + toks[:-1]])
+            forced["transformers"].append(float(_bf16_drift(hf(seq).logits[:, len(p) - 1:],
+                                                            hf16(seq).logits[:, len(p) - 1:])[0]))
+    return {"family": family, "sequences": list(ids.shape),
+            "paged_forced_20_prompts_mean": {k: round(sum(v) / len(v), 3) for k, v in forced.items()},
+            "paged_forced_20_prompts_max": {k: round(max(v), 3) for k, v in forced.items()},
+            "dense_mean": {k: round(float(v.mean()), 3) for k, v in dense.items()},
+            "dense_max": {k: round(float(v.max()), 3) for k, v in dense.items()},
+            "paged_single_prompt": {k: round(v, 3) for k, v in paged.items()}}
+
+
 def _row(result) -> dict:
     return {"status": result.status, "detail": result.detail}
 
@@ -194,8 +275,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--moe-gguf", action="store_true")
     parser.add_argument("--longrope", action="store_true")
+    parser.add_argument("--gemma", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.gemma:
+        out = json.loads(args.out.read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            for arch in ("gemma2", "gemma3_text"):
+                out["logits_vs_transformers"][arch] = [logit_differences(f, Path(tmp)) for f in ARCHITECTURES[arch]]
+            for gguf_arch, arch in (("gemma2", "gemma2"), ("gemma3", "gemma3_text")):
+                out["gguf_round_trip"][arch] = gguf_round_trip(gguf_arch, Path(tmp))
+            out["gemma_bf16_drift"] = [gemma_bf16_drift(f, Path(tmp)) for f in ARCHITECTURES["gemma2"]
+                                       + ARCHITECTURES["gemma3_text"]]
+            print(json.dumps(out["gemma_bf16_drift"], indent=1), flush=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        return
     if args.longrope:
         out = json.loads(args.out.read_text()) if args.out.exists() else {"identity": {}}
         with tempfile.TemporaryDirectory() as tmp:
