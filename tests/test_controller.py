@@ -349,3 +349,19 @@ def test_steady_acceptance_estimates_carry_no_prior_bias():
     assert c.acceptance("ngram") == pytest.approx((0.4, 0.4), abs=0.01)
     assert c.first_acceptance("ngram") == pytest.approx(0.4, abs=0.01)
     assert c.first_acceptance("eagle") == pytest.approx(0.9)  # never verified: the prior
+
+
+def test_one_measured_tree_bucket_tempers_the_prior_of_the_others():
+    """EAGLE trees on chat: the first bucket tried accepts far below the prior; the other buckets must not
+    each be drafted once more on the prior alone before the controller stops."""
+    cfg = SpeculativeConfig.from_dict({"method": "eagle", "num_speculative_tokens": 6, "tree": {"budget": 32},
+                                       "controller": {"explore_interval": 0}})
+    c = GoodputController(cfg, CostModel([StepSample(1, n, 0.0055 + 0.0015 * n) for n in range(1, 34)]))
+    first = c.choose_tree_budget("eagle", 1)
+    assert first > 0  # unobserved: the prior says trees pay
+    c.observe_tree_acceptance("eagle", first, [0])  # nothing accepted
+    assert c.choose_tree_budget("eagle", 1) == 0  # not another bucket tried on its prior
+    # a method accepted about as well as the prior keeps its other buckets' priors
+    c.observe_tree_acceptance("mtp", 4, [round(c._tree_prior(4))])
+    assert c._tree_estimate(c._state("mtp"), 16) == pytest.approx(
+        c._tree_prior(16) * round(c._tree_prior(4)) / c._tree_prior(4))
