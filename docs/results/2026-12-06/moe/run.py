@@ -76,7 +76,7 @@ def dense_experts():
 
 
 _MEMORY_PROBE = """
-import json, resource, sys, torch
+import json, sys, torch
 sys.path.insert(0, {root!r})
 def rss(kind="RssAnon"):  # anonymous memory: what the process allocated, not the file's page cache it maps
     with open("/proc/self/status") as f:
@@ -85,13 +85,13 @@ import hyspec.model.loader, hyspec.backends.registry, hyspec.cpu_ops.qgemm, gguf
 backend = hyspec.backends.registry.get_backend("cpu")
 hyspec.cpu_ops.qgemm.library()
 import gc
-before, file_before, peak_before = rss(), rss("RssFile"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before, file_before, peak_before = rss(), rss("RssFile"), rss("VmHWM")  # (ru_maxrss would be the parent's)
 if {dense}:
     from hyspec.model.moe_stored import StoredExperts
     hyspec.model.loader.plan_stored_experts = lambda *a, **k: StoredExperts()
 model = hyspec.model.loader.load_model({path!r}, dtype="float32", backend=backend)
 gc.collect()
-after, file_after, peak = rss(), rss("RssFile"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+after, file_after, peak = rss(), rss("RssFile"), rss("VmHWM")
 held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 print(json.dumps(dict(anon_before_mb=before / 2**20, anon_added_mb=(after - before) / 2**20,
                       file_mapped_added_mb=(file_after - file_before) / 2**20,
@@ -108,14 +108,20 @@ def loaded_memory(path: Path, dense: bool) -> dict:
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
 
 
+def _timed(fn) -> float:
+    """Seconds ``fn()`` took.  The time to the first token is the least of three such calls: one stall on the
+    shared machine inside a single call once made it longer than a whole 17-token generation."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def hf_decode(model, prompt: list[int], steps: int) -> tuple[list[int], float, float]:
     ids = torch.tensor([prompt])
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         model.generate(ids, max_new_tokens=2, **kw)  # warm-up
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, **kw)
-        first = time.perf_counter() - t
+        first = min(_timed(lambda: model.generate(ids, max_new_tokens=1, **kw)) for _ in range(3))
         t = time.perf_counter()
         out = model.generate(ids, max_new_tokens=steps + 1, **kw)
         total = time.perf_counter() - t
@@ -127,9 +133,8 @@ def hyspec_decode(llm, prompts: list[list[int]], steps: int) -> tuple[list[list[
 
     reqs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(reqs, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
-    t = time.perf_counter()
-    llm.generate(reqs, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-    first = time.perf_counter() - t
+    first = min(_timed(lambda: llm.generate(reqs, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)))
+                for _ in range(3))
     t = time.perf_counter()
     outs = llm.generate(reqs, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
     total = time.perf_counter() - t
@@ -145,6 +150,8 @@ def measure(src: Path, gguf_file: Path, steps: int, rounds: int, with_safetensor
     prompts = [torch.randint(3, vocab, (32,), generator=g).tolist() for _ in range(8)]
     memory = {"experts_as_stored": loaded_memory(gguf_file, dense=False),
               "experts_dense": loaded_memory(gguf_file, dense=True)}
+    if rounds == 0:
+        return {"file_mb": round(gguf_file.stat().st_size / 2**20, 1), "memory": memory}
     kw = dict(dtype="float32", backend="cpu", skip_tokenizer_init=True, kv_cache_bytes=64 << 20)
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     llms = {"hyspec_gguf_experts_as_stored": LLM(str(gguf_file), **kw)}
@@ -175,8 +182,8 @@ def measure(src: Path, gguf_file: Path, steps: int, rounds: int, with_safetensor
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="a toy model and few steps: checks the script runs")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=2, help="0: the memory probes only")
+    ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--qtypes", default="Q8_0,Q4_0")
     ap.add_argument("--safetensors", action="store_true", help="also hyspec on the safetensors source (fp32)")
     ap.add_argument("--out", type=Path)
