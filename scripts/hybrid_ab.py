@@ -76,8 +76,8 @@ class StepTrace:
         def traced_observe(run, accepted):
             t0 = time.perf_counter()
             if self._current is not None and run.rows and all(r.kind.decodes for r in run.rows):
-                from hyspec.spec.decoder import mean_tokens_per_seq
                 from hyspec.seam.step import RowKind
+                from hyspec.spec.decoder import mean_tokens_per_seq
                 batch, tokens = len(run.feeds), mean_tokens_per_seq(run.feeds)
                 tree_rows = [r for r in run.rows if r.kind is RowKind.TREE]
                 committed = sum(len(accepted.tokens.get(r.seq.request_id, ())) if r.kind is RowKind.TREE else 1
