@@ -1,15 +1,19 @@
 """hyspec's hybrid against hyspec's plain decoding, interleaved in one process, first pass only.
 
     .venv/bin/python scripts/hybrid_ab.py [--workloads humaneval,chat] [--batch-sizes 1,8,32]
-        [--rounds 3] [--max-tokens 48] [--prompts 32] [--hybrid-config JSON] [--trace] --json OUT.json
+        [--rounds 3] [--max-tokens 48] [--prompts 32] [--hybrid-config JSON] [--before] [--trace] --json OUT.json
 
-Both engines stay loaded.  For each (workload, batch size) and round, plain runs the round's prompts and then
-the hybrid runs the same ones (the order alternates by round, so a slow-down in the middle lands on both).
+The engines stay loaded.  For each (workload, batch size) and round, plain runs the round's prompts and then
+the hybrid runs the same ones (the order reverses every round, so a slow-down in the middle lands on all).
 Each round takes the next ``--prompts`` prompts of the workload (HumanEval has 164; the 16 chat turns are
 cycled), and before every pass the engines forget what they learnt across requests (the suffix cache) and
 the prefix cache is emptied: every pass is a *first* pass, as ``hyspec bench`` measures it.  What the
 hybrid's policy learnt (its bandit, the cost model, the acceptance estimates) is kept from pass to pass, as
 a server keeps it.  Greedy, EOS ignored; the hybrid's tokens are compared with plain decoding's.
+
+``--before`` adds a third engine, "hybrid-before": the same hybrid with the goodput controller's acceptance
+estimates as they were before 2026-12-06 (per-position EWMAs decaying from the optimistic prior, every
+unmeasured tree bucket at its prior), so the change is measured before/after in the same interleaved run.
 
 ``--trace`` records, for the hybrid, every decode step: the arm the dispatcher chose, the budget, the draft
 nodes verified, the tokens committed, the forward's measured and predicted seconds, the drafting seconds and
@@ -97,6 +101,35 @@ class StepTrace:
         return rows
 
 
+def use_estimates_before(llm: Any) -> None:
+    """Swap the engine's goodput controller to the acceptance estimates of before 2026-12-06 (see above)."""
+    from hyspec.policy.controller import GoodputController
+
+    class EstimatesBefore(GoodputController):
+        def _old(self, st):
+            if not hasattr(st, "old"):
+                st.old = [self.prior] * self.max_tokens
+            return st.old
+
+        def _acceptance(self, st, positions=None):
+            return list(self._old(st)[:positions])
+
+        def observe_acceptance(self, method, accepted_per_position, num_drafts, drafted_per_position=None):
+            old = self._old(self._state(method))
+            reached = num_drafts
+            for j, accepted in enumerate(accepted_per_position[:len(old)]):
+                denom = reached if drafted_per_position is None else min(reached, drafted_per_position[j])
+                if denom > 0:
+                    old[j] += self.alpha * (accepted / denom - old[j])
+                reached = accepted
+
+        def _tree_estimate(self, st, bucket):
+            weight = st.tree_weight.get(bucket, 0.0)
+            return st.tree_accepted[bucket] / weight if weight > 0.0 else self._tree_prior(bucket)
+
+    llm.engine.spec.controller.__class__ = EstimatesBefore
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (method, drafted or not): steps, mean step / forward / draft / plan / observe ms, tokens a step,
     and the forward's measured over predicted seconds."""
@@ -131,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                          "suffix and every drafter in assets/)")
     ap.add_argument("--kv-cache-bytes", type=int, default=512 << 20)
     ap.add_argument("--trace", action="store_true", help="record and summarise every decode step (see above)")
+    ap.add_argument("--before", action="store_true", help="a third engine with the controller's estimates of before "
+                                                          "2026-12-06 (see above)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -147,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     engines = {"plain": LLM(kv_cache_bytes=args.kv_cache_bytes),
                "hybrid": LLM(speculative_config=json.loads(args.hybrid_config), kv_cache_bytes=args.kv_cache_bytes)}
+    if args.before:
+        engines["hybrid-before"] = LLM(speculative_config=json.loads(args.hybrid_config),
+                                       kv_cache_bytes=args.kv_cache_bytes)
+        use_estimates_before(engines["hybrid-before"])
     traces = {name: StepTrace(llm) for name, llm in engines.items()} if args.trace else {}
     tokenizer = engines["plain"].tokenizer
     texts = {"humaneval": humaneval_prompts(), "chat": chat_prompts(tokenizer.apply_chat_template)}
@@ -170,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = _cycle(ids[workload], offset, n)
                 offset += n
                 waves = [prompts[i:i + bs] for i in range(0, n, bs)]
-                order = list(engines) if rnd % 2 == 0 else list(reversed(engines))
+                order = list(engines) if rnd % 2 == 0 else list(reversed(engines))  # drift lands on every engine
                 outputs: dict[str, list[list[int]]] = {}
                 for name in order:
                     llm = engines[name]
@@ -183,16 +222,18 @@ def main(argv: list[str] | None = None) -> int:
                     outputs[name] = outs
                     if name in traces:
                         steps[name] += traces[name].take()
-                diff = sum(a != b for a, b in zip(outputs["plain"], outputs["hybrid"]))
+                diff = sum(a != b for name in engines if name != "plain"
+                           for a, b in zip(outputs["plain"], outputs[name]))
                 mismatches += diff
                 print(f"{workload} bs {bs} round {rnd + 1}: " + ", ".join(
-                    f"{name} {rates[name][-1]:.1f}" for name in engines) + f" tok/s, {diff} outputs differ",
+                    f"{name} {rates[name][-1]:.1f}" for name in order) + f" tok/s, {diff} outputs differ from plain's",
                     flush=True)
             med = {name: statistics.median(r) for name, r in rates.items()}
-            paired = [h / p for h, p in zip(rates["hybrid"], rates["plain"])]
+            over_plain = {name: round(statistics.median(h / p for h, p in zip(rates[name], rates["plain"])), 3)
+                          for name in engines if name != "plain"}
             entry: dict[str, Any] = {"workload": workload, "batch_size": bs, "prompts_per_round": n,
                                      "tok_s": rates, "median_tok_s": med,
-                                     "hybrid_over_plain_median_of_rounds": round(statistics.median(paired), 3)}
+                                     "over_plain_median_of_paired_rounds": over_plain}
             if traces:
                 entry["steps"] = {name: summarize(rows) for name, rows in steps.items()}
             spec = engines["hybrid"].engine.spec
@@ -200,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             if dispatcher is not None:
                 entry["hybrid_decisions_so_far"] = dict(dispatcher.snapshot().decisions)
             results.append(entry)
-            print(f"  -> hybrid / plain {entry['hybrid_over_plain_median_of_rounds']:.3f}x "
-                  f"(plain {med['plain']:.1f}, hybrid {med['hybrid']:.1f} tok/s)", flush=True)
+            print("  -> x plain: " + ", ".join(f"{name} {r:.3f}" for name, r in over_plain.items()), flush=True)
 
     report = {"what": "hyspec hybrid vs hyspec plain, interleaved in one process, first passes only",
               "command": " ".join(sys.argv), "max_tokens": args.max_tokens, "rounds": args.rounds,
