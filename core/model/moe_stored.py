@@ -82,15 +82,19 @@ def plan_stored_experts(cfg: ModelConfig, ckpt, backend: Backend | None, quantiz
     plan = StoredExperts()
     if cfg.moe is None or backend is None or quantization is not None or not hasattr(ckpt, "group_quantized"):
         return plan
+    dense: dict[str, list[int]] = {}  # why -> the layers it keeps dense
     for i in range(cfg.num_hidden_layers):
         if not cfg.moe.is_sparse(i):
             continue
         layer = _stored_layer(cfg, ckpt, backend, dtype, f"model.layers.{i}.", plan)
         if isinstance(layer, str):
-            plan.fallbacks.append(f"layer {i}'s experts stay dense: {layer}")
-            log.info("%s", plan.fallbacks[-1])
+            dense.setdefault(layer, []).append(i)
         else:
             plan.layers[i] = layer
+    for why, layers in dense.items():
+        plan.fallbacks.append(f"experts of layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} "
+                              f"stay dense: {why}")
+        log.info("%s", plan.fallbacks[-1])
     return plan
 
 

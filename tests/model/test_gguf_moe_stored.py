@@ -160,5 +160,12 @@ def test_k_quant_experts_run_as_stored_in_fp32_and_stay_dense_in_bf16(tmp_path):
     # the CPU's K-quant kernel takes fp32 activations only: in bf16 the layer keeps today's dense experts, and says so
     half = load_model(path, dtype="bfloat16", backend=backend)
     assert _blocks(half)[0].stored_gate_up is None
-    assert any("layer 0's experts stay dense: the cpu backend has no kernel for Q4_K blocks with torch.bfloat16"
+    assert any("experts of layer 0 stay dense: the cpu backend has no kernel for Q4_K blocks with torch.bfloat16"
                in f for f in half.quantization.fallbacks), half.quantization.fallbacks
+
+
+def test_experts_stored_in_a_type_without_a_block_kernel_stay_dense_and_say_so(tmp_path):
+    model = load_model(_gguf("qwen3_moe", "F16", tmp_path), dtype="float32", backend=get_backend("cpu"))
+    assert all(b.stored_gate_up is None for b in _blocks(model))
+    assert "experts of layers 0, 1 stay dense: stored as F16, which hyspec computes dequantized" in \
+        model.quantization.fallbacks, model.quantization.fallbacks
