@@ -29,11 +29,12 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from hyspec.model.config import ModelConfig
 from hyspec.model.llama import MLP, CausalLM, ModelOutput
 from hyspec.model.moe_config import MoEConfig
 from hyspec.ops import AttentionMetadata, OpTable
-from torch import nn
 
 
 class SparseMoE(nn.Module):
