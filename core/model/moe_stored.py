@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
+
 from hyspec.errors import CheckpointError
 from hyspec.model.config import ModelConfig
 from hyspec.model.moe import SparseMoE, expert_weight_names, shared_expert_weight_names
 from hyspec.model.quant import GGUF_GROUP_TYPES, GGUF_STORED_TYPES, concat_rows
-from torch import nn
 
 if TYPE_CHECKING:
     from hyspec.backend import Backend

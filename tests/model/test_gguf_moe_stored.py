@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from hyspec.backends.registry import get_backend
 from hyspec.model.loader import load_model
 from hyspec.model.moe import SparseMoE
-
 from tests.model.gguf_moe_fixtures import write_moe_gguf
 from tests.model.moe_fixtures import make_moe_checkpoint
 from tests.model.paged_decode import greedy_paged
