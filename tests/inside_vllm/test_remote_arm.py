@@ -189,11 +189,12 @@ def test_the_endpoint_shows_a_worker_up_missing_pings_down_and_back_after_its_re
         assert runner.propose_draft_token_ids([("A", 3, REP, [7])]) == [[8, 9, 10, 5]]
         worker.kill()
         wait_for(lambda: sample("worker_missed_pings") >= 1.0)
-        wait_for(lambda: sample("failovers_total") == 1.0)
-        assert sample("worker_up") == 0.0 and sample("worker_missed_pings") >= 3.0
+        # the counter moves under the proposer's lock, the worker's gauges right after it: wait for both
+        wait_for(lambda: sample("failovers_total") == 1.0 and sample("worker_up") == 0.0)
+        assert sample("worker_missed_pings") >= 3.0
         worker.restart()
-        wait_for(lambda: sample("rejoins_total") == 1.0)
-        assert sample("worker_up") == 1.0 and sample("worker_missed_pings") == 0.0
+        wait_for(lambda: sample("rejoins_total") == 1.0 and sample("worker_up") == 1.0)
+        assert sample("worker_missed_pings") < 3.0  # cleared by the good pings (a loaded box may miss one since)
         assert sample("worker_restarts_total") == 1.0 and sample("failovers_total") == 1.0
         # drafting resumes on the new incarnation, which gets the request's whole history again
         assert runner.propose_draft_token_ids([("A", 3, REP + [8, 9, 10], [10])]) == [[5, 6, 7, 8]]
