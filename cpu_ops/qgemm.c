@@ -24,7 +24,7 @@
  * for four and 18.21 ms for eight with the per-row code-times-x formula; 4.22, 7.28 and 12.77 ms with the
  * tile and its prefetch sweep (interleaved in one run: docs/results/2026-12-03/cpu-vs-llamacpp-zen4).
  *
- * Threads: OpenMP over blocks of four output rows.  Loaded after torch, the process's libgomp.so.1
+ * Threads: OpenMP over blocks of four output rows (AVX2 with many rows of x: up to 32, see MANY_OUTPUTS).  Loaded after torch, the process's libgomp.so.1
  * is torch's own, so the kernel shares torch's thread pool instead of competing with it.
  */
 #include <stdint.h>

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
 
     from hyspec.assets import default_model
     from hyspec.backends.registry import get_backend
-    from hyspec.cpu_ops import decoder_stack, qgemm
+    from hyspec.cpu_ops import qgemm
     from hyspec.kv.pool import KVPool
     from hyspec.kv.sequence_kv import SequenceKV
     from hyspec.model.loader import load_model
