@@ -2,7 +2,8 @@
 interleaved in one process: prefill of one long prompt, decode rows at batch 1 / 8 / 32, verification rows
 (k + 1 = 5 per sequence), each as CPU seconds and wall seconds per token.
 
-    .venv/bin/python scripts/bench_cpu_rows.py [--baseline REV] [--prefill 1024] [--repeats 5] [--json OUT]
+    .venv/bin/python scripts/bench_cpu_rows.py [--baseline REV] [--prefill 1024] [--repeats 5] [--kernel-ghz 2.45]
+                                               [--threads 1] [--json OUT]
 
 The baseline is cpu_ops/*.c and *.h as they were at ``--baseline`` (a git revision), built here with the flags
 hyspec.cpu_ops.native uses; the candidate is the working tree's build.  Both are swapped into the same loaded
@@ -55,6 +56,39 @@ def like(lib: ctypes.CDLL, template: ctypes.CDLL, names: tuple[str, ...]) -> cty
     return lib
 
 
+def kernel_cycles(old_q: ctypes.CDLL, new_q: ctypes.CDLL, ghz: float) -> dict[str, dict]:
+    """qgemm alone on SmolLM2's shapes (random Q4_1 blocks, weights in cache): cycles per (32-weight block,
+    row) at ``ghz``, both builds alternated, results compared bit for bit."""
+    import numpy as np
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for m, k, n in ((1, 576, 960), (5, 576, 3072), (8, 576, 960), (32, 576, 3072), (1024, 576, 960),
+                    (1024, 576, 3072), (1024, 1536, 576)):
+        g = k // 32
+        raw = rng.integers(0, 256, (n, g, 20), dtype=np.uint8)
+        raw[:, :, 0:2] = np.full((n, g, 1), 0.01, np.float16).view(np.uint8)  # d
+        raw[:, :, 2:4] = np.full((n, g, 1), -0.05, np.float16).view(np.uint8)  # m
+        w = torch.from_numpy(raw.reshape(n, g * 20)).contiguous()
+        x = torch.randn(m, k)
+        ys = {"baseline": torch.empty(m, n), "candidate": torch.empty(m, n)}
+        spent = {"baseline": 0.0, "candidate": 0.0}
+        reps = max(1, int(2e8 / (m * k * n)))
+        for rnd in range(4):
+            for name, lib in (("baseline", old_q), ("candidate", new_q)):
+                c0 = time.thread_time()
+                for _ in range(reps):
+                    lib.hyspec_qgemm(1, x.data_ptr(), m, k, w.data_ptr(), n, ys[name].data_ptr())
+                if rnd:
+                    spent[name] += time.thread_time() - c0
+        pairs = m * n * g * reps * 3
+        out[f"M={m} K={k} N={n}"] = {name: round(t * ghz * 1e9 / pairs, 2) for name, t in spent.items()} | {
+            "bit_identical": torch.equal(ys["baseline"], ys["candidate"])}
+        print(f"qgemm M={m:5d} K={k:5d} N={n:5d}: cycles per block and row, baseline "
+              f"{out[f'M={m} K={k} N={n}']['baseline']:.2f}, candidate {out[f'M={m} K={k} N={n}']['candidate']:.2f}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="0b26a75", help="git revision of the kernels to compare against")
@@ -64,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--kernel-ghz", type=float, default=0.0,
+                    help="also time qgemm alone (one thread) and report cycles per block and row at this clock")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -95,6 +131,12 @@ def main(argv=None) -> int:
         model.layer_stack.lib = stack_lib
         qgemm.library = (lambda lib=q_lib: lib) if name == "baseline" else original_library
 
+    result = {"threads": torch.get_num_threads(), "baseline": args.baseline, "isa": qgemm.isa(new_q), "cases": {}}
+    if args.kernel_ghz:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        result["qgemm_cycles_per_block_and_row"] = kernel_cycles(old_q, new_q, args.kernel_ghz)
+        torch.set_num_threads(threads)
     cfg = model.config
     batches = [int(b) for b in args.batches.split(",") if b]
     longest = max(args.prefill, args.context + 8)
@@ -136,8 +178,6 @@ def main(argv=None) -> int:
     for b in [1, 8]:
         cases.append((f"verify k+1=5 batch {b}", 5 * b, rows_feeds(b, 5)))
 
-    result = {"machine": "see README", "threads": torch.get_num_threads(), "baseline": args.baseline,
-              "isa": qgemm.isa(new_q), "cases": {}}
     print(f"{torch.get_num_threads()} threads, isa {qgemm.isa(new_q)}; per token: cpu ms / wall ms "
           f"(median of {args.repeats}, interleaved)")
     for name, rows, make in cases:
@@ -169,7 +209,9 @@ def main(argv=None) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 0 if all(r["logits_bit_identical"] for r in result["cases"].values()) else 1
+    identical = [r["logits_bit_identical"] for r in result["cases"].values()]
+    identical += [r["bit_identical"] for r in result.get("qgemm_cycles_per_block_and_row", {}).values()]
+    return 0 if all(identical) else 1
 
 
 if __name__ == "__main__":
