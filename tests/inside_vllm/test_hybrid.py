@@ -130,6 +130,11 @@ def test_a_step_where_a_request_joined_or_prefilled_teaches_no_cost():
     hybrid.sent(["a", "b"], {}, 2.0)
     hybrid.observe(["a", "b"], [1, 1], now=2.1)
     assert len(hybrid.cost._online) == 1
+    # the learnt steps are kept as (rows, draft tokens sent, seconds) for the A/B script's verify-cost fit
+    hybrid.sent(["a", "b"], {"a": ngram_chain()}, 2.1)
+    hybrid.observe(["a", "b"], [2, 1], now=2.35)
+    assert [(r, d) for r, d, _ in hybrid.step_log] == [(2, 0), (2, 4)]
+    assert [s for *_, s in hybrid.step_log] == pytest.approx([0.1, 0.25])
 
 
 def test_after_explore_interval_steps_without_drafts_one_row_is_probed():
