@@ -3,7 +3,8 @@
 The prompt is the run's own prompts' token ids laid end to end (cut at N), so it is real text of the
 workload, not a repeated token.  Each timed run empties the prefix cache first and generates one token,
 so it measures the whole prompt's forward pass plus one decoding step; the first run is untimed.
-hyspec plain and vLLM plain (hyspec.bench.vllm_rows) measure the same prompt the same way.
+hyspec plain, vLLM plain (hyspec.bench.vllm_rows) and llama.cpp plain (with the llama.cpp peers: its worker's
+time to the first token of that prompt, from an empty context) measure the same prompt the same way.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Sequence
 
 from hyspec import SamplingParams
 from hyspec.bench import hyspec_runs  # through the module, as the runner does
+from hyspec.bench.measure import Workload
 from hyspec.bench.settings import BenchSettings
 from hyspec.bench.stats import Spread
 
@@ -43,3 +45,12 @@ def hyspec_prefill(model: Path, settings: BenchSettings, prompt: Sequence[int], 
     finally:
         hyspec_runs.close_llm(llm)
     return {"engine": "hyspec", "label": "hyspec plain", "tokens_per_s": Spread.of(rates).to_dict()}
+
+
+def llamacpp_prefill(peer: Any, prompt: Sequence[int], repeats: int) -> dict[str, Any]:
+    """llama.cpp plain's prefill speed on ``prompt``: a :class:`hyspec.bench.llamacpp_peer.LlamaCppPeer` run of
+    that one prompt for one token, each repeat from an empty context, timed to its first token."""
+    workload = Workload((tuple(int(t) for t in prompt),), 1, 0.0, 1, 0)
+    m = peer.run("llamacpp", workload, repeats)
+    rates = [len(prompt) / t for t in m.ttft_s.runs if t > 0]
+    return {"engine": "llamacpp", "label": "llama.cpp plain", "tokens_per_s": Spread.of(rates).to_dict()}

@@ -27,7 +27,7 @@ from hyspec.bench.peers import HFModels, PeerUnavailable, transformers_missing
 from hyspec.bench.prompts import CHAT, HUMANEVAL, build_prompt_set, chat_prompts, humaneval_prompts, read_prompt_file
 from hyspec.bench.result import FAILED, HYSPEC, LLAMACPP, OK, SKIPPED, TRANSFORMERS, Document, Row
 from hyspec.bench.settings import LLAMACPP_PEERS, PEERS, PLAIN, VLLM_PEERS, BenchSettings, bench_methods
-from hyspec.bench.prefill import hyspec_prefill, long_prompt
+from hyspec.bench.prefill import hyspec_prefill, llamacpp_prefill, long_prompt
 from hyspec.bench.vllm_rows import VllmRows
 from hyspec.bench.workloads import workload_requests
 from hyspec.errors import HyspecError
@@ -168,6 +168,8 @@ class BenchRunner:
                 self._tick("hyspec plain: prefill")
                 prefill_doc = {"prompt_tokens": len(prompt), "repeats": s.repeats,
                                "engines": [hyspec_prefill(model, s, prompt, s.repeats)]}
+                if "llamacpp" in s.peers:
+                    prefill_doc["engines"] += self._llamacpp_prefill(model, prompt)
             if any(p in VLLM_PEERS for p in s.peers):
                 self._save(doc, rows)
                 vllm = VllmRows(s, model, workloads, lambda w, out: self._agreement(w, out, reference, logits, dtype),
@@ -403,6 +405,21 @@ class BenchRunner:
     def _agreement(w: Workload, outputs: list[list[int]], reference: dict, logits: ReferenceLogits, dtype):
         """Another engine's greedy outputs against hyspec plain decoding's (information, as for every peer)."""
         return None if w.temperature else check_identity(w.prompts, reference[w.key()], outputs, logits, dtype)
+
+    def _llamacpp_prefill(self, model: Path, prompt: list[int]) -> list[dict[str, Any]]:
+        """llama.cpp plain's prefill of the same prompt (nothing where the peer cannot run: its rows say why)."""
+        import torch
+
+        self._tick("llama.cpp: prefill")
+        python = resolve_python(self.settings.llamacpp_python)
+        if llamacpp_missing(python)[0] is not None:
+            return []
+        try:
+            peer = LlamaCppPeer(python, model, torch.get_num_threads(), self.settings.num_speculative_tokens,
+                                n_ctx=len(prompt) + 16)
+            return [llamacpp_prefill(peer, prompt, self.settings.repeats)]
+        except Exception as exc:  # the peer's own failure: the document says so instead of a figure
+            return [{"engine": "llamacpp", "label": "llama.cpp plain", "error": f"{type(exc).__name__}: {exc}"}]
 
     def _llamacpp_peers(self, peers: list[str], model: Path, workloads: list[Workload], reference: dict,
                         logits: ReferenceLogits, dtype) -> list[Row]:

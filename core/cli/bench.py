@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="vLLM's gpu_memory_utilization: on its CPU build the share of RAM it reserves (default 0.12)")
     v.add_argument("--prefill-tokens", type=int, default=None, metavar="N",
                    help="also measure the prefill speed of one N-token prompt (e.g. 1024) for hyspec plain and, "
-                        "with the vLLM peers, vLLM plain")
+                        "with their peers, vLLM plain and llama.cpp plain")
     w.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                    help="JSONL with a 'prompt' field, text with one prompt per line, or 'chat' (16 built-in chat "
                         "turns through the model's chat template); default: HumanEval")

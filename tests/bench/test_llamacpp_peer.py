@@ -144,3 +144,14 @@ def test_worker_is_standalone():
             modules.add((node.module or "").split(".")[0])
     assert modules <= {"__future__", "json", "resource", "sys", "time", "llama_cpp"} | set(sys.stdlib_module_names)
     assert "hyspec" not in modules and "torch" not in modules
+
+
+def test_prefill_is_the_prompt_over_the_time_to_its_first_token(standin_python, tmp_path):
+    from hyspec.bench.prefill import llamacpp_prefill
+
+    peer = LlamaCppPeer(standin_python, _gguf(tmp_path), threads=2, num_speculative_tokens=4, n_ctx=64)
+    doc = llamacpp_prefill(peer, list(range(40)), repeats=2)
+    assert doc["engine"] == "llamacpp" and doc["label"] == "llama.cpp plain"
+    rates = doc["tokens_per_s"]
+    assert len(rates["runs"]) == 2 and all(r > 0 for r in rates["runs"])  # one figure per repeat, none dropped
+    assert rates["min"] <= rates["median"] <= rates["max"]
