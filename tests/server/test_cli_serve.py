@@ -31,7 +31,9 @@ def test_defaults_bind_loopback_and_map_onto_engine_arguments(monkeypatch):
     assert serve.engine_args(args) == {
         "model": "/m", "backend": "auto", "dtype": "auto", "max_model_len": None, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "kv_cache_bytes": 64 << 20, "memory_fraction": 0.8, "block_size": None,
-        "enable_prefix_caching": False, "enforce_eager": False, "speculative_config": '{"method": "ngram"}', "max_logprobs": 20, "logprobs_mode": "raw_logprobs"}
+        "enable_prefix_caching": False, "enforce_eager": False, "speculative_config": '{"method": "ngram"}', "max_logprobs": 20, "logprobs_mode": "raw_logprobs",
+        "disable_sliding_window": False}
+    assert serve.engine_args(parse("--disable-sliding-window"))["disable_sliding_window"] is True
 
 
 @pytest.mark.parametrize("text, value", [("1048576", 1 << 20), ("8MiB", 8 << 20), ("2G", 2 << 30), ("1.5k", 1536)])
