@@ -49,6 +49,11 @@ COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
        for klass in ALL_BATCH_CLASSES for what in ("drafted", "plain")},
     "hybrid_cut_tokens": ("hyspec_vllm_hybrid_cut_tokens",
                           "Draft tokens the hybrid's arms drafted and its plan did not send (they would not pay).", {}),
+    "hybrid_wave_steps": ("hyspec_vllm_hybrid_wave_steps",
+                          ("Steps planned as a wave's (requests admitted together, nothing joined): only rows on "
+                           "its critical path may draft."), {}),
+    "hybrid_wave_cut_tokens": ("hyspec_vllm_hybrid_wave_cut_tokens",
+                               "Draft tokens not sent because their row was ahead of the wave's slowest.", {}),
     "hybrid_probes": ("hyspec_vllm_hybrid_probes",
                       "Steps that sent one row's draft whole after explore_interval steps without drafts.", {}),
     "hybrid_cost_probes": ("hyspec_vllm_hybrid_cost_probes",

@@ -72,6 +72,10 @@ class VllmOptions:
     # likeliest row's chain whole, so a stale acceptance estimate cannot keep drafting off; 0: never
     explore_interval: int = 64
     min_gain: float = 0.02  # hybrid: drafts are sent only where the predicted goodput beats plain's by this share
+    # hybrid: a batch whose requests were all admitted together (a wave: LLM.generate over a list, a burst of
+    # clients) and that nothing joins ends with its slowest row, so drafts go only to rows within a chain of it
+    # (core/vllm/hybrid.py, "Waves"); false: every row is judged as if a finished row were replaced at once
+    wave_makespan: bool = True
     # the canary: this share of requests (by a hash of the request id) is decoded without drafts, the control
     # group (the seed ran 0.05); 0: every request may draft
     control_fraction: float = 0.0

@@ -67,6 +67,8 @@ __all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "latest_ngram_match",
 log = logging.getLogger(__name__)
 #: a suffix draft's source (hyspec.drafters.suffix.proposer) -> the stats key that counts it
 _SOURCE_STATS = {OWN: "drafts_own", CACHE: "drafts_cache", CORPUS: "drafts_corpus"}
+#: a wave's requests may first appear over this many steps (their prompts prefilled in chunks)
+WAVE_STEPS = 4
 
 
 class HyspecProposer:
@@ -91,7 +93,7 @@ class HyspecProposer:
                       "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)},
                       **{f"canary_{what}_{arm}": 0 for what in ("requests", "tokens") for arm in (SPEC, CONTROL)},
                       "remote_drafts": 0, "remote_rows_without_draft": 0, "remote_fallback_rows": 0,
-                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "propose_seconds": 0.0, "propose_calls": 0,
+                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "hybrid_wave_steps": 0, "hybrid_wave_cut_tokens": 0, "propose_seconds": 0.0, "propose_calls": 0,
                       **{f"hybrid_batch_{c}_{d}": 0 for c in ALL_BATCH_CLASSES for d in ("drafted", "plain")}}
         self.canary = Canary(1.0 - o.control_fraction, o.canary_salt) if o.control_fraction else None
         self.quality_alerts: dict[tuple[str, str], bool] = {}  # (method, reason) -> raised now
@@ -199,7 +201,9 @@ class HyspecProposer:
         drafting = [r for r in rows if r[3] is None or r[3].arm != CONTROL]  # the canary's control rows: none
         planned = None
         if self.hybrid is not None and identity is not None:
-            planned = self._plan_hybrid(rows, drafting, sum(1 for s in sampled_token_ids if len(s)), drafts, used)
+            remaining = self._wave_remaining(identity, rows) if self.options.wave_makespan else None
+            planned = self._plan_hybrid(rows, drafting, sum(1 for s in sampled_token_ids if len(s)), drafts, used,
+                                        remaining)
         else:  # one method for every row (the hybrid without request ids: its first arm, and nothing learnt)
             method = self.options.method if self.hybrid is None else self.options.hybrid_arms[0]
             if method == "remote":
@@ -218,9 +222,24 @@ class HyspecProposer:
         self.stats["propose_calls"] += 1
         return drafts
 
+    def _wave_remaining(self, identity: Any, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]]
+                        ) -> dict[str, int] | None:
+        """Each decoding row's tokens left before its ``max_tokens``, when the batch is a wave (its requests
+        admitted together, nothing joined since, fewer than ``max_num_seqs``, every budget known); else None."""
+        if len(identity.request_ids) >= self.hybrid.max_num_seqs or not self.requests.admitted_together(WAVE_STEPS):
+            return None
+        out: dict[str, int] = {}
+        for row, context, _, live in rows:
+            max_tokens = identity.max_tokens[row] if row < len(identity.max_tokens) else None
+            if live is None or max_tokens is None:
+                return None
+            out[live.request_id] = min(live.prompt_length + max_tokens, self.max_model_len) - len(context)
+        return out or None
+
     def _plan_hybrid(self, rows: list[tuple[int, np.ndarray, int, LiveRequest | None]],
                      drafting: list[tuple[int, np.ndarray, int, LiveRequest | None]], decoding: int,
-                     drafts: list[list[int]], used: dict[int, str]) -> dict[str, Candidate]:
+                     drafts: list[list[int]], used: dict[int, str],
+                     remaining: dict[str, int] | None = None) -> dict[str, Candidate]:
         """The hybrid's step: every arm's chains for the drafting rows, cut by the plan to what pays; fills
         ``drafts`` and ``used``; returns what was sent, by request id."""
         if not rows:
@@ -228,7 +247,7 @@ class HyspecProposer:
         if self.hybrid.over_load(decoding):
             sent: dict[str, Candidate] = {}
         else:
-            sent = self.hybrid.plan(self._candidates(drafting), decoding)
+            sent = self.hybrid.plan(self._candidates(drafting), decoding, remaining)
         row_of = {live.request_id: row for row, *_, live in rows}
         arms: dict[str, int] = {}  # arm -> tokens it drafted this step
         for rid, chain in sent.items():
@@ -242,6 +261,8 @@ class HyspecProposer:
         self.stats["hybrid_probes"] = self.hybrid.probes
         self.stats["hybrid_cost_probes"] = self.hybrid.cost_probes
         self.stats["hybrid_cut_tokens"] = self.hybrid.cut_tokens
+        self.stats["hybrid_wave_steps"] = self.hybrid.wave_steps
+        self.stats["hybrid_wave_cut_tokens"] = self.hybrid.wave_cut_tokens
         for (klass, drafted), n in self.hybrid.decisions.items():
             self.stats[f"hybrid_batch_{klass}_{'drafted' if drafted else 'plain'}"] = n
         return sent

@@ -22,6 +22,7 @@ from hyspec.drafters.suffix.store import TokenStore
 class RowIdentity:
     request_ids: list[str]
     prompt_lengths: list[int]
+    max_tokens: list[int | None] = field(default_factory=list)  # each request's output budget (None: unknown)
 
 
 def identify_rows(num_rows: int, depth: int = 2) -> RowIdentity | None:
@@ -36,7 +37,15 @@ def identify_rows(num_rows: int, depth: int = 2) -> RowIdentity | None:
     prompt_lengths = getattr(batch, "num_prompt_tokens", None)
     if ids is None or prompt_lengths is None or len(ids) < num_rows or any(i is None for i in ids[:num_rows]):
         return None
-    return RowIdentity([str(i) for i in ids[:num_rows]], [int(n) for n in prompt_lengths[:num_rows]])
+    states = getattr(caller, "requests", None)  # the runner's CachedRequestState by request id
+    return RowIdentity([str(i) for i in ids[:num_rows]], [int(n) for n in prompt_lengths[:num_rows]],
+                       [_max_tokens(states, i) for i in ids[:num_rows]])
+
+
+def _max_tokens(states: object, request_id: object) -> int | None:
+    state = states.get(request_id) if isinstance(states, dict) else None
+    value = getattr(getattr(state, "sampling_params", None), "max_tokens", None)
+    return int(value) if isinstance(value, int) else None
 
 
 @dataclass
@@ -69,12 +78,25 @@ class RequestTable:
 
     def __init__(self) -> None:
         self.live: dict[str, LiveRequest] = {}
+        self.steps = 0  # calls of follow
+        self.first_seen: dict[str, int] = {}  # request id in the batch -> the step it first appeared in
 
     def follow(self, identity: RowIdentity) -> list[LiveRequest]:
         """Requests no longer in the batch (finished, aborted or preempted), removed from the table."""
+        self.steps += 1
         present = set(identity.request_ids)
+        for rid in identity.request_ids:
+            self.first_seen.setdefault(rid, self.steps)
+        for rid in [r for r in self.first_seen if r not in present]:
+            del self.first_seen[rid]
         gone = [rid for rid in self.live if rid not in present]
         return [self.live.pop(rid) for rid in gone]
+
+    def admitted_together(self, within_steps: int) -> bool:
+        """Whether every request now in the batch first appeared within ``within_steps`` steps of the first (a
+        wave, its prompts prefilled over a few steps) and none has appeared since."""
+        seen = self.first_seen.values()
+        return bool(seen) and max(seen) - min(seen) < within_steps
 
     def row(self, request_id: str, prompt_length: int, context: Sequence[int]) -> LiveRequest:
         """``request_id``'s state brought up to ``context``; new (or rebuilt) if unknown or inconsistent."""
