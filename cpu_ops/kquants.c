@@ -225,6 +225,32 @@ static inline void kq_dequant(const int qtype, const uint8_t *b, float *out) {
 }
 #endif
 
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+/* NR (1 or 2, compile-time) output rows, rowbytes apart from wr, against one row of x: each block's weights go
+ * from registers into that output's sums, y[0] and y[1].  The accumulators are local structs, so they stay in
+ * registers (indexed out of an array of rows they were stored and reloaded every block: a store-forwarding round
+ * trip on every fma chain); two outputs give the out-of-order core two independent dequantizations per step. */
+static inline __attribute__((always_inline)) void kq_rows_dot(const int qtype, const int NR, const float *x, int64_t K,
+                                                              const uint8_t *wr, int64_t rowbytes, float *y) {
+    const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
+    const int64_t G = K / E;
+    kq_acc a0, a1;
+    kq_zero(&a0);
+    kq_zero(&a1);
+    for (int64_t g = 0; g < G; g++) {
+        const uint8_t *b = wr + g * B;
+        _mm_prefetch((const char *)(b + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
+        kq_dequant(qtype, b, NULL, 1, &a0, x + g * E, g * (E / 32));
+        if (NR == 2) {
+            _mm_prefetch((const char *)(b + rowbytes + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
+            kq_dequant(qtype, b + rowbytes, NULL, 1, &a1, x + g * E, g * (E / 32));
+        }
+    }
+    y[0] = kq_sum(&a0);
+    if (NR == 2) y[1] = kq_sum(&a1);
+}
+#endif
+
 /* One output row (its blocks at wr) against every row of x, eight rows at a time: each block is
  * dequantized once per chunk of rows into an L1 buffer, then every row of the chunk takes its w * x. */
 static inline __attribute__((always_inline)) void kq_output_row(const int qtype, const float *x, int64_t M, int64_t K,
@@ -234,19 +260,21 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
     float buf[256] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
         const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+        if (qtype != F32_ROWS && R == 1) {
+            kq_rows_dot(qtype, 1, x + m0 * K, K, wr, 0, y + m0 * N);
+            continue;
+        }
+#endif
         kq_acc acc[ROW_CHUNK];
         for (int r = 0; r < R; r++) kq_zero(&acc[r]);
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *b = wr + g * B;
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
-            _mm_prefetch((const char *)(b + (R == 1 ? PREFETCH_BYTES_ONE_ROW : PREFETCH_BYTES)), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + PREFETCH_BYTES), _MM_HINT_T0);
 #endif
             const float *w = (const float *)b; /* F32_ROWS: the row's own values */
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
-            if (qtype != F32_ROWS && R == 1) { /* one row: the weights go from registers into its sums */
-                kq_dequant(qtype, b, NULL, 1, &acc[0], x + m0 * K + g * E, g * (E / 32));
-                continue;
-            }
             if (qtype != F32_ROWS) {
                 kq_dequant(qtype, b, buf, 0, NULL, NULL, 0);
                 w = buf;
@@ -266,12 +294,108 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
     }
 }
 
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+/* Many rows of x (verification, prefill): KQ_TILE_ROWS rows of x (R of them here, compile-time) against one
+ * output row already dequantized to fp32 (wd, K values): each weight vector loaded once for the R rows, the rows'
+ * accumulators in registers.  Every (output, row) pair adds w * x through kq_dot32 in K order, as kq_output_row
+ * does: the results are equal. */
+enum { KQ_TILE_ROWS = 3 };
+static inline __attribute__((always_inline)) void kq_tile(const int R, const float *wd, const float *x, int64_t K,
+                                                          float *y, int64_t N) {
+    kq_acc acc[KQ_TILE_ROWS];
+    for (int r = 0; r < R; r++) kq_zero(&acc[r]);
+    for (int64_t t = 0; t < K / 32; t++)
+        for (int r = 0; r < R; r++) kq_dot32(&acc[r], wd + 32 * t, x + r * K + 32 * t, t);
+    for (int r = 0; r < R; r++) y[r * N] = kq_sum(&acc[r]);
+}
+
+/* Output rows n0 .. n0+NB-1 against every row of x: the NB rows dequantized once into wd (NB * K floats, L2), then
+ * every tile of KQ_TILE_ROWS rows of x (in L1) passed over by all NB outputs before the next tile. */
+static inline __attribute__((always_inline)) void kq_outputs_many(const int qtype, const float *x, int64_t M, int64_t K,
+                                                                  const uint8_t *w, int64_t rowbytes, int64_t n0,
+                                                                  int NB, float *wd, float *y, int64_t N) {
+    const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
+    for (int i = 0; i < NB; i++) {
+        const uint8_t *wr = w + (n0 + i) * rowbytes;
+        for (int64_t g = 0; g < K / E; g++) {
+            _mm_prefetch((const char *)(wr + g * B + PREFETCH_BYTES), _MM_HINT_T0);
+            kq_dequant(qtype, wr + g * B, wd + i * K + g * E, 0, NULL, NULL, 0);
+        }
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += KQ_TILE_ROWS) {
+        const int R = M - m0 < KQ_TILE_ROWS ? (int)(M - m0) : KQ_TILE_ROWS;
+        for (int i = 0; i < NB; i++) {
+            float *yt = y + m0 * N + n0 + i;
+            if (R == 3) kq_tile(3, wd + i * K, x + m0 * K, K, yt, N);
+            else if (R == 2) kq_tile(2, wd + i * K, x + m0 * K, K, yt, N);
+            else kq_tile(1, wd + i * K, x + m0 * K, K, yt, N);
+        }
+    }
+}
+
+/* The many-rows kq_gemm: tasks of up to MANY_OUTPUTS output rows (at least four tasks a thread), each thread's
+ * dequantized rows kept to about 64 KiB (fewer outputs at once for long rows).  Returns -2 when out of memory. */
+static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
+    const int64_t rowbytes = K / kq_block_elems(qtype) * kq_block_bytes(qtype);
+    const int64_t threads = omp_threads(), per = (N + 3) / 4 / (4 * threads);
+    const int64_t step = 4 * (per < 1 ? 1 : per > MANY_OUTPUTS / 4 ? MANY_OUTPUTS / 4 : per);
+    const int64_t fit = 16384 / K, sub = fit < 1 ? 1 : fit < step ? fit : step; /* outputs dequantized at once */
+    const int64_t ntasks = (N + step - 1) / step;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *wd = aligned_alloc(64, (size_t)(sub * K * sizeof(float) + 63) / 64 * 64);
+        if (!wd) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < ntasks; b++) {
+            for (int64_t n0 = b * step; wd && n0 < N && n0 < (b + 1) * step; n0 += sub) {
+                const int64_t end = (b + 1) * step < N ? (b + 1) * step : N;
+                const int NB = end - n0 < sub ? (int)(end - n0) : (int)sub;
+                switch (qtype) { /* each type compiled on its own */
+                    case Q5_0: kq_outputs_many(Q5_0, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                    case Q5_1: kq_outputs_many(Q5_1, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                    case Q4_K: kq_outputs_many(Q4_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                    case Q5_K: kq_outputs_many(Q5_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                    default: kq_outputs_many(Q6_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                }
+            }
+        }
+        free(wd);
+    }
+    return failed ? -2 : 0;
+}
+#endif
+
 /* x [M, K] fp32, w [N, K / E blocks of the type], y [M, N]; OpenMP over blocks of four output rows */
 static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
     if (qtype < Q5_0 || qtype > LAST_QTYPE || K % kq_block_elems(qtype) || M < 0 || N < 0) return -1;
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+    if (M >= 2 && qtype != F32_ROWS) return kq_gemm_many(qtype, x, M, K, w, N, y);
+#endif
     const int64_t rowbytes = K / kq_block_elems(qtype) * kq_block_bytes(qtype), nblocks = (N + 3) / 4;
 #pragma omp parallel for schedule(static)
     for (int64_t nb = 0; nb < nblocks; nb++) {
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+        if (M == 1 && qtype != F32_ROWS) { /* decode: straight from the blocks, Q5_0 / Q5_1 output rows in pairs */
+            for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n += 2) {
+                const uint8_t *wr = w + n * rowbytes;
+                const int two = n + 1 < N && n + 1 < nb * 4 + 4;
+                switch (qtype * 2 + two) { /* the K-quants in pairs ran out of registers (slower than one by one) */
+                    case Q5_0 * 2: kq_rows_dot(Q5_0, 1, x, K, wr, rowbytes, y + n); break;
+                    case Q5_0 * 2 + 1: kq_rows_dot(Q5_0, 2, x, K, wr, rowbytes, y + n); break;
+                    case Q5_1 * 2: kq_rows_dot(Q5_1, 1, x, K, wr, rowbytes, y + n); break;
+                    case Q5_1 * 2 + 1: kq_rows_dot(Q5_1, 2, x, K, wr, rowbytes, y + n); break;
+                    case Q4_K * 2 + 1: kq_rows_dot(Q4_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
+                    case Q4_K * 2: kq_rows_dot(Q4_K, 1, x, K, wr, 0, y + n); break;
+                    case Q5_K * 2 + 1: kq_rows_dot(Q5_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
+                    case Q5_K * 2: kq_rows_dot(Q5_K, 1, x, K, wr, 0, y + n); break;
+                    case Q6_K * 2 + 1: kq_rows_dot(Q6_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
+                    default: kq_rows_dot(Q6_K, 1, x, K, wr, 0, y + n); break;
+                }
+            }
+            continue;
+        }
+#endif
         for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n++) {
             const uint8_t *wr = w + n * rowbytes;
             switch (qtype) { /* each type compiled on its own: no type branch in the inner loops */

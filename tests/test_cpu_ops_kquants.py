@@ -61,13 +61,27 @@ def test_blocks_compute_exactly_what_the_kernel_does_on_ggufs_dequantized_matrix
     raw = random_blocks(qtype, n, k)
     values = gguf_values(qtype, raw, n, k)
     blocks = torch.from_numpy(raw)
-    for rows in (1, 3, 9):
+    for rows in (1, 2, 3, 4, 9, 33):  # decode; tiles of three rows of x and their remainders
         x = torch.randn(rows, k)
         got = qg.qgemm(qtype, x, blocks, n, lib=lib)
         assert torch.equal(got, qg.qgemm("F32", x, dense_bytes(values), n, lib=lib)), (march, rows)
         ref = x.double() @ values.double().t()
         bound = 1e-6 * (x.abs().double() @ values.abs().double().t()) + 1e-7
         assert ((got.double() - ref).abs() <= bound * 8).all(), (march, rows)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K"])
+def test_long_rows_dequantize_fewer_outputs_at_once_with_the_same_sums(qtype):
+    """Rows longer than the many-rows path's buffer (16384 weights) holds for a task's outputs: it dequantizes
+    fewer output rows at a time; the sums stay the F32 type's, bit for bit, whatever the row count."""
+    n, k = 7, 8192
+    raw = random_blocks(qtype, n, k, seed=4)
+    dense = dense_bytes(gguf_values(qtype, raw, n, k))
+    x = torch.randn(5, k)
+    for rows in (1, 2, 5):
+        xr = x[:rows].contiguous()
+        assert torch.equal(qg.qgemm(qtype, xr, torch.from_numpy(raw), n), qg.qgemm("F32", xr, dense, n)), rows
 
 
 @needs_kernel
@@ -89,8 +103,10 @@ def test_each_row_is_the_same_alone_in_any_batch_and_on_any_thread(qtype):
     blocks = torch.from_numpy(random_blocks(qtype, n, k, seed=2))
     x = torch.randn(11, k)
     together = qg.qgemm(qtype, x, blocks, n)
-    for rows in (1, 2, 5, 8, 9):
+    for rows in (1, 2, 3, 5, 8, 9):
         assert torch.equal(qg.qgemm(qtype, x[:rows].contiguous(), blocks, n), together[:rows]), rows
+    for i in (0, 4, 10):  # a row alone (the decode path) equals its place in the many-rows path
+        assert torch.equal(qg.qgemm(qtype, x[i:i + 1].contiguous(), blocks, n), together[i:i + 1]), i
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
