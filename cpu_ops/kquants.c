@@ -380,17 +380,20 @@ static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_
             for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n += 2) {
                 const uint8_t *wr = w + n * rowbytes;
                 const int two = n + 1 < N && n + 1 < nb * 4 + 4;
-                switch (qtype * 2 + two) { /* the K-quants in pairs ran out of registers (slower than one by one) */
+                switch (qtype * 2 + two) { /* the K-quants in pairs ran out of registers: one by one, in order */
                     case Q5_0 * 2: kq_rows_dot(Q5_0, 1, x, K, wr, rowbytes, y + n); break;
                     case Q5_0 * 2 + 1: kq_rows_dot(Q5_0, 2, x, K, wr, rowbytes, y + n); break;
                     case Q5_1 * 2: kq_rows_dot(Q5_1, 1, x, K, wr, rowbytes, y + n); break;
                     case Q5_1 * 2 + 1: kq_rows_dot(Q5_1, 2, x, K, wr, rowbytes, y + n); break;
-                    case Q4_K * 2 + 1: kq_rows_dot(Q4_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
-                    case Q4_K * 2: kq_rows_dot(Q4_K, 1, x, K, wr, 0, y + n); break;
-                    case Q5_K * 2 + 1: kq_rows_dot(Q5_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
-                    case Q5_K * 2: kq_rows_dot(Q5_K, 1, x, K, wr, 0, y + n); break;
-                    case Q6_K * 2 + 1: kq_rows_dot(Q6_K, 1, x, K, wr + rowbytes, 0, y + n + 1); /* fall through */
-                    default: kq_rows_dot(Q6_K, 1, x, K, wr, 0, y + n); break;
+                    case Q4_K * 2: case Q4_K * 2 + 1:
+                        for (int i = 0; i <= two; i++) kq_rows_dot(Q4_K, 1, x, K, wr + i * rowbytes, 0, y + n + i);
+                        break;
+                    case Q5_K * 2: case Q5_K * 2 + 1:
+                        for (int i = 0; i <= two; i++) kq_rows_dot(Q5_K, 1, x, K, wr + i * rowbytes, 0, y + n + i);
+                        break;
+                    default:
+                        for (int i = 0; i <= two; i++) kq_rows_dot(Q6_K, 1, x, K, wr + i * rowbytes, 0, y + n + i);
+                        break;
                 }
             }
             continue;
