@@ -120,8 +120,10 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
 #endif
 }
 
-/* Q5_0 / Q5_1's 32 codes as bytes: the nibbles of qs with bit j of qh as bit 4 of element j */
-static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *qh4, const uint8_t *qs) {
+/* Q5_0 / Q5_1's 32 codes as bytes: the nibbles of qs with bit j of qh as bit 4 of element j; centred (Q5_0): the
+ * code minus 16 as a signed byte, which is the nibble where the bit is set and the nibble with 0xF0 set where not */
+static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *qh4, const uint8_t *qs,
+                                                                 const int centred) {
     uint32_t qh;
     memcpy(&qh, qh4, 4);
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0F);
@@ -131,8 +133,9 @@ static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *
                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
-    return _mm256_or_si256(nib, high);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    return _mm256_or_si256(nib, centred ? _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0))
+                                        : _mm256_and_si256(set, _mm256_set1_epi8(16)));
 }
 
 /* block b's weights into out[], or (fused) w * x into one row's accumulators; x: the block's first column of that
@@ -141,9 +144,9 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
                                                              const int fused, kq_acc *acc, const float *x, int64_t g0) {
     if (qtype == Q5_0 || qtype == Q5_1) {
         const int one = qtype == Q5_1;
-        const __m256i q = kq_q5_codes(b + 2 + 2 * one, b + 6 + 2 * one);
+        const __m256i q = kq_q5_codes(b + 2 + 2 * one, b + 6 + 2 * one, !one);
         if (one) kq_store32(q, 0, f16(b), f16(b), f16(b + 2), 0, out, fused, acc, x, g0);
-        else kq_store32(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), 1, f16(b), f16(b), 0.0f, 1, out, fused, acc, x, g0);
+        else kq_store32(q, 1, f16(b), f16(b), 0.0f, 1, out, fused, acc, x, g0);
         return;
     }
     if (qtype == Q6_K) {
