@@ -195,7 +195,9 @@ def proposer_summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(steps_drafted=int(drafted), steps_plain=int(plain),
                    draft_tokens_sent=int(total.get("drafted_tokens", 0)),
                    draft_tokens_cut=int(total.get("hybrid_cut_tokens", 0)),
-                   accepted_tokens=int(total.get("accepted_tokens", 0)))
+                   accepted_tokens=int(total.get("accepted_tokens", 0)),
+                   wave_steps=int(total.get("hybrid_wave_steps", 0)),
+                   wave_cut_tokens=int(total.get("hybrid_wave_cut_tokens", 0)))
     return out
 
 
