@@ -6,10 +6,10 @@ tree's, results compared bit for bit.
     .venv/bin/python scripts/bench_qgemm_types.py --gguf FILE [--rows 1,8] [--threads 1] [--repeats 5]
                                                   [--baseline REV] [--json OUT]
 
-Each matrix is timed alone (its weights come from L2/L3 as in a decode step, since the file's whole set of
-matrices does not stay in cache between two of its calls only when it is large: here each repeat walks every
-matrix once, in file order, as a forward pass does).  CPU time is the process's (all threads), steady on a shared
-machine; the attention, norms and other work outside the linears are not in these figures.
+Each repeat walks every matrix of the file once, in file order, as a forward pass does, so a matrix's weights come
+from wherever the previous ones left them (L3 or memory for a file this size).  CPU time is the process's (all
+threads: OpenMP's spin-waiting counts with two), the steadier figure on a shared machine.  Attention, norms and
+the rest of a forward pass are not in these figures.  Exit status 1 when the two builds differ in a single bit.
 """
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def file_matrices(path: str) -> list[tuple[str, str, torch.Tensor, int, int]]:
     """(name, block type, blocks [n, bytes per row], n, k) for every 2-D tensor the hyspec qgemm computes."""
     import gguf
-
     from hyspec.cpu_ops.qgemm import QTYPES
 
     out = []
@@ -39,7 +38,7 @@ def file_matrices(path: str) -> list[tuple[str, str, torch.Tensor, int, int]]:
         if len(t.shape) < 2 or int(t.shape[1]) == 1 or t.tensor_type.name not in QTYPES:
             continue
         k, n = int(t.shape[0]), int(t.shape[1])
-        blocks = torch.from_numpy(np.ascontiguousarray(np.asarray(t.data).view(np.uint8).reshape(n, -1)))
+        blocks = torch.from_numpy(np.array(t.data, copy=True).view(np.uint8).reshape(n, -1))
         out.append((t.name, t.tensor_type.name, blocks, n, k))
     return out
 
