@@ -30,21 +30,25 @@ def test_rows_more_than_a_chain_ahead_of_the_slowest_get_no_draft():
     hybrid = trained_hybrid()
     candidates = {rid: [ngram_chain()] for rid in "abcd"}
     assert set(hybrid.plan(candidates, 4)) == set("abcd")  # as a full batch: every row's chain pays
-    remaining = {"a": 40, "b": 41, "c": 20, "d": 45, "e": 45}  # e: a row with nothing to draft
-    assert set(hybrid.plan(candidates, 5, remaining)) == {"b", "d"}  # within 4 tokens of the 45 left
-    assert hybrid.wave_steps == 1 and hybrid.wave_cut_tokens == 8
+    remaining = {"a": 40, "b": 41, "c": 20, "d": 45, "e": 42}  # e: a row with nothing to draft
+    assert set(hybrid.plan(candidates, 5, remaining)) == {"d"}  # within 4 tokens of the 45 left, more than e's 42
+    assert hybrid.wave_steps == 1 and hybrid.wave_cut_tokens == 12
+    remaining["e"] = 45  # the row with the most left has nothing to draft: no draft can shorten the wave
+    assert hybrid.plan(candidates, 5, remaining) == {}
 
 
-def simulate_wave(wave_rule: bool, rows: int = 8, max_tokens: int = 48, seed: int = 0) -> tuple[int, float, int]:
-    """A wave of ``rows`` requests of ``max_tokens``: half find ngram chains accepted at 0.9 a token, half find
-    nothing.  Returns (steps, seconds, draft tokens sent) until the last row finishes."""
+def simulate_wave(wave_rule: bool, rows: int = 8, max_tokens: int = 48, seed: int = 0,
+                  drafting_rows: int = 1) -> tuple[int, float, int]:
+    """A wave of ``rows`` requests of ``max_tokens``: every row (``drafting_rows`` 2) or every other one (1) finds
+    ngram chains accepted at 0.9 a token, the rest nothing.  Returns (steps, seconds, draft tokens sent) until the
+    last row finishes."""
     hybrid, rng = trained_hybrid(), random.Random(seed)
     left = {f"r{i}": max_tokens for i in range(rows)}
     now, steps, sent_tokens, sampled = 0.0, 0, 0, {}
     while left:
         ids = list(left)
         hybrid.observe(ids, [sampled.get(r, 1) for r in ids], now)
-        candidates = {rid: [ngram_chain()] for rid in ids if int(rid[1:]) % 2 == 0}
+        candidates = {rid: [ngram_chain()] for rid in ids if int(rid[1:]) % 2 < drafting_rows}
         sent = hybrid.plan(candidates, len(ids), dict(left) if wave_rule else None)
         hybrid.sent(ids, sent, now)
         drafted = sum(len(c.tokens) for c in sent.values())
@@ -66,7 +70,13 @@ def test_in_a_wave_drafting_rows_ahead_buys_no_step_and_the_rule_stops_it():
     steps_all, seconds_all, sent_all = simulate_wave(wave_rule=False)
     steps_wave, seconds_wave, sent_wave = simulate_wave(wave_rule=True)
     assert steps_all == steps_wave == 48  # the rows with nothing to draft decide the wave's length either way
-    assert sent_wave < sent_all / 4 and seconds_wave < seconds_all
+    assert sent_all > 100 and sent_wave == 0 and seconds_wave < seconds_all
+
+
+def test_in_a_wave_where_every_row_drafts_the_drafts_still_shorten_it():
+    steps_all, _, _ = simulate_wave(wave_rule=False, drafting_rows=2)
+    steps_wave, _, sent_wave = simulate_wave(wave_rule=True, drafting_rows=2)
+    assert sent_wave > 0 and steps_wave < 48 and steps_wave <= steps_all + 2
 
 
 class WaveRunner:
