@@ -197,7 +197,8 @@ def proposer_summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
                    draft_tokens_cut=int(total.get("hybrid_cut_tokens", 0)),
                    accepted_tokens=int(total.get("accepted_tokens", 0)),
                    wave_steps=int(total.get("hybrid_wave_steps", 0)),
-                   wave_cut_tokens=int(total.get("hybrid_wave_cut_tokens", 0)))
+                   wave_cut_tokens=int(total.get("hybrid_wave_cut_tokens", 0)),
+                   plain_path_steps=int(total.get("plain_path_steps", 0)))
     return out
 
 

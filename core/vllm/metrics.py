@@ -54,6 +54,8 @@ COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
                            "its critical path may draft."), {}),
     "hybrid_wave_cut_tokens": ("hyspec_vllm_hybrid_wave_cut_tokens",
                                "Draft tokens not sent because their row was ahead of the wave's slowest.", {}),
+    "plain_path_steps": ("hyspec_vllm_plain_path_steps",
+                         "Steps without draft tokens that vLLM's runner prepared and sampled as plain decoding.", {}),
     "hybrid_probes": ("hyspec_vllm_hybrid_probes",
                       "Steps that sent one row's draft whole after explore_interval steps without drafts.", {}),
     "hybrid_cost_probes": ("hyspec_vllm_hybrid_cost_probes",

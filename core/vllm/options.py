@@ -76,6 +76,9 @@ class VllmOptions:
     # clients) and that nothing joins ends with its slowest row, so drafts go only to rows within a chain of it
     # (core/vllm/hybrid.py, "Waves"); false: every row is judged as if a finished row were replaced at once
     wave_makespan: bool = True
+    # steps where no request has drafts are prepared and sampled as plain vLLM does them, not through vLLM's
+    # speculative path (spec-decode metadata, rejection sampler); core/vllm/plain_steps.py
+    plain_steps_without_drafts: bool = True
     # the canary: this share of requests (by a hash of the request id) is decoded without drafts, the control
     # group (the seed ran 0.05); 0: every request may draft
     control_fraction: float = 0.0

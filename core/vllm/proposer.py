@@ -31,6 +31,7 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +62,7 @@ from hyspec.vllm.hybrid import (
     VllmHybrid,
 )
 from hyspec.vllm.options import DRAFTING, OPTIONS_ENV, VllmOptions, load_options
+from hyspec.vllm.plain_steps import take_plain_path_without_drafts
 from hyspec.vllm.requests import LiveRequest, RequestTable, identify_rows
 
 __all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "latest_ngram_match", "likeliest_path", "load_options"]
@@ -93,7 +95,7 @@ class HyspecProposer:
                       "load_fallback_steps": 0, **{f"hybrid_steps_{arm}": 0 for arm in (*DRAFTING, NONE)},
                       **{f"canary_{what}_{arm}": 0 for what in ("requests", "tokens") for arm in (SPEC, CONTROL)},
                       "remote_drafts": 0, "remote_rows_without_draft": 0, "remote_fallback_rows": 0,
-                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "hybrid_wave_steps": 0, "hybrid_wave_cut_tokens": 0, "propose_seconds": 0.0, "propose_calls": 0,
+                      "quality_warnings": 0, "hybrid_probes": 0, "hybrid_cost_probes": 0, "hybrid_cut_tokens": 0, "hybrid_wave_steps": 0, "hybrid_wave_cut_tokens": 0, "plain_path_steps": 0, "propose_seconds": 0.0, "propose_calls": 0,
                       **{f"hybrid_batch_{c}_{d}": 0 for c in ALL_BATCH_CLASSES for d in ("drafted", "plain")}}
         self.canary = Canary(1.0 - o.control_fraction, o.canary_salt) if o.control_fraction else None
         self.quality_alerts: dict[tuple[str, str], bool] = {}  # (method, reason) -> raised now
@@ -123,7 +125,11 @@ class HyspecProposer:
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load (suffix and ngram draft from the tokens, remote workers load their own drafters); vLLM
-        calls this once, in the process that drafts, so the metrics endpoint starts here."""
+        calls this once, from its model runner, in the process that drafts: the metrics endpoint starts here, and
+        the runner's steps without drafts are given vLLM's plain path (core/vllm/plain_steps.py)."""
+        if self.options.plain_steps_without_drafts:
+            runner = sys._getframe(1).f_locals.get("self")
+            take_plain_path_without_drafts(runner, self.stats)
         if self.options.metrics_port and self._metrics is None:
             from hyspec.vllm.metrics import serve_metrics
 
