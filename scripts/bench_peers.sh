@@ -4,15 +4,16 @@
 #
 #     LLAMACPP_PY=$(bash ../shared/tools/llamacpp-venv.sh) bash scripts/bench_peers.sh OUT_DIR
 #
-# Four `hyspec bench` runs, one after another, on a quiet machine:
+# Five `hyspec bench` runs, one after another, on a quiet machine:
 #   default GGUF, HumanEval and chat: hyspec plain / suffix / hybrid (interleaved among themselves); vLLM plain,
 #     ngram, suffix (arctic-inference) and vLLM + hyspec on the same weights dequantized to float32, one engine at
 #     a time; llama.cpp plain and prompt lookup on the same file (batch 1: llama-cpp-python decodes one sequence);
 #     HumanEval also times the prefill of one 1024-token prompt on each engine;
+#   default GGUF, agentic, batch 1: hyspec's rows, vLLM plain, ngram and vLLM + hyspec (issue 46's batch-1 goals);
 #   Q4_K_M file, HumanEval and chat: hyspec's rows and llama.cpp's (vLLM has no GGUF K-quant path on CPU here; its
 #     rows above are the same model).
 # Needs: .venv, the vLLM venv (scripts/vllm_venv.sh), llama-cpp-python (never part of hyspec's set-up: building it
-# takes ~15 minutes).  Writes OUT_DIR/results.json (the four documents), OUT_DIR/speedup.png and prints the tables.
+# takes ~15 minutes).  Writes OUT_DIR/results.json (the five documents), OUT_DIR/speedup.png and prints the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bench_peers.sh OUT_DIR}
@@ -41,6 +42,10 @@ run() {  # name, then that run's options
 ALL_PEERS=vllm,vllm_ngram,vllm_suffix,vllm_hyspec,llamacpp,llamacpp_prompt_lookup
 run default-humaneval --model "$DEFAULT" "${VLLM[@]}" --peers $ALL_PEERS --prefill-tokens 1024
 run default-chat --model "$DEFAULT" "${VLLM[@]}" --peers $ALL_PEERS --workload chat
+# issue 46's batch-1 goals: vLLM + hyspec against vLLM plain and vLLM's ngram on the agentic workload (8 draft tokens
+# for every method, so that long copies are not capped at 5 tokens a step)
+run default-agentic --model "$DEFAULT" "${VLLM[@]}" --peers vllm,vllm_ngram,vllm_hyspec --workload agentic \
+  --batch-sizes 1 --num-speculative-tokens 8
 run q4km-humaneval --model "$Q4KM" --peers llamacpp,llamacpp_prompt_lookup --prefill-tokens 1024
 run q4km-chat --model "$Q4KM" --peers llamacpp,llamacpp_prompt_lookup --workload chat
 
@@ -48,12 +53,12 @@ run q4km-chat --model "$Q4KM" --peers llamacpp,llamacpp_prompt_lookup --workload
 import json, sys
 from pathlib import Path
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
-names = ("default-humaneval", "default-chat", "q4km-humaneval", "q4km-chat")
+names = ("default-humaneval", "default-chat", "default-agentic", "q4km-humaneval", "q4km-chat")
 runs = {n: json.loads((work / f"{n}.json").read_text()) for n in names if (work / f"{n}.json").is_file()}
 out.write_text(json.dumps({"kind": "hyspec-bench-set", "smoke": False, "runs": runs}, indent=1) + "\n")
 PY
 cp "$WORK/plots-default-humaneval/speedup.png" "$OUT/speedup.png"
-for name in default-humaneval default-chat q4km-humaneval q4km-chat; do
+for name in default-humaneval default-chat default-agentic q4km-humaneval q4km-chat; do
   echo "### $name"; $HYSPEC bench --readme-table "$WORK/$name.json"
 done
 echo "done $(date -u +%H:%M:%S)" >&2
