@@ -1,7 +1,8 @@
 """hyspec's hybrid against hyspec's plain decoding, interleaved in one process, first pass only.
 
     .venv/bin/python scripts/hybrid_ab.py [--workloads humaneval,chat] [--batch-sizes 1,8,32]
-        [--rounds 3] [--max-tokens 48] [--prompts 32] [--hybrid-config JSON] [--before] [--trace] --json OUT.json
+        [--rounds 3] [--max-tokens 48] [--prompts 32] [--hybrid-config JSON] [--before] [--trace]
+        [--engine NAME=JSON ...] --json OUT.json
 
 The engines stay loaded.  For each (workload, batch size) and round, plain runs the round's prompts and then
 the hybrid runs the same ones (the order reverses every round, so a slow-down in the middle lands on all).
@@ -14,6 +15,10 @@ a server keeps it.  Greedy, EOS ignored; the hybrid's tokens are compared with p
 ``--before`` adds a third engine, "hybrid-before": the same hybrid with the goodput controller's acceptance
 estimates as they were before 2026-12-06 (per-position EWMAs decaying from the optimistic prior, every
 unmeasured tree bucket at its prior), so the change is measured before/after in the same interleaved run.
+
+``--engine NAME=JSON`` (repeatable) adds an engine with that speculative_config, interleaved with the others and
+compared with plain decoding like the hybrid: e.g. ``--engine 'suffix-no-wave={"method": "suffix", "controller":
+{"wave_makespan": false}}'`` measures a policy option on and off in one run.
 
 ``--trace`` records, for the hybrid, every decode step: the arm the dispatcher chose, the budget, the draft
 nodes verified, the tokens committed, the forward's measured and predicted seconds, the drafting seconds and
@@ -166,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="store_true", help="record and summarise every decode step (see above)")
     ap.add_argument("--before", action="store_true", help="a third engine with the controller's estimates of before "
                                                           "2026-12-06 (see above)")
+    ap.add_argument("--engine", action="append", default=[], metavar="NAME=JSON",
+                    help="one more engine with this speculative_config (repeatable; see above)")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -186,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         engines["hybrid-before"] = LLM(speculative_config=json.loads(args.hybrid_config),
                                        kv_cache_bytes=args.kv_cache_bytes)
         use_estimates_before(engines["hybrid-before"])
+    for spec in args.engine:
+        name, sep, config = spec.partition("=")
+        if not sep or not name or name in engines:
+            ap.error(f"--engine {spec!r}: NAME=JSON with a new name")
+        engines[name] = LLM(speculative_config=json.loads(config), kv_cache_bytes=args.kv_cache_bytes)
     traces = {name: StepTrace(llm) for name, llm in engines.items()} if args.trace else {}
     tokenizer = engines["plain"].tokenizer
     texts = {"humaneval": humaneval_prompts(), "chat": chat_prompts(tokenizer.apply_chat_template)}
@@ -245,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"what": "hyspec hybrid vs hyspec plain, interleaved in one process, first passes only",
               "command": " ".join(sys.argv), "max_tokens": args.max_tokens, "rounds": args.rounds,
-              "hybrid_config": json.loads(args.hybrid_config), "outputs_differing": mismatches,
+              "hybrid_config": json.loads(args.hybrid_config),
+              "engines": {name: llm.engine.spec.config.to_dict() if getattr(llm.engine.spec, "enabled", False) else None
+                          for name, llm in engines.items()},
+              "outputs_differing": mismatches,
               "wall_s": round(time.time() - t_start, 1), "results": results}
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)

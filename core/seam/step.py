@@ -35,6 +35,8 @@ class StepPlan:
     lookahead: int  # KV entries each decode reserves beyond its root
     batch_size: int
     reason: str = ""  # why the step is plain, for metrics ("budget_zero", "dispatcher", "load")
+    #: the batch is a wave (hyspec.policy.wave): only rows on its critical path may draft
+    wave: bool = False
     #: perf_counter() when planning began: the step's wall time, which the policy learns from, starts here
     started: float = field(default=0.0, compare=False)
 

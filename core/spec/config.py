@@ -120,6 +120,9 @@ class ControllerConfig:
     explore_interval: Int = key(256, "After this many consecutive plain steps of a method, draft once to "
                                      "refresh its acceptance estimate; 0 = never.", ge=0)
     min_gain: Float = key(0.02, "Relative goodput gain over plain decoding required to speculate.", ge=0.0, le=10.0)
+    wave_makespan: Bool = key(True, "In a batch admitted together that nothing waits to join (a wave), only rows "
+                                    "that could still finish last may draft: drafts of rows ahead cannot shorten "
+                                    "it (policy/wave.py).")
 
     def __post_init__(self) -> None:
         if self.max_draft_tokens is not None and self.min_draft_tokens > self.max_draft_tokens:

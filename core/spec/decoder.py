@@ -31,6 +31,7 @@ from hyspec.policy.build import Policy, build_policy
 from hyspec.policy.chain import StepState, remote_health
 from hyspec.policy.controller import GoodputController
 from hyspec.policy.residency import holds_memory, release_proposer
+from hyspec.policy.wave import WaveTracker, critical_rows
 from hyspec.seam.proposer import CommittedHidden, DraftRequest, Proposer
 from hyspec.seam.step import RowKind, TargetRun
 from hyspec.seam.target import TargetContext
@@ -64,6 +65,7 @@ class SpecDecoder(Speculation):
         self.policy = policy
         self.metrics = metrics
         self.quality = DraftQualityMonitor(config, self.metrics)
+        self.waves = WaveTracker()  # the step each running request first appeared in
         self.aux_layers = tuple(sorted({layer for p in proposers.values() for layer in p.aux_layers}))
         self.needs_hidden = any(p.needs_hidden for p in proposers.values())
         for method, p in proposers.items():
@@ -142,7 +144,16 @@ class SpecDecoder(Speculation):
             release=lambda method: self._release_drafter(method, scheduler),
             reload=self._reload_drafter,
         )
-        return replace(self.policy.plan(step), started=started)
+        # stamped when first queued, not when admitted: a wave's prompts may take many steps to prefill
+        self.waves.follow(s.request_id for s in [*running, *scheduler.waiting])
+        return replace(self.policy.plan(step), started=started, wave=self._is_wave(scheduler))
+
+    def _is_wave(self, scheduler: "SchedulerView") -> bool:
+        """Whether the running batch is a wave (hyspec.policy.wave): its requests admitted together, none
+        waiting for a place, and room for more, so no request can be waiting on a row to finish."""
+        controller = self.config.controller
+        return (controller.enabled and controller.wave_makespan and not scheduler.waiting
+                and len(scheduler.running) < scheduler.config.max_num_seqs and self.waves.admitted_together())
 
     def remote_health(self) -> float:
         return remote_health(self.proposers)
@@ -158,14 +169,18 @@ class SpecDecoder(Speculation):
             p.on_prefill(prefilling)
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
-        trees, seconds = self._propose(plan, scheduled.decodes)
+        trees, seconds = self._propose(plan, scheduled.decodes, [seq for seq, _ in scheduled.prefills])
         return Drafts(plan, trees, seconds)
 
-    def _propose(self, plan: StepPlan, decodes: list[Sequence]) -> tuple[dict[str, DraftTree], float]:
+    def _propose(self, plan: StepPlan, decodes: list[Sequence], prefilling: list[Sequence]
+                 ) -> tuple[dict[str, DraftTree], float]:
         max_len = self.target.max_model_len
+        remaining = self._wave_remaining([*decodes, *prefilling]) if plan.wave else None
+        # in a wave, a row more than the budget ahead of the slowest cannot be on its critical path: not drafted
+        behind = max(remaining.values()) - plan.budget if remaining else 0
         requests = []
         for seq in decodes:
-            if seq.arm != "spec":
+            if seq.arm != "spec" or (remaining and remaining[seq.request_id] < behind):
                 continue
             # Drafting past max_tokens or max_model_len would only produce tokens the stop rules drop.
             room = max_len - len(seq.token_ids)
@@ -212,12 +227,32 @@ class SpecDecoder(Speculation):
             unavailable = len(requests)
         if unavailable:
             self.metrics.record_rejection("draft_unavailable", plan.method, count=unavailable)
+        if remaining and trees:
+            trees = self._wave_cut(plan.method, remaining, trees)
         n_tokens = sum(t.num_nodes - 1 for t in trees.values())
         if n_tokens:
             self.controller.observe_draft_time(plan.method, n_tokens, seconds)
         if proposer.scores_drafts:
             trees = self.controller.size_scored(plan.method, plan.batch_size, trees)
         return trees, seconds
+
+    def _wave_remaining(self, rows: list[Sequence]) -> dict[str, int] | None:
+        """Each row's tokens left before its ``max_tokens`` (decoding or prefilling); None when a row has no
+        ``max_tokens``: the batch's end is then unknown, and the wave rule stays out."""
+        max_len = self.target.max_model_len
+        remaining: dict[str, int] = {}
+        for seq in rows:
+            if seq.params.max_tokens is None:
+                return None
+            remaining[seq.request_id] = min(seq.params.max_tokens - seq.num_output_tokens, max_len - len(seq.token_ids))
+        return remaining
+
+    def _wave_cut(self, method: str, remaining: dict[str, int], trees: dict[str, DraftTree]) -> dict[str, DraftTree]:
+        """``trees`` less those of rows off the wave's critical path (counted as rejections ``off_critical_path``)."""
+        keep = critical_rows(remaining, {rid: int(tree.depths.max()) for rid, tree in trees.items()})
+        if len(keep) < len(trees):
+            self.metrics.record_rejection("off_critical_path", method, count=len(trees) - len(keep))
+        return {rid: tree for rid, tree in trees.items() if rid in keep}
 
     def abandon(self, drafts: Drafts, cause: str) -> Drafts:
         self.metrics.record_rejection(cause, drafts.plan.method, count=len(drafts.trees))

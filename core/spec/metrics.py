@@ -32,7 +32,8 @@ from typing import Any, Iterator, Mapping, Sequence
 from hyspec.spec.ops_metrics import OperatorMetrics
 
 REJECTION_CAUSES = ("token_mismatch", "probability_rejected", "kv_cache_mismatch",
-                    "draft_timeout", "draft_unavailable", "budget_zero", "memory_pressure", "ttft_slo")
+                    "draft_timeout", "draft_unavailable", "budget_zero", "memory_pressure", "ttft_slo",
+                    "off_critical_path")
 ARMS = ("spec", "control")
 QUALITY_REASONS = ("low_acceptance", "unstable_acceptance")
 # Step times from sub-millisecond CPU drafts to multi-second stalls.

@@ -45,7 +45,7 @@ requests of 48 tokens, docs/results/2026-12-06/vllm-hybrid/): the goodput rule s
 were accepted, yet every pass still took 49 steps, its slowest rows having found nothing to draft.  So in such
 a wave (``wave_makespan``, on by default; below ``max_num_seqs``, where nothing can be waiting for a row) only
 rows within a chain's length of the most tokens left (``max_tokens``), and with more left than any row that has
-nothing to draft this step, are offered to the goodput rule.
+nothing to draft this step, are offered to the goodput rule (hyspec.policy.wave, shared with hyspec's engine).
 
 Why not the bandit of hyspec's engine, which this module used before: it learnt a goodput per class of step
 (context x batch x match buckets) from the steps each arm was chosen in.  A bench pass gives a batch size a few
@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 from hyspec.policy.cost_model import CostModel
 from hyspec.policy.draft_sizing import Cell, DraftSizer, cell_of
+from hyspec.policy.wave import critical_rows
 
 #: NodeScores-style sources of the arms that give no estimate of their own (suffix's are 0, 1, 2: own tokens,
 #: cached responses, corpus; hyspec.drafters.suffix.proposer)
@@ -225,24 +226,12 @@ class VllmHybrid:
 
     def _off_critical_path_cut(self, candidates: Mapping[str, Sequence[Candidate]],
                                remaining: Mapping[str, int]) -> dict[str, Sequence[Candidate]]:
-        """``candidates`` less the rows whose drafts cannot shorten the wave: those more than a chain's length of
-        tokens ahead of the row with the most left, and those with no more left than a row that has nothing to
-        draft (it advances one token a step, so the wave lasts at least that long whatever they accept).  Such a
-        row finishing sooner frees only its own share of the later steps (its per-token cost), which its
-        drafts' verification costs already."""
-        horizon = max(remaining.values())
-        undrafted = max((left for rid, left in remaining.items()
-                         if not any(c.tokens for c in candidates.get(rid, ()))), default=-1)
-        slack = max((len(c.tokens) for chains in candidates.values() for c in chains), default=0)
-        kept: dict[str, Sequence[Candidate]] = {}
-        for rid, chains in candidates.items():
-            left = remaining.get(rid, horizon)
-            if left + slack >= horizon and left > undrafted:
-                kept[rid] = chains
-            else:
-                self.wave_cut_tokens += max((len(c.tokens) for c in chains), default=0)
+        """``candidates`` less the rows whose drafts cannot shorten the wave (hyspec.policy.wave)."""
+        lengths = {rid: max((len(c.tokens) for c in chains), default=0) for rid, chains in candidates.items()}
+        keep = critical_rows(remaining, lengths)
+        self.wave_cut_tokens += sum(n for rid, n in lengths.items() if rid not in keep)
         self.wave_steps += 1
-        return kept
+        return {rid: chains for rid, chains in candidates.items() if rid in keep}
 
     def sent(self, request_ids: Sequence[str], chains: Mapping[str, Candidate], now: float) -> None:
         """What the step planned for ``request_ids`` sends (after any load fallback); ``now``: propose's end."""

@@ -69,8 +69,6 @@ __all__ = ["OPTIONS_ENV", "HyspecProposer", "VllmOptions", "latest_ngram_match",
 log = logging.getLogger(__name__)
 #: a suffix draft's source (hyspec.drafters.suffix.proposer) -> the stats key that counts it
 _SOURCE_STATS = {OWN: "drafts_own", CACHE: "drafts_cache", CORPUS: "drafts_corpus"}
-#: a wave's requests may first appear over this many steps (their prompts prefilled in chunks)
-WAVE_STEPS = 4
 
 
 class HyspecProposer:
@@ -232,7 +230,7 @@ class HyspecProposer:
                         ) -> dict[str, int] | None:
         """Each decoding row's tokens left before its ``max_tokens``, when the batch is a wave (its requests
         admitted together, nothing joined since, fewer than ``max_num_seqs``, every budget known); else None."""
-        if len(identity.request_ids) >= self.hybrid.max_num_seqs or not self.requests.admitted_together(WAVE_STEPS):
+        if len(identity.request_ids) >= self.hybrid.max_num_seqs or not self.requests.waves.admitted_together():
             return None
         out: dict[str, int] = {}
         for row, context, _, live in rows:

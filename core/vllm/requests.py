@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from hyspec.drafters.suffix.proposer import MAX_PER_KEY
 from hyspec.drafters.suffix.store import TokenStore
+from hyspec.policy.wave import WaveTracker
 
 
 @dataclass(frozen=True)
@@ -78,25 +79,14 @@ class RequestTable:
 
     def __init__(self) -> None:
         self.live: dict[str, LiveRequest] = {}
-        self.steps = 0  # calls of follow
-        self.first_seen: dict[str, int] = {}  # request id in the batch -> the step it first appeared in
+        self.waves = WaveTracker()  # the step each request in the batch first appeared in
 
     def follow(self, identity: RowIdentity) -> list[LiveRequest]:
         """Requests no longer in the batch (finished, aborted or preempted), removed from the table."""
-        self.steps += 1
+        self.waves.follow(identity.request_ids)
         present = set(identity.request_ids)
-        for rid in identity.request_ids:
-            self.first_seen.setdefault(rid, self.steps)
-        for rid in [r for r in self.first_seen if r not in present]:
-            del self.first_seen[rid]
         gone = [rid for rid in self.live if rid not in present]
         return [self.live.pop(rid) for rid in gone]
-
-    def admitted_together(self, within_steps: int) -> bool:
-        """Whether every request now in the batch first appeared within ``within_steps`` steps of the first (a
-        wave, its prompts prefilled over a few steps) and none has appeared since."""
-        seen = self.first_seen.values()
-        return bool(seen) and max(seen) - min(seen) < within_steps
 
     def row(self, request_id: str, prompt_length: int, context: Sequence[int]) -> LiveRequest:
         """``request_id``'s state brought up to ``context``; new (or rebuilt) if unknown or inconsistent."""

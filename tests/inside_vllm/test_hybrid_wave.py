@@ -7,9 +7,9 @@ import random
 from types import SimpleNamespace
 
 import numpy as np
+from hyspec.policy.wave import WAVE_STEPS
 from hyspec.vllm import HyspecProposer
 from hyspec.vllm.hybrid import VllmHybrid
-from hyspec.vllm.proposer import WAVE_STEPS
 
 from tests.inside_vllm.test_hybrid import hybrid_proposer, ngram_chain, step_seconds
 
