@@ -135,6 +135,24 @@ def use_estimates_before(llm: Any) -> None:
     llm.engine.spec.controller.__class__ = EstimatesBefore
 
 
+def _pass_counts(llm: Any) -> dict[str, int]:
+    """The engine's steps so far (counted by a wrapper installed on first use) and its speculation totals."""
+    engine = llm.engine
+    if not hasattr(engine, "_ab_steps"):
+        engine._ab_steps = 0
+        step = engine.step
+
+        def counted_step():
+            engine._ab_steps += 1
+            return step()
+
+        engine.step = counted_step
+    spec = engine.spec if getattr(engine.spec, "enabled", False) else None
+    totals = spec.metrics.snapshot()["totals"] if spec is not None else {}
+    return {"steps": engine._ab_steps, "draft_tokens": totals.get("draft_tokens", 0),
+            "accepted_tokens": totals.get("accepted_tokens", 0)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per (method, drafted or not): steps, mean step / forward / draft / plan / observe ms, tokens a step,
     and the forward's measured over predicted seconds."""
@@ -216,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         for bs in batch_sizes:
             n = args.prompts or max(8, bs)
             rates: dict[str, list[float]] = {name: [] for name in engines}
+            # per pass: engine steps, draft tokens verified and accepted -- what a policy changes, without the
+            # machine's noise that the rates carry
+            counts: dict[str, list[dict[str, int]]] = {name: [] for name in engines}
             steps: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
             for rnd in range(args.rounds):
                 prompts = _cycle(ids[workload], offset, n)
@@ -227,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                     llm = engines[name]
                     llm.engine.spec.forget_shared_history()
                     llm.reset_prefix_cache()
+                    before = _pass_counts(llm)
                     t0 = time.perf_counter()
                     outs = [list(o.outputs[0].token_ids) for wave in waves
                             for o in llm.generate(wave, params, use_tqdm=False)]
                     rates[name].append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                    counts[name].append({k: v - before[k] for k, v in _pass_counts(llm).items()})
                     outputs[name] = outs
                     if name in traces:
                         steps[name] += traces[name].take()
@@ -238,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
                            for a, b in zip(outputs["plain"], outputs[name]))
                 mismatches += diff
                 print(f"{workload} bs {bs} round {rnd + 1}: " + ", ".join(
-                    f"{name} {rates[name][-1]:.1f}" for name in order) + f" tok/s, {diff} outputs differ from plain's",
+                    f"{name} {rates[name][-1]:.1f} ({counts[name][-1]['steps']} steps, "
+                    f"{counts[name][-1]['draft_tokens']} drafted)" for name in order)
+                    + f" tok/s, {diff} outputs differ from plain's",
                     flush=True)
             med = {name: statistics.median(r) for name, r in rates.items()}
             over_plain = {name: round(statistics.median(h / p for h, p in zip(rates[name], rates["plain"])), 3)
                           for name in engines if name != "plain"}
             entry: dict[str, Any] = {"workload": workload, "batch_size": bs, "prompts_per_round": n,
-                                     "tok_s": rates, "median_tok_s": med,
+                                     "tok_s": rates, "median_tok_s": med, "per_pass_counts": counts,
                                      "over_plain_median_of_paired_rounds": over_plain}
             if traces:
                 entry["steps"] = {name: summarize(rows) for name, rows in steps.items()}

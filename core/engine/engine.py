@@ -169,6 +169,7 @@ class LLMEngine:
         if enable_prefix_caching:
             self.prefix_cache = PrefixCache(self.pool, self.layout)
             self.scheduler.prefix_lookup = self._adopt_cached_prefix
+            self.scheduler.prefix_block_size = self.layout.block_size
         self._ids = itertools.count()
         self._requests: dict[str, Sequence] = {}
         #: What drafters may see of the target (they never get the engine itself).

@@ -6,6 +6,16 @@ waiting sequences (chunked prefill), so prefill and decode share a forward.
 When the KV pool runs dry the newest running sequence is preempted: its pages
 are freed and it is re-prefilled later from prompt + output so far (the
 output it already produced is kept, so nothing is lost or repeated).
+
+In-batch prefix sharing (with prefix caching).  A prompt's full pages enter the
+prefix cache when its prefill ends, so requests that arrive together and share
+an opening (the chat template's system turn, the same document, a prompt sent
+n times) would each prefill it in the same step.  A waiting request whose first
+page the cache lacks is being written by a prompt prefilling now waits: it is
+passed over until that prefill ends, then adopts those pages and prefills only
+the rest (SGLang's in-batch prefix caching does the same: sgl-project/sglang
+python/sglang/srt/managers/schedule_policy.py at ad0119f).  Requests behind it
+are admitted meanwhile; at most ``MAX_PASSED_OVER`` are passed over per step.
 """
 from __future__ import annotations
 
@@ -19,6 +29,9 @@ from hyspec.errors import ConfigError
 from hyspec.kv.pool import OutOfKVBlocks
 
 log = logging.getLogger(__name__)
+
+#: waiting requests passed over in one step because a prefill now running writes their opening pages
+MAX_PASSED_OVER = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,10 @@ class Scheduler:
         #: called for a sequence about to be admitted with no KV: may adopt cached prefix pages (the engine's
         #: prefix cache), so only the rest of its prompt is scheduled for prefill
         self.prefix_lookup: Callable[[Sequence], None] | None = None
+        #: KV tokens per page, set with ``prefix_lookup``: turns on in-batch prefix sharing (module docstring)
+        self.prefix_block_size: int | None = None
+        self.passed_over = 0  # admissions put off for a running prefill's pages (in-batch prefix sharing)
+        self._writes: dict[str, list[int]] = {}  # request id -> keys of the pages its running prefill writes
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -91,8 +108,15 @@ class Scheduler:
                     budget -= chunk
         # Admit waiting sequences while room remains.
         self.admission_blocked = False
+        writing = self._pages_being_written()
+        passed_over: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.popleft()
+            pages = self._prompt_pages(seq)
+            if (writing and len(passed_over) < MAX_PASSED_OVER and not seq.wants_prompt_logprobs
+                    and not seq.kv.pages and any(key in writing for key in pages)):
+                passed_over.append(seq)  # a running prefill writes pages it opens with: it adopts them later
+                continue
             if self.prefix_lookup is not None and not seq.kv.pages:
                 self.prefix_lookup(seq)
             chunk = min(len(seq.token_ids) - seq.num_cached, budget)
@@ -100,15 +124,42 @@ class Scheduler:
                 seq.kv.reserve(seq.num_cached + chunk, reclaim=True)
             except OutOfKVBlocks:
                 seq.kv.release()  # adopted prefix pages go back to the cache alone (evictable) while it waits
+                self.waiting.appendleft(seq)
                 self.admission_blocked = True
                 break
-            self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
             out.prefills.append((seq, chunk))
+            if pages:
+                self._writes[seq.request_id] = pages[seq.num_cached // self.prefix_block_size:]
+                writing.update(self._writes[seq.request_id])
             budget -= chunk
+        self.waiting.extendleft(reversed(passed_over))  # first in line again, in their order
+        self.passed_over += len(passed_over)
         self.preempted_last = len(out.preempted)
         return out
+
+    def _prompt_pages(self, seq: Sequence) -> list[int]:
+        """Chain keys of the full pages of what ``seq`` prefills (all but its last token) when in-batch prefix
+        sharing is on: page i's key hashes the tokens of pages 0..i, so equal keys mean an equal opening (a
+        collision only costs a needless wait)."""
+        size = self.prefix_block_size
+        if size is None:
+            return []
+        keys, key, tokens = [], 0, seq.token_ids
+        for start in range(0, len(tokens) - size, size):
+            key = hash((key, tuple(tokens[start:start + size])))
+            keys.append(key)
+        return keys
+
+    def _pages_being_written(self) -> set[int]:
+        """Keys of the pages running prefills write (the prefix cache has them only once a prefill ends)."""
+        if not self._writes:
+            return set()
+        prefilling = {seq.request_id for seq in self.running if seq.in_prefill}
+        for rid in [r for r in self._writes if r not in prefilling]:
+            del self._writes[rid]
+        return {key for keys in self._writes.values() for key in keys}
 
     def _reserve(self, seq: Sequence, total: int, out: SchedulerOutput, preempt: bool = True) -> bool:
         while True:

@@ -143,3 +143,38 @@ def test_requests_for_prompt_logprobs_prefill_in_full(tiny_ckpt):
 def test_enable_prefix_caching_must_be_a_bool(tiny_ckpt):
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
         LLM(str(tiny_ckpt[0]), dtype="float32", kv_cache_bytes=8 << 20, enable_prefix_caching="yes")
+
+
+def test_requests_arriving_together_with_one_opening_prefill_it_once(tiny_ckpt):
+    """In-batch prefix sharing (scheduler.py): a request whose opening pages a running prefill writes waits for
+    them and adopts them, instead of prefilling them in the same step; tokens are those of plain decoding."""
+    path = str(tiny_ckpt[0])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ref = LLM(path, dtype="float32", kv_cache_bytes=8 << 20, block_size=4)
+    on = LLM(path, dtype="float32", kv_cache_bytes=8 << 20, block_size=4, enable_prefix_caching=True)
+    prompts = _repeats(ref) * 2  # five prompts, three sharing a long opening, each twice: one batch
+    expected = [o.outputs[0].token_ids for o in ref.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in on.generate(prompts, params)] == expected
+    scheduler, stats = on.engine.scheduler, on.engine.prefix_cache.stats
+    assert scheduler.passed_over > 0  # the repeats and the shared openings waited for the first prefill's pages
+    assert stats.hits >= (len(prompts) - 2) * 4  # and then adopted at least a page each (all but the two cold)
+    on.reset_prefix_cache()
+    scheduler.prefix_block_size = None  # sharing off, caching on: the batch prefills every opening itself
+    hits = stats.hits
+    assert [o.outputs[0].token_ids for o in on.generate(prompts, params)] == expected
+    assert stats.hits - hits < hits
+    on.close(), ref.close()
+    on.reset_prefix_cache()
+    on.engine.pool.assert_all_free()
+
+
+def test_prompt_logprobs_requests_never_wait_and_caching_off_never_passes_over(tiny_ckpt):
+    path = str(tiny_ckpt[0])
+    prompt = "def add(a, b):\n    return a + b\n"
+    on = LLM(path, dtype="float32", kv_cache_bytes=8 << 20, block_size=4, enable_prefix_caching=True)
+    outs = on.generate([prompt] * 3, SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=1))
+    assert on.engine.scheduler.passed_over == 0 and all(len(o.prompt_logprobs) == len(o.prompt_token_ids) for o in outs)
+    off = LLM(path, dtype="float32", kv_cache_bytes=8 << 20, block_size=4)
+    off.generate([prompt] * 3, SamplingParams(temperature=0, max_tokens=4))
+    assert off.engine.scheduler.passed_over == 0
+    on.close(), off.close()
