@@ -144,16 +144,18 @@ class SpecDecoder(Speculation):
             release=lambda method: self._release_drafter(method, scheduler),
             reload=self._reload_drafter,
         )
-        # stamped when first queued, not when admitted: a wave's prompts may take many steps to prefill
-        self.waves.follow(s.request_id for s in [*running, *scheduler.waiting])
+        if self._wave_rule_on():  # stamped when first queued: a wave's prompts may take many steps to prefill
+            self.waves.follow(s.request_id for s in [*running, *scheduler.waiting])
         return replace(self.policy.plan(step), started=started, wave=self._is_wave(scheduler))
 
     def _is_wave(self, scheduler: "SchedulerView") -> bool:
         """Whether the running batch is a wave (hyspec.policy.wave): its requests admitted together, none
         waiting for a place, and room for more, so no request can be waiting on a row to finish."""
-        controller = self.config.controller
-        return (controller.enabled and controller.wave_makespan and not scheduler.waiting
+        return (self._wave_rule_on() and not scheduler.waiting
                 and len(scheduler.running) < scheduler.config.max_num_seqs and self.waves.admitted_together())
+
+    def _wave_rule_on(self) -> bool:
+        return self.config.controller.enabled and self.config.controller.wave_makespan
 
     def remote_health(self) -> float:
         return remote_health(self.proposers)
@@ -183,10 +185,7 @@ class SpecDecoder(Speculation):
             if seq.arm != "spec" or (remaining and remaining[seq.request_id] < behind):
                 continue
             # Drafting past max_tokens or max_model_len would only produce tokens the stop rules drop.
-            room = max_len - len(seq.token_ids)
-            if seq.params.max_tokens is not None:
-                room = min(room, seq.params.max_tokens - seq.num_output_tokens)
-            budget = min(plan.budget, room - 1)
+            budget = min(plan.budget, _tokens_left(seq, max_len) - 1)
             if budget >= 1:
                 requests.append(DraftRequest(seq, budget))
         if not requests:
@@ -239,13 +238,9 @@ class SpecDecoder(Speculation):
     def _wave_remaining(self, rows: list[Sequence]) -> dict[str, int] | None:
         """Each row's tokens left before its ``max_tokens`` (decoding or prefilling); None when a row has no
         ``max_tokens``: the batch's end is then unknown, and the wave rule stays out."""
-        max_len = self.target.max_model_len
-        remaining: dict[str, int] = {}
-        for seq in rows:
-            if seq.params.max_tokens is None:
-                return None
-            remaining[seq.request_id] = min(seq.params.max_tokens - seq.num_output_tokens, max_len - len(seq.token_ids))
-        return remaining
+        if any(seq.params.max_tokens is None for seq in rows):
+            return None
+        return {seq.request_id: _tokens_left(seq, self.target.max_model_len) for seq in rows}
 
     def _wave_cut(self, method: str, remaining: dict[str, int], trees: dict[str, DraftTree]) -> dict[str, DraftTree]:
         """``trees`` less those of rows off the wave's critical path (counted as rejections ``off_critical_path``)."""
@@ -424,3 +419,11 @@ def mean_tokens_per_seq(feeds: "list[Feed]") -> float:
     rows are nearly free, and the sizer kept drafts that lost to plain decoding (docs/results/2026-12-05/
     cost-model-rows/)."""
     return sum(len(f.tokens) for f in feeds) / len(feeds)
+
+
+def _tokens_left(seq: "Sequence", max_model_len: int) -> int:
+    """Tokens ``seq`` may still emit: before its ``max_tokens`` (when set) and before ``max_model_len``."""
+    room = max_model_len - len(seq.token_ids)
+    if seq.params.max_tokens is not None:
+        room = min(room, seq.params.max_tokens - seq.num_output_tokens)
+    return room
