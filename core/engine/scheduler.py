@@ -10,10 +10,9 @@ output it already produced is kept, so nothing is lost or repeated).
 In-batch prefix sharing (with prefix caching).  A prompt's full pages enter the
 prefix cache when its prefill ends, so requests that arrive together and share
 an opening (the chat template's system turn, the same document, a prompt sent
-n times) would each prefill it in the same step.  A waiting request whose first
-page the cache lacks is being written by a prompt prefilling now waits: it is
-passed over until that prefill ends, then adopts those pages and prefills only
-the rest (SGLang's in-batch prefix caching does the same: sgl-project/sglang
+n times) would each prefill it in the same step.  A waiting request that opens
+with a page a running prefill is writing is passed over until that prefill
+ends; it then adopts those pages from the cache and prefills only the rest (SGLang's in-batch prefix caching does the same: sgl-project/sglang
 python/sglang/srt/managers/schedule_policy.py at ad0119f).  Requests behind it
 are admitted meanwhile; at most ``MAX_PASSED_OVER`` are passed over per step.
 """
