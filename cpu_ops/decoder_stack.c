@@ -49,7 +49,7 @@ static void add_bias(float *y, const float *b, int64_t T, int64_t N);
 /* y [M, N] fp32 = x [M, K] fp32 times the weight of the given type; xb, yb: bf16 scratch of M * max(K, N) */
 static int linear(int type, const float *x, int64_t M, int64_t K, const void *w, const void *bias, int64_t N,
                   float *y, uint16_t *xb, uint16_t *yb, dense_gemm_fn dense) {
-    if (type >= Q4_0 && type <= LAST_QTYPE) { /* Q4_0 .. Q8_0 (qgemm.c), Q5_0 .. Q6_K (kquants.c) */
+    if (type >= Q4_0 && type <= LAST_QTYPE) { /* Q4_0 .. Q5_0 (qgemm.c), Q5_1 .. Q6_K (kquants.c) */
         const int rc = hyspec_qgemm(type, x, M, K, (const uint8_t *)w, N, y);
         if (rc == 0) add_bias(y, (const float *)bias, M, N);
         return rc;

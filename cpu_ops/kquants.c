@@ -1,12 +1,12 @@
 /*
- * The GGUF types a Q4_K_M / Q5_K_M file holds besides Q4_0 / Q4_1 / Q8_0, computed from their stored blocks:
- * Q5_0, Q5_1 (32 weights a block) and the K-quants Q4_K, Q5_K, Q6_K (256 weights a super-block).
- * Included by qgemm.c after its ISA section (it uses that section's f16, hsum / hsum16 and ISA macros);
+ * The GGUF types a Q4_K_M / Q5_K_M file holds besides Q4_0 / Q4_1 / Q8_0 / Q5_0, computed from their stored blocks:
+ * Q5_1 (32 weights a block) and the K-quants Q4_K, Q5_K, Q6_K (256 weights a super-block).  (Q5_0, the type of most
+ * of a Q4_K_M file's matrices, is computed in qgemm.c as Q8_0 is.)
+ * Included by qgemm.c after its ISA section (it uses that section's f16, hsum / hsum16, q5_codes and ISA macros);
  * hyspec_qgemm hands these types to kq_gemm.
  *
  * Layouts, as the gguf package's quants.py reads them (llama.cpp's ggml-common.h block_q4_K etc. for
  * reference; github.com/ggml-org/llama.cpp, ggml/src/ggml-common.h):
- *   Q5_0  fp16 d, 4 bytes qh, 16 bytes qs           w = d * (q - 16)
  *   Q5_1  fp16 d, fp16 m, 4 bytes qh, 16 bytes qs   w = d * q + m
  *         q = nibble j of qs (low nibbles elements 0..15, high 16..31) | bit j of qh << 4
  *   Q4_K  fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes qs      w = (d sc) q - dmin mn
@@ -24,11 +24,11 @@
  * blocking depends on nothing but the row's own position: a row's result is the same alone or in a batch.
  */
 
-enum { Q5_0 = 3, Q5_1 = 4, Q4_K = 5, Q5_K = 6, Q6_K = 7, F32_ROWS = 8, LAST_QTYPE = 8 };
+enum { Q5_1 = 4, Q4_K = 5, Q5_K = 6, Q6_K = 7, F32_ROWS = 8, LAST_QTYPE = 8 };
 
-static inline int kq_block_elems(int t) { return t == Q5_0 || t == Q5_1 || t == F32_ROWS ? 32 : 256; }
+static inline int kq_block_elems(int t) { return t == Q5_1 || t == F32_ROWS ? 32 : 256; }
 static inline int kq_block_bytes(int t) {
-    return t == Q5_0 ? 22 : t == Q5_1 ? 24 : t == Q4_K ? 144 : t == Q5_K ? 176 : t == Q6_K ? 210 : 128;
+    return t == Q5_1 ? 24 : t == Q4_K ? 144 : t == Q5_K ? 176 : t == Q6_K ? 210 : 128;
 }
 
 /* sub-block i (0..7) of a Q4_K / Q5_K super-block: its 6-bit scale and min from the 12 packed bytes */
@@ -120,33 +120,12 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
 #endif
 }
 
-/* Q5_0 / Q5_1's 32 codes as bytes: the nibbles of qs with bit j of qh as bit 4 of element j; centred (Q5_0): the
- * code minus 16 as a signed byte, which is the nibble where the bit is set and the nibble with 0xF0 set where not */
-static inline __attribute__((always_inline)) __m256i kq_q5_codes(const uint8_t *qh4, const uint8_t *qs,
-                                                                 const int centred) {
-    uint32_t qh;
-    memcpy(&qh, qh4, 4);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0F);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
-    /* byte j of `bytes` is the byte of qh holding bit j; its bit (j % 8) is selected by a per-byte mask */
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    return _mm256_or_si256(nib, centred ? _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0))
-                                        : _mm256_and_si256(set, _mm256_set1_epi8(16)));
-}
-
 /* block b's weights into out[], or (fused) w * x into one row's accumulators; x: the block's first column of that
  * row, g0: the index of the block's first 32 weights along K */
 static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out,
                                                              const int fused, kq_acc *acc, const float *x, int64_t g0) {
-    if (qtype == Q5_0 || qtype == Q5_1) {
-        const int one = qtype == Q5_1;
-        const __m256i q = kq_q5_codes(b + 2 + 2 * one, b + 6 + 2 * one, !one);
-        if (one) kq_store32(q, 0, f16(b), f16(b), f16(b + 2), 0, out, fused, acc, x, g0);
-        else kq_store32(q, 1, f16(b), f16(b), 0.0f, 1, out, fused, acc, x, g0);
+    if (qtype == Q5_1) {
+        kq_store32(q5_codes(b + 4, b + 8, 0), 0, f16(b), f16(b), f16(b + 2), 0, out, fused, acc, x, g0);
         return;
     }
     if (qtype == Q6_K) {
@@ -190,15 +169,14 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
 #else
 /* portable: the same values, one at a time (every product below is exact, see the header) */
 static inline void kq_dequant(const int qtype, const uint8_t *b, float *out) {
-    if (qtype == Q5_0 || qtype == Q5_1) {
-        const int one = qtype == Q5_1;
+    if (qtype == Q5_1) {
         uint32_t qh;
-        memcpy(&qh, b + 2 + 2 * one, 4);
-        const uint8_t *qs = b + 6 + 2 * one;
-        const float d = f16(b), m = one ? f16(b + 2) : 0.0f;
+        memcpy(&qh, b + 4, 4);
+        const uint8_t *qs = b + 8;
+        const float d = f16(b), m = f16(b + 2);
         for (int j = 0; j < 32; j++) {
             const int q = (j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4) | (int)((qh >> j) & 1) << 4;
-            out[j] = one ? d * (float)q + m : d * (float)(q - 16);
+            out[j] = d * (float)q + m;
         }
         return;
     }
@@ -355,7 +333,6 @@ static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const u
                 const int64_t end = (b + 1) * step < N ? (b + 1) * step : N;
                 const int NB = end - n0 < sub ? (int)(end - n0) : (int)sub;
                 switch (qtype) { /* each type compiled on its own */
-                    case Q5_0: kq_outputs_many(Q5_0, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
                     case Q5_1: kq_outputs_many(Q5_1, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
                     case Q4_K: kq_outputs_many(Q4_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
                     case Q5_K: kq_outputs_many(Q5_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
@@ -371,7 +348,7 @@ static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const u
 
 /* x [M, K] fp32, w [N, K / E blocks of the type], y [M, N]; OpenMP over blocks of four output rows */
 static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
-    if (qtype < Q5_0 || qtype > LAST_QTYPE || K % kq_block_elems(qtype) || M < 0 || N < 0) return -1;
+    if (qtype < Q5_1 || qtype > LAST_QTYPE || K % kq_block_elems(qtype) || M < 0 || N < 0) return -1;
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
     if (M >= 2 && qtype != F32_ROWS) return kq_gemm_many(qtype, x, M, K, w, N, y);
 #endif
@@ -379,13 +356,11 @@ static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_
 #pragma omp parallel for schedule(static)
     for (int64_t nb = 0; nb < nblocks; nb++) {
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
-        if (M == 1 && qtype != F32_ROWS) { /* decode: straight from the blocks, Q5_0 / Q5_1 output rows in pairs */
+        if (M == 1 && qtype != F32_ROWS) { /* decode: straight from the blocks, Q5_1 output rows in pairs */
             for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n += 2) {
                 const uint8_t *wr = w + n * rowbytes;
                 const int two = n + 1 < N && n + 1 < nb * 4 + 4;
                 switch (qtype * 2 + two) { /* the K-quants in pairs ran out of registers: one by one, in order */
-                    case Q5_0 * 2: kq_rows_dot(Q5_0, 1, x, K, wr, rowbytes, y + n); break;
-                    case Q5_0 * 2 + 1: kq_rows_dot(Q5_0, 2, x, K, wr, rowbytes, y + n); break;
                     case Q5_1 * 2: kq_rows_dot(Q5_1, 1, x, K, wr, rowbytes, y + n); break;
                     case Q5_1 * 2 + 1: kq_rows_dot(Q5_1, 2, x, K, wr, rowbytes, y + n); break;
                     case Q4_K * 2: case Q4_K * 2 + 1:
@@ -405,7 +380,6 @@ static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_
         for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n++) {
             const uint8_t *wr = w + n * rowbytes;
             switch (qtype) { /* each type compiled on its own: no type branch in the inner loops */
-                case Q5_0: kq_output_row(Q5_0, x, M, K, wr, y + n, N); break;
                 case Q5_1: kq_output_row(Q5_1, x, M, K, wr, y + n, N); break;
                 case Q4_K: kq_output_row(Q4_K, x, M, K, wr, y + n, N); break;
                 case Q5_K: kq_output_row(Q5_K, x, M, K, wr, y + n, N); break;

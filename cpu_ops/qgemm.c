@@ -1,13 +1,17 @@
 /*
- * y[m, n] = sum_k x[m, k] * w[n, k] over llama.cpp's own blocks (Q4_0, Q4_1, Q8_0), fp32 activations.
- * (Q5_0, Q5_1, Q4_K, Q5_K and Q6_K: kquants.c, included below and dispatched from hyspec_qgemm.)
+ * y[m, n] = sum_k x[m, k] * w[n, k] over llama.cpp's own blocks (Q4_0, Q4_1, Q8_0, Q5_0), fp32 activations.
+ * (Q5_1, Q4_K, Q5_K and Q6_K: kquants.c, included below and dispatched from hyspec_qgemm.)
  *
  * Built at first use by hyspec.cpu_ops.qgemm (gcc -O3 -march=native -fopenmp) and called through
  * ctypes.  The weights are read as the GGUF stores them, 32 per block:
  *   Q4_0  fp16 d, 16 bytes of nibbles       w = d * (q - 8)
  *   Q4_1  fp16 d, fp16 m, 16 bytes nibbles  w = d * q + m
  *   Q8_0  fp16 d, 32 int8                   w = d * q
- * (element j of a 4-bit block is the low nibble of byte j, element j + 16 its high nibble).
+ *   Q5_0  fp16 d, 4 bytes qh, 16 bytes      w = d * (q - 16), q = nibble | bit j of qh << 4
+ * (element j of a 4-bit block is the low nibble of byte j, element j + 16 its high nibble).  Q5_0 goes through
+ * Q8_0's code paths with q - 16 as its codes: its result is, bit for bit, Q8_0's on the same d and codes (a Q5_0
+ * block re-encodes exactly as a Q8_0 one).  Most of a Q4_K_M file's matrices are Q5_0: summed as Q8_0 is, rather
+ * than as kquants.c sums dequantized weights, its rows of verification cost a third less.
  *
  * The file's values are used as they are (fp16 scales read exactly, no requantization) and the
  * activations stay fp32.  The AVX-512 path dequantizes each block to the fp32 values gguf's own dequantize
@@ -45,7 +49,13 @@ static inline int omp_threads(void) { return 1; }
 #define HYSPEC_AVX2 1
 #endif
 
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
+/* Q5_0 is computed as Q8_0 is: its centred 5-bit codes are the int8 codes of a Q8_0 block with the same d */
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3 };
+/* the types with a per-block offset m (Q4_0's is -8 d); Q8_0 and Q5_0 have none */
+static inline int has_min(const int qtype) { return qtype == Q4_0 || qtype == Q4_1; }
+static inline int64_t qblock_bytes(const int qtype) {
+    return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q5_0 ? 22 : 34;
+}
 enum { MANY_ROWS = 2 }; /* AVX2: from this many rows of x, rows_block_many (codes converted once per chunk) */
 enum { ROW_CHUNK = 8 };  /* rows of x rows_block_many keeps hot at a time */
 /* rows_block_many's outputs per task: a chunk of x is read from L1 by this many output rows before the next
@@ -58,9 +68,29 @@ enum { MANY_OUTPUTS = 32 };
  * 1.66x one row's time, 3 rows 2.7x (4 KiB ahead: 1.3x and 1.55x).  A prefetch never faults, so asking
  * past the end of the matrix is harmless. */
 enum { PREFETCH_BYTES = 4096, PREFETCH_BYTES_ONE_ROW = 8192 };
-static const int BLOCK_BYTES[3] __attribute__((unused)) = {18, 20, 34};
 
 int hyspec_qgemm_version(void) { return 2; }
+
+#if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
+/* Q5_0 / Q5_1's 32 codes as bytes, in element order: the nibbles of qs (low nibbles elements 0..15, high 16..31)
+ * with bit j of qh as bit 4 of element j.  Centred (Q5_0): the code minus 16 as a signed byte, which is the nibble
+ * where the bit is set and the nibble with 0xF0 set where it is clear. */
+static inline __attribute__((always_inline)) __m256i q5_codes(const uint8_t *qh4, const uint8_t *qs,
+                                                              const int centred) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+    /* byte j of `bytes` is the byte of qh holding bit j; its bit (j % 8) is selected by a per-byte mask */
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    return _mm256_or_si256(nib, centred ? _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0))
+                                        : _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+#endif
 
 #if defined(HYSPEC_AVX512)
 const char *hyspec_qgemm_isa(void) { return "avx512f+f16c"; }
@@ -86,6 +116,13 @@ static inline __attribute__((always_inline)) void dequant(const int qtype, const
         w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
         return;
     }
+    if (qtype == Q5_0) { /* Q8_0's arithmetic on the centred codes */
+        const __m512 d = _mm512_set1_ps(f16(b));
+        const __m256i q = q5_codes(b + 2, b + 6, 1);
+        w[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
+        w[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d);
+        return;
+    }
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 table = qtype == Q4_1
                              ? _mm512_fmadd_ps(iota, _mm512_set1_ps(f16(b)), _mm512_set1_ps(f16(b + 2)))
@@ -102,7 +139,7 @@ static inline __attribute__((always_inline)) void dequant(const int qtype, const
  * w[1] * x[16..31] per block in block order, then hsum16; so a row's result never depends on its batch. */
 static inline __attribute__((always_inline)) void tile(const int qtype, const int NB, const int R, const float *x,
                                                        int64_t K, const uint8_t *w, float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    const int64_t G = K / 32, bs = qblock_bytes(qtype);
     const int ahead = R == 1 ? PREFETCH_BYTES_ONE_ROW : PREFETCH_BYTES;
     __m512 acc[4][8];
     for (int n = 0; n < NB; n++)
@@ -154,7 +191,7 @@ static inline __attribute__((always_inline)) void tile_rn(const int qtype, const
 static inline __attribute__((always_inline)) void output_rows_avx512(const int qtype, const float *x, int64_t M,
                                                                      int64_t K, const uint8_t *w, int64_t n0, int NB,
                                                                      float *y, int64_t N) {
-    const int64_t rowbytes = K / 32 * (qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34);
+    const int64_t rowbytes = K / 32 * qblock_bytes(qtype);
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
         const int R = M - m0 < 8 ? (int)(M - m0) : 8;
         const float *xc = x + m0 * K;
@@ -184,10 +221,19 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-/* the 32 codes of one block as four vectors of eight floats (q for Q4_0 / Q4_1, signed q for Q8_0) */
+/* the 32 codes of one block as four vectors of eight floats (q for Q4_0 / Q4_1, signed q for Q8_0, q - 16 for
+ * Q5_0) */
 static inline __attribute__((always_inline)) void codes(const int qtype, const uint8_t *b, __m256 c[4]) {
-    if (qtype == Q8_0) {
-        const __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2)), hi = _mm_loadu_si128((const __m128i *)(b + 18));
+    if (qtype == Q8_0 || qtype == Q5_0) {
+        __m128i lo, hi;
+        if (qtype == Q5_0) {
+            const __m256i q = q5_codes(b + 2, b + 6, 1);
+            lo = _mm256_castsi256_si128(q);
+            hi = _mm256_extracti128_si256(q, 1);
+        } else {
+            lo = _mm_loadu_si128((const __m128i *)(b + 2));
+            hi = _mm_loadu_si128((const __m128i *)(b + 18));
+        }
         c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
         c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
         c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
@@ -211,7 +257,7 @@ static inline __attribute__((always_inline)) void codes(const int qtype, const u
 static inline __attribute__((always_inline)) void rows_block(const int qtype, const float *x, const float *xs,
                                                              int64_t M, int64_t K, const uint8_t *w, int64_t n0,
                                                              int NB, float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    const int64_t G = K / 32, bs = qblock_bytes(qtype);
     for (int i = 0; i < NB; i += 2) {
         const int two = NB - i >= 2;
         const uint8_t *w0 = w + (n0 + i) * G * bs, *w1 = two ? w0 + G * bs : w0;
@@ -231,13 +277,13 @@ static inline __attribute__((always_inline)) void rows_block(const int qtype, co
                 p = _mm256_fmadd_ps(c[3], x3, _mm256_fmadd_ps(c[2], x2, p));
                 float d = f16(b0);
                 a0 = _mm256_fmadd_ps(p, _mm256_set1_ps(d), a0);
-                if (qtype != Q8_0) s0 = __builtin_fmaf(qtype == Q4_1 ? f16(b0 + 2) : -8.0f * d, xsr[g], s0);
+                if (has_min(qtype)) s0 = __builtin_fmaf(qtype == Q4_1 ? f16(b0 + 2) : -8.0f * d, xsr[g], s0);
                 codes(qtype, b1, c);
                 p = _mm256_fmadd_ps(c[1], x1, _mm256_mul_ps(c[0], x0));
                 p = _mm256_fmadd_ps(c[3], x3, _mm256_fmadd_ps(c[2], x2, p));
                 d = f16(b1);
                 a1 = _mm256_fmadd_ps(p, _mm256_set1_ps(d), a1);
-                if (qtype != Q8_0) s1 = __builtin_fmaf(qtype == Q4_1 ? f16(b1 + 2) : -8.0f * d, xsr[g], s1);
+                if (has_min(qtype)) s1 = __builtin_fmaf(qtype == Q4_1 ? f16(b1 + 2) : -8.0f * d, xsr[g], s1);
             }
             y[m * N + n0 + i] = hsum(a0) + s0;
             if (two) y[m * N + n0 + i + 1] = hsum(a1) + s1;
@@ -254,7 +300,7 @@ static inline __attribute__((always_inline)) void rows_block(const int qtype, co
 static inline __attribute__((always_inline)) void one_row_r(const int qtype, const int R, const float *x,
                                                             const float *xst, int64_t K, const uint8_t *wr,
                                                             float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    const int64_t G = K / 32, bs = qblock_bytes(qtype);
     __m256 acc[8], sc = _mm256_setzero_ps();
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
@@ -270,7 +316,7 @@ static inline __attribute__((always_inline)) void one_row_r(const int qtype, con
             p = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24), _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16), p));
             acc[r] = _mm256_fmadd_ps(p, vd, acc[r]);
         }
-        if (qtype != Q8_0)
+        if (has_min(qtype))
             sc = _mm256_fmadd_ps(_mm256_set1_ps(qtype == Q4_1 ? f16(b + 2) : -8.0f * d), _mm256_loadu_ps(xst + 8 * g), sc);
     }
     float s[8];
@@ -327,7 +373,7 @@ static float hsum8(const float v[8]) {
 
 static void rows_block(const int qtype, const float *x, const float *xs, int64_t M, int64_t K, const uint8_t *w,
                        int64_t n0, int NB, float *y, int64_t N) {
-    const int64_t G = K / 32, bs = BLOCK_BYTES[qtype];
+    const int64_t G = K / 32, bs = qblock_bytes(qtype);
     for (int i = 0; i < NB; i++)
         for (int64_t m = 0; m < M; m++) {
             float a[8] = {0}, sc = 0.0f;
@@ -336,7 +382,14 @@ static void rows_block(const int qtype, const float *x, const float *xs, int64_t
                 float c[32];
                 if (qtype == Q8_0)
                     for (int j = 0; j < 32; j++) c[j] = (float)(int8_t)b[2 + j];
-                else {
+                else if (qtype == Q5_0) {
+                    uint32_t qh;
+                    memcpy(&qh, b + 2, 4);
+                    for (int j = 0; j < 16; j++) {
+                        c[j] = (float)((int)((b[6 + j] & 0x0F) | ((qh >> j) & 1) << 4) - 16);
+                        c[j + 16] = (float)((int)((b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+                    }
+                } else {
                     const uint8_t *qs = b + (qtype == Q4_1 ? 4 : 2);
                     for (int j = 0; j < 16; j++) { c[j] = (float)(qs[j] & 0x0F); c[j + 16] = (float)(qs[j] >> 4); }
                 }
@@ -348,7 +401,7 @@ static void rows_block(const int qtype, const float *x, const float *xs, int64_t
                     p = __builtin_fmaf(c[24 + j], xr[24 + j], p);
                     a[j] = __builtin_fmaf(p, d, a[j]);
                 }
-                if (qtype != Q8_0) sc = __builtin_fmaf(qtype == Q4_1 ? f16(b + 2) : -8.0f * d, xs[m * G + g], sc);
+                if (has_min(qtype)) sc = __builtin_fmaf(qtype == Q4_1 ? f16(b + 2) : -8.0f * d, xs[m * G + g], sc);
             }
             y[m * N + n0 + i] = hsum8(a) + sc;
         }
@@ -372,7 +425,7 @@ static void block_sums(const float *x, int64_t M, int64_t K, float *xs) {
 static inline __attribute__((always_inline)) void rows_block_many(const int qtype, const float *x, const float *xst,
                                                                   int64_t M, int64_t K, const uint8_t *w, int64_t n0,
                                                                   int NB, float *y, int64_t N) {
-    const int64_t G = K / 32, bs = qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : 34;
+    const int64_t G = K / 32, bs = qblock_bytes(qtype);
     for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
         const int R = M - m0 < ROW_CHUNK ? (int)(M - m0) : ROW_CHUNK;
         const float *xc = x + m0 * K, *xstc = xst + m0 * G; /* xst: ROW_CHUNK lanes per block and chunk */
@@ -416,8 +469,8 @@ static inline __attribute__((always_inline)) void output_rows(const int qtype, i
 /* x [M, K] fp32, w [N, K / 32 blocks] (K-quants: K / 256 super-blocks), y [M, N] fp32; K a multiple of the
  * block.  Returns 0, -1 on bad arguments, -2 when out of memory. */
 int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
-    if (qtype >= Q5_0 && qtype <= LAST_QTYPE) return kq_gemm(qtype, x, M, K, w, N, y);
-    if (qtype < 0 || qtype > 2 || K % 32 || M < 0 || N < 0) return -1;
+    if (qtype > Q5_0 && qtype <= LAST_QTYPE) return kq_gemm(qtype, x, M, K, w, N, y);
+    if (qtype < 0 || qtype > Q5_0 || K % 32 || M < 0 || N < 0) return -1;
     const int many = M >= MANY_ROWS; /* verification, prefill: codes converted once per chunk of rows */
 #if defined(HYSPEC_AVX512)
     float *xs = NULL; /* the AVX-512 path folds m into the dequantized weights */
@@ -451,6 +504,7 @@ int hyspec_qgemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t 
         switch (qtype) {
             case Q4_0: output_rows(Q4_0, many, x, xs, M, K, w, n0, NB, y, N); break;
             case Q4_1: output_rows(Q4_1, many, x, xs, M, K, w, n0, NB, y, N); break;
+            case Q5_0: output_rows(Q5_0, many, x, xs, M, K, w, n0, NB, y, N); break;
             default: output_rows(Q8_0, many, x, xs, M, K, w, n0, NB, y, N); break;
         }
     }

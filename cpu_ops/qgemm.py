@@ -23,9 +23,9 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-#: qgemm.c's type codes: Q4_0 .. Q8_0 in qgemm.c itself, Q5_0 .. Q6_K in kquants.c (dequantized block by block
-#: to gguf's values, then summed in one fixed order), F32 a dense fp32 matrix summed in that same order: the
-#: reference the kquants types are tested against bit for bit.
+#: qgemm.c's type codes: Q4_0 .. Q5_0 in qgemm.c itself (Q5_0 summed as Q8_0 is, on its codes), Q5_1 .. Q6_K in
+#: kquants.c (dequantized block by block to gguf's values, then summed in one fixed order), F32 a dense fp32 matrix
+#: summed in that same order: the reference the kquants types are tested against bit for bit.
 QTYPES = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4, "Q4_K": 5, "Q5_K": 6, "Q6_K": 7, "F32": 8}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210,
                "F32": 128}

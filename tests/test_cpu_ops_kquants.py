@@ -1,6 +1,7 @@
-"""Q5_0, Q5_1, Q4_K, Q5_K and Q6_K computed from their stored blocks (cpu_ops/kquants.c through qgemm): bit for
-bit the same kernel on the gguf package's dequantized matrix, on every ISA build this CPU runs, rows independent
-of the batch; and a model on a Q4_K_M-like GGUF decoding the tokens of its dense-dequantized path."""
+"""Q5_0, Q5_1, Q4_K, Q5_K and Q6_K computed from their stored blocks through qgemm, on every ISA build this CPU
+runs, rows independent of the batch: Q5_1 and the K-quants (cpu_ops/kquants.c) bit for bit the same kernel on the
+gguf package's dequantized matrix; Q5_0 (qgemm.c) bit for bit Q8_0 on the same codes and scales; and a model on a
+Q4_K_M-like GGUF decoding the tokens of its dense-dequantized path."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +15,8 @@ gguf = pytest.importorskip("gguf")
 needs_kernel = pytest.mark.skipif(qg.library() is None, reason="no C compiler here: hyspec's qgemm cannot build")
 
 TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+#: the types summed as the F32 type sums gguf's dequantized matrix (Q5_0 is summed as Q8_0)
+DENSE_ORDER_TYPES = ["Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 #: byte offsets of each type's fp16 scale fields (d, dmin / m), from gguf's quants.py layouts
 _FP16_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
@@ -39,6 +42,26 @@ def gguf_values(qtype: str, raw: np.ndarray, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, t), dtype=np.float32).reshape(n, k))
 
 
+def q5_0_as_q8_0(raw: np.ndarray) -> torch.Tensor:
+    """Q5_0 blocks ``[n, bytes per row]`` re-encoded, exactly, as Q8_0 blocks: the same fp16 d, and each
+    weight's centred code q - 16 as the int8 code (gguf's layout: d, 4 bytes qh, 16 bytes of nibbles)."""
+    n = raw.shape[0]
+    b = raw.reshape(n, -1, 22)
+    qh = b[..., 2:6].copy().view("<u4")[..., 0]
+    nib = np.concatenate([b[..., 6:] & 0x0F, b[..., 6:] >> 4], axis=-1).astype(np.int16)
+    high = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    codes = (nib | (high.astype(np.int16) << 4)) - 16
+    out = np.concatenate([b[..., :2], codes.astype(np.int8).view(np.uint8)], axis=-1)
+    return torch.from_numpy(np.ascontiguousarray(out.reshape(n, -1)))
+
+
+def _reference(qtype: str, raw: np.ndarray, n: int, k: int) -> tuple[str, torch.Tensor]:
+    """The type and blocks whose result ``qtype``'s blocks must equal bit for bit: Q8_0 for Q5_0, else F32."""
+    if qtype == "Q5_0":
+        return "Q8_0", q5_0_as_q8_0(raw)
+    return "F32", dense_bytes(gguf_values(qtype, raw, n, k))
+
+
 def dense_bytes(values: torch.Tensor) -> torch.Tensor:
     """A dense fp32 matrix as qgemm's F32 type takes it (its bytes, row by row)."""
     return values.contiguous().view(torch.uint8).reshape(values.shape[0], -1)
@@ -52,7 +75,7 @@ def _marches() -> list[str]:
 
 @needs_kernel
 @pytest.mark.parametrize("march", _marches())
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", DENSE_ORDER_TYPES)
 def test_blocks_compute_exactly_what_the_kernel_does_on_ggufs_dequantized_matrix(qtype, march):
     """Per ISA build: the blocks give the bit-identical result of the F32 type (the same summation) on gguf's
     values, for one row, a few and more than a chunk of eight; and that is an fp32 product (float64 bound)."""
@@ -71,17 +94,38 @@ def test_blocks_compute_exactly_what_the_kernel_does_on_ggufs_dequantized_matrix
 
 
 @needs_kernel
+@pytest.mark.parametrize("march", _marches())
+def test_q5_0_computes_exactly_what_q8_0_does_on_its_codes(march):
+    """Per ISA build: Q5_0 blocks give, bit for bit, Q8_0's result on the same d and centred codes (its kernel
+    path, decode and many rows alike), and that is an fp32 product of gguf's values (float64 bound)."""
+    lib = qg.variant(march)
+    n, k = 13, 96
+    raw = random_blocks("Q5_0", n, k)
+    values = gguf_values("Q5_0", raw, n, k)
+    as_q8 = q5_0_as_q8_0(raw)
+    assert torch.equal(gguf_values("Q8_0", as_q8.numpy(), n, k), values)  # the re-encoding is exact
+    blocks = torch.from_numpy(raw)
+    for rows in (1, 2, 3, 4, 9, 33):
+        x = torch.randn(rows, k)
+        got = qg.qgemm("Q5_0", x, blocks, n, lib=lib)
+        assert torch.equal(got, qg.qgemm("Q8_0", x, as_q8, n, lib=lib)), (march, rows)
+        ref = x.double() @ values.double().t()
+        bound = 1e-6 * (x.abs().double() @ values.abs().double().t()) + 1e-7
+        assert ((got.double() - ref).abs() <= bound * 8).all(), (march, rows)
+
+
+@needs_kernel
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K"])
 def test_long_rows_dequantize_fewer_outputs_at_once_with_the_same_sums(qtype):
     """Rows longer than the many-rows path's buffer (16384 weights) holds for a task's outputs: it dequantizes
-    fewer output rows at a time; the sums stay the F32 type's, bit for bit, whatever the row count."""
+    fewer output rows at a time; the sums stay the F32 type's (Q5_0: Q8_0's), bit for bit, whatever the row count."""
     n, k = 7, 8192
     raw = random_blocks(qtype, n, k, seed=4)
-    dense = dense_bytes(gguf_values(qtype, raw, n, k))
+    ref_type, ref = _reference(qtype, raw, n, k)
     x = torch.randn(5, k)
     for rows in (1, 2, 5):
         xr = x[:rows].contiguous()
-        assert torch.equal(qg.qgemm(qtype, xr, torch.from_numpy(raw), n), qg.qgemm("F32", xr, dense, n)), rows
+        assert torch.equal(qg.qgemm(qtype, xr, torch.from_numpy(raw), n), qg.qgemm(ref_type, xr, ref, n)), rows
 
 
 @needs_kernel
@@ -92,8 +136,8 @@ def test_blocks_the_gguf_writer_quantizes_compute_exactly(qtype):
     dense = (np.random.default_rng(5).standard_normal((n, k)) * 0.05).astype(np.float32)
     raw = gguf.quants.quantize(dense, getattr(gguf.GGMLQuantizationType, qtype))
     x = torch.randn(4, k)
-    assert torch.equal(qg.qgemm(qtype, x, torch.from_numpy(raw), n),
-                       qg.qgemm("F32", x, dense_bytes(gguf_values(qtype, raw, n, k)), n))
+    ref_type, ref = _reference(qtype, raw, n, k)
+    assert torch.equal(qg.qgemm(qtype, x, torch.from_numpy(raw), n), qg.qgemm(ref_type, x, ref, n))
 
 
 @needs_kernel
