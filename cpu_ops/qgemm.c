@@ -222,31 +222,36 @@ static inline float hsum(__m256 v) {
 }
 
 /* the 32 codes of one block as four vectors of eight floats (q for Q4_0 / Q4_1, signed q for Q8_0, q - 16 for
- * Q5_0) */
+ * Q5_0), element 8i + l in lane l of c[i].  Bytes are widened straight from the block (vpmovzxbd / vpmovsxbd with
+ * a memory operand): widening them from a register first needed extracts and unpacks on the shuffle ports, which
+ * were this loop's bottleneck.  The 4-bit codes of elements 8i..8i+7 and 16+8i..16+8i+7 are the low and high
+ * nibbles of the same eight bytes, widened once. */
 static inline __attribute__((always_inline)) void codes(const int qtype, const uint8_t *b, __m256 c[4]) {
-    if (qtype == Q8_0 || qtype == Q5_0) {
-        __m128i lo, hi;
-        if (qtype == Q5_0) {
-            const __m256i q = q5_codes(b + 2, b + 6, 1);
-            lo = _mm256_castsi256_si128(q);
-            hi = _mm256_extracti128_si256(q, 1);
-        } else {
-            lo = _mm_loadu_si128((const __m128i *)(b + 2));
-            hi = _mm_loadu_si128((const __m128i *)(b + 18));
-        }
-        c[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-        c[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
-        c[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-        c[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+    if (qtype == Q8_0) {
+        for (int i = 0; i < 4; i++)
+            c[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
         return;
     }
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(b + (qtype == Q4_1 ? 4 : 2)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
-    c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+    const uint8_t *qs = b + (qtype == Q4_1 ? 4 : qtype == Q5_0 ? 6 : 2);
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    __m256i q[4];
+    for (int i = 0; i < 2; i++) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i)));
+        q[i] = _mm256_and_si256(bytes, m4);
+        q[i + 2] = _mm256_srli_epi32(bytes, 4);
+    }
+    if (qtype == Q5_0) { /* bit 8i + l of qh is element 8i + l's fifth bit: where clear, the code is q - 16 */
+        uint32_t h;
+        memcpy(&h, b + 2, 4);
+        const __m256i qh = _mm256_set1_epi32((int)h), lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256i neg = _mm256_set1_epi32((int)0xFFFFFFF0);
+        for (int i = 0; i < 4; i++) {
+            const __m256i bit = _mm256_slli_epi32(lanes, 8 * i);
+            const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(qh, bit), bit);
+            q[i] = _mm256_or_si256(q[i], _mm256_andnot_si256(set, neg));
+        }
+    }
+    for (int i = 0; i < 4; i++) c[i] = _mm256_cvtepi32_ps(q[i]);
 }
 
 /* Output rows n0 .. n0+NB-1 (NB <= 4), two at a time, against every row of x.  Per block,
