@@ -243,10 +243,10 @@ static inline __attribute__((always_inline)) void kq_superblock_dot(const int qt
             __m256i lo = _mm256_and_si256(bytes, m4), hi = _mm256_srli_epi32(bytes, 4);
             if (qtype == Q5_K) { /* bit i of qh[e]: sub-block i's element e */
                 const __m256i hb = kq_widen8(qh + 8 * k);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi32(
-                                             _mm256_and_si256(_mm256_srl_epi32(hb, _mm_cvtsi32_si128(2 * c)), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi32(
-                                             _mm256_and_si256(_mm256_srl_epi32(hb, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
+                const __m256i b0 = _mm256_srl_epi32(hb, _mm_cvtsi32_si128(2 * c));
+                const __m256i b1 = _mm256_srl_epi32(hb, _mm_cvtsi32_si128(2 * c + 1));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(b0, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(b1, one), 4));
             }
             kq_fma8(acc, k, lo, sc[0], bias[0], 0, x + 64 * c + 8 * k);
             kq_fma8(acc, k, hi, sc[1], bias[1], 0, x + 64 * c + 32 + 8 * k);
