@@ -223,7 +223,7 @@ static inline float hsum(__m256 v) {
 
 /* Q5_CLEAR[8 v + j]: 0xF0 where bit j of v is clear, else 0.  Widened with sign extension and ORed into a nibble, it
  * gives Q5_0's centred code (nibble - 16 where the fifth bit is clear): one widening from this 2 KiB table per eight
- * codes, where testing the bits in dword lanes took four vector operations (the table: 1.15x on the one-row loop). */
+ * codes, where testing the bits in dword lanes took four vector operations on the one-row loop's critical ports. */
 static uint8_t Q5_CLEAR[256 * 8] __attribute__((aligned(64)));
 __attribute__((constructor)) static void q5_clear_init(void) {
     for (int v = 0; v < 256; v++)
