@@ -338,8 +338,17 @@ static inline __attribute__((always_inline)) void kq_tile(const int R, const flo
                                                           float *y, int64_t N) {
     kq_acc acc[KQ_TILE_ROWS];
     for (int r = 0; r < R; r++) kq_zero(&acc[r]);
-    for (int64_t t = 0; t < K / 32; t++)
-        for (int r = 0; r < R; r++) kq_dot32(&acc[r], wd + 32 * t, x + r * K + 32 * t, t);
+    /* Two groups of 32 a step, so that the AVX-512 kq_dot32's accumulator pair (chosen by the group's parity) is
+     * known at compile time: indexed at run time, the accumulators lived on the stack, a store and a reload around
+     * every fma.  Each accumulator still takes its products in K order. */
+    const int64_t T = K / 32;
+    int64_t t = 0;
+    for (; t + 1 < T; t += 2) {
+        for (int r = 0; r < R; r++) kq_dot32(&acc[r], wd + 32 * t, x + r * K + 32 * t, 0);
+        for (int r = 0; r < R; r++) kq_dot32(&acc[r], wd + 32 * t + 32, x + r * K + 32 * t + 32, 1);
+    }
+    if (t < T) /* t is even here */
+        for (int r = 0; r < R; r++) kq_dot32(&acc[r], wd + 32 * t, x + r * K + 32 * t, 0);
     for (int r = 0; r < R; r++) y[r * N] = kq_sum(&acc[r]);
 }
 
