@@ -121,7 +121,8 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
 }
 
 /* block b's weights into out[], or (fused) w * x into one row's accumulators; x: the block's first column of that
- * row, g0: the index of the block's first 32 weights along K */
+ * row, g0: the index of the block's first 32 weights along K (only its parity is read: AVX-512 alternates accumulator
+ * pairs with it) */
 static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out,
                                                              const int fused, kq_acc *acc, const float *x, int64_t g0) {
     if (qtype == Q5_1) {
@@ -264,20 +265,27 @@ static inline __attribute__((always_inline)) void kq_rows_dot(const int qtype, c
                                                               const uint8_t *wr, int64_t rowbytes, float *y) {
     const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
     const int64_t G = K / E;
+    /* Q5_1 (32 weights a block): two blocks a step, so that the block's parity, which picks the AVX-512
+     * accumulator pair, is known at compile time (a run-time index put the accumulators on the stack).  A
+     * super-block's first group of 32 is always even.  kq_dequant reads only that parity of its g0. */
+    const int S = E == 32 ? 2 : 1;
     kq_acc a0, a1;
     kq_zero(&a0);
     kq_zero(&a1);
-    for (int64_t g = 0; g < G; g++) {
-        const uint8_t *b = wr + g * B;
-        _mm_prefetch((const char *)(b + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
+    for (int64_t g0 = 0; g0 < G; g0 += S) {
+        for (int j = 0; j < S && g0 + j < G; j++) {
+            const int64_t g = g0 + j;
+            const uint8_t *b = wr + g * B;
+            _mm_prefetch((const char *)(b + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
 #if defined(HYSPEC_AVX2)
-        if (qtype == Q4_K || qtype == Q5_K) kq_superblock_dot(qtype, b, &a0, x + g * E);
-        else
+            if (qtype == Q4_K || qtype == Q5_K) kq_superblock_dot(qtype, b, &a0, x + g * E);
+            else
 #endif
-        kq_dequant(qtype, b, NULL, 1, &a0, x + g * E, g * (E / 32));
-        if (NR == 2) {
-            _mm_prefetch((const char *)(b + rowbytes + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
-            kq_dequant(qtype, b + rowbytes, NULL, 1, &a1, x + g * E, g * (E / 32));
+            kq_dequant(qtype, b, NULL, 1, &a0, x + g * E, j);
+            if (NR == 2) {
+                _mm_prefetch((const char *)(b + rowbytes + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
+                kq_dequant(qtype, b + rowbytes, NULL, 1, &a1, x + g * E, j);
+            }
         }
     }
     y[0] = kq_sum(&a0);
