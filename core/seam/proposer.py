@@ -62,6 +62,10 @@ class Proposer(ABC):
     #: True for methods whose trees carry NodeScores: they draft at their full budget and the step's
     #: verified size is chosen afterwards, draft by draft (draft_sizing.py)
     scores_drafts: bool = False
+    #: True when propose drafts each request on its own (no batched model call), so asking for one request
+    #: at a time costs nothing more: in a wave the engine then drafts row by row and stops once no row left
+    #: can be on the wave's critical path (SpecDecoder._propose_wave)
+    drafts_rows_independently: bool = False
 
     @abstractmethod
     def propose(self, requests: list[DraftRequest], sampling: SamplingTensors) -> list[DraftTree | None]:

@@ -93,3 +93,23 @@ def test_when_the_slowest_row_has_nothing_to_draft_no_row_can_shorten_the_wave(t
     assert recording.asked and totals["rejections"].get("off_critical_path", 0) > 0
     assert totals["drafts"] == 0  # the second row's drafts were all cut: the silent rows set the wave's length
     llm.close()
+
+
+class RowByRow(Recording):
+    """A Recording proposer that declares it drafts rows independently: the engine asks one row at a time."""
+
+    drafts_rows_independently = True
+
+
+def test_a_row_by_row_drafter_is_not_asked_past_a_row_that_ends_the_wave(target_dir, plain_outputs):
+    llm = wave_llm(target_dir)
+    spec = llm.engine.spec
+    spec.proposers["ngram"] = recording = RowByRow(spec.proposers["ngram"], frozenset({PROMPTS[1]}))
+    outs = llm.generate(PROMPTS[:3], [SamplingParams(temperature=0, max_tokens=40)] * 3)
+    assert [o.outputs[0].token_ids for o in outs] == [plain_outputs[i][:40] for i in range(3)]
+    assert recording.asked and all(len(asked) == 1 for asked in recording.asked)  # one row a call
+    # rows have equal tokens left, so the engine asks in row order and stops at the silent second row:
+    # the third is never asked, and no draft is verified (the first row's is cut: it cannot end the wave early)
+    assert {PROMPTS[2]} not in recording.asked and {PROMPTS[1]} in recording.asked
+    assert spec.metrics.snapshot()["totals"]["drafts"] == 0
+    llm.close()

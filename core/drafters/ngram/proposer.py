@@ -41,6 +41,7 @@ def find_continuation(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> lis
 
 class NgramProposer(Proposer):
     method = "ngram"
+    drafts_rows_independently = True
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, max_tokens: int, vocab_size: int):
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max

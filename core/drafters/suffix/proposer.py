@@ -118,6 +118,7 @@ class SuffixProposer(Proposer):
     method = "suffix"
     builds_trees = True
     scores_drafts = True
+    drafts_rows_independently = True
 
     def __init__(self, settings: SuffixSettings, max_tokens: int, vocab_size: int,
                  corpus: "Sequence[Sequence[int]] | None" = None):
