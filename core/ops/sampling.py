@@ -290,15 +290,25 @@ class SamplingTensors:
     def select(self, rows: torch.Tensor | Sequence[int]) -> "SamplingTensors":
         """The rows ``rows`` (e.g. the stochastic requests of a batch)."""
         idx = torch.as_tensor(rows, dtype=torch.int64, device=self.temperature.device)
-        return SamplingTensors(*(getattr(self, f.name)[idx] for f in fields(self)))
+        return self._derived(*(getattr(self, f.name)[idx] for f in fields(self)))
 
     def repeat(self, counts: torch.Tensor | Sequence[int]) -> "SamplingTensors":
         """Row ``r`` repeated ``counts[r]`` times (per request -> per tree node)."""
         reps = torch.as_tensor(counts, dtype=torch.int64, device=self.temperature.device)
-        return SamplingTensors(*(getattr(self, f.name).repeat_interleave(reps) for f in fields(self)))
+        return self._derived(*(getattr(self, f.name).repeat_interleave(reps) for f in fields(self)))
 
     def to(self, device: torch.device | str) -> "SamplingTensors":
-        return SamplingTensors(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return self._derived(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    @classmethod
+    def _derived(cls, *columns: torch.Tensor) -> "SamplingTensors":
+        """Rows of tensors already checked (select, repeat, to): built without checking them again, which
+        cost a row-by-row drafter about a fifth of its drafting time."""
+        out = cls.__new__(cls)
+        for f, column in zip(fields(cls), columns):
+            setattr(out, f.name, column)
+        out.is_greedy_host = (out.temperature == 0).tolist()
+        return out
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V] fp32
         """``process_logits`` with these parameters (one row of parameters per logits row)."""
