@@ -60,6 +60,7 @@ from typing import Callable, Mapping, Sequence
 from hyspec.errors import HyspecError
 from hyspec.policy.cost_model import CostModel, StepSample
 from hyspec.policy.draft_sizing import DraftSizer
+from hyspec.policy.draft_value import DraftingValue
 from hyspec.seam.tree import DraftTree
 from hyspec.spec.config import SpeculativeConfig
 
@@ -158,6 +159,7 @@ class GoodputController:
         self._methods: dict[str, _MethodState] = {}
         self._host: dict[tuple[int, bool], float] = {}  # (batch size, speculated) -> EWMA host seconds a step
         self._sizers: dict[str, DraftSizer] = {}  # scored methods: per-node calibration (draft_sizing.py)
+        self._drafting: dict[str, DraftingValue] = {}  # scored methods: whether drafting pays (draft_value.py)
 
     def cap(self, method: str, num_tokens: int) -> None:
         """``method`` drafts at most ``num_tokens`` (and never more than the top-level maximum)."""
@@ -281,9 +283,25 @@ class GoodputController:
             return trees
         predict = self.cost_model.predict
         host = self.host_seconds(batch_size, True)
-        plain = self.threshold * batch_size / (predict(batch_size, 1) + self.host_seconds(batch_size, False))
-        return self._sizer(method).size(trees, batch_size, lambda n: predict(batch_size, 1 + n / batch_size) + host,
-                                        plain)
+        plain_step = predict(batch_size, 1) + self.host_seconds(batch_size, False)
+        sizer = self._sizer(method)
+        spec_seconds = lambda n: predict(batch_size, 1 + n / batch_size) + host  # noqa: E731
+        kept = sizer.size(trees, batch_size, spec_seconds, self.threshold * batch_size / plain_step)
+        if sizer.last_choice:  # what the choice saves: its expected tokens at plain seconds per token, less its step
+            nodes, expected = sizer.last_choice
+            self.drafting_value(method).expect(expected * plain_step / batch_size - spec_seconds(nodes))
+        return kept
+
+    def drafting_value(self, method: str) -> DraftingValue:
+        """Whether drafting pays for the scored ``method`` (draft_value.py)."""
+        tracker = self._drafting.get(method)
+        if tracker is None:
+            tracker = self._drafting[method] = DraftingValue()
+        return tracker
+
+    def should_draft(self, method: str) -> bool:
+        """Whether the scored ``method`` drafts this step: always while the controller is off."""
+        return not self.enabled or self.drafting_value(method).should_draft()
 
     def observe_scored(self, method: str, tree: DraftTree, accepted_path: Sequence[int]) -> None:
         """A verified scored draft: which of its nodes were accepted (the path, root excluded)."""

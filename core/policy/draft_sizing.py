@@ -61,6 +61,7 @@ class DraftSizer:
         self._accepted: dict[Cell, float] = {}
         self._reached: dict[Cell, float] = {}
         self.empty_streak = 0  # consecutive steps sized to nothing
+        self.last_choice: tuple[int, float] | None = None  # the last size(): (nodes kept, expected tokens); None: none
 
     # -- calibration --------------------------------------------------------------------------------
     def acceptance(self, cell: Cell) -> float:
@@ -111,12 +112,13 @@ class DraftSizer:
                 continue
             ranked += [(-p, t, i) for i, p in enumerate(self.path_acceptance(tree), 1)]
         ranked.sort()
-        best_n, best, expected = 0, plain_goodput, float(batch)
+        best_n, best, expected, best_expected = 0, plain_goodput, float(batch), 0.0
         for n, (neg_p, _, _) in enumerate(ranked, 1):
             expected -= neg_p
             goodput = expected / spec_seconds(n)
             if goodput > best:
-                best_n, best = n, goodput
+                best_n, best, best_expected = n, goodput, expected
+        self.last_choice = (best_n, best_expected) if best_n else None
         if best_n == 0 and ranked:
             self.empty_streak += 1
             if self.explore_interval and self.empty_streak >= self.explore_interval:

@@ -171,7 +171,13 @@ class SpecDecoder(Speculation):
             p.on_prefill(prefilling)
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
+        scored = self.proposers[plan.method].scores_drafts
+        if scored and not self.controller.should_draft(plan.method):
+            return Drafts(plan)  # drafting has not paid for itself lately (hyspec.policy.draft_value)
+        t0 = time.perf_counter()
         trees, seconds = self._propose(plan, scheduled.decodes, [seq for seq, _ in scheduled.prefills])
+        if scored:
+            self.controller.drafting_value(plan.method).drafted(time.perf_counter() - t0)
         return Drafts(plan, trees, seconds)
 
     def _propose(self, plan: StepPlan, decodes: list[Sequence], prefilling: list[Sequence]
