@@ -33,3 +33,19 @@ def test_profile_without_budget_times_the_whole_grid():
 def test_profile_refuses_a_non_positive_budget():
     with pytest.raises(HyspecError, match="budget_s"):
         CostModel.profile(lambda b, n: 0.01, budget_s=0)
+
+
+def test_a_budget_that_leaves_only_the_largest_points_is_an_info_line_and_fewer_than_half_a_warning(caplog):
+    import logging
+
+    from hyspec.policy.cost_model import CostModel
+    from hyspec.policy.profiling import report_budget_stop
+    grid = CostModel.grid_order((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16))
+    assert grid[-1] == (32, 16) and grid[0] == (1, 1)
+    with caplog.at_level(logging.INFO, logger="hyspec.policy.profiling"):
+        report_budget_stop(grid, 28, 20.0)
+        report_budget_stop(grid, 10, 20.0)
+        report_budget_stop(grid, 30, 20.0)  # all timed: nothing to say
+    (idle, busy) = caplog.records
+    assert idle.levelno == logging.INFO and "28 of 30" in idle.getMessage() and "(32x8, 32x16)" in idle.getMessage()
+    assert busy.levelno == logging.WARNING and "slow or busy" in busy.getMessage()

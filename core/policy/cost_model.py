@@ -119,7 +119,7 @@ class CostModel:
         if budget_s is not None and not budget_s > 0:
             raise HyspecError(f"CostModel.profile: budget_s must be > 0, got {budget_s}")
         start = clock()
-        grid = sorted(((b, n) for b in batch_sizes for n in token_counts), key=lambda p: (p[0] * p[1], p[0]))
+        grid = cls.grid_order(batch_sizes, token_counts)
         measure(*grid[0])
         samples = []
         for b, n in grid:
@@ -127,6 +127,11 @@ class CostModel:
                 break
             samples.append(StepSample(b, n, min(float(measure(b, n)) for _ in range(repeats))))
         return cls(samples, **kwargs)
+
+    @staticmethod
+    def grid_order(batch_sizes: Sequence[int], token_counts: Sequence[int]) -> list[tuple[int, int]]:
+        """The (batch, tokens) points of a profile in the order they are timed: cheapest (fewest tokens) first."""
+        return sorted(((b, n) for b in batch_sizes for n in token_counts), key=lambda p: (p[0] * p[1], p[0]))
 
     def fit(self, samples: Iterable[StepSample]) -> None:
         """Fit from scratch; these samples are kept as the anchor for later online refits."""

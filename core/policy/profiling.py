@@ -51,10 +51,20 @@ def profile_cost_model(target: TargetContext, token_counts: tuple[int, ...] = (1
 
     t0 = time.perf_counter()
     model = CostModel.profile(measure, batch_sizes=batch_sizes, token_counts=token_counts, budget_s=budget_s)
-    timed, grid = model.num_anchor_samples, len(batch_sizes) * len(token_counts)
-    if timed < grid:
-        log.warning("profiling the target step cost: stopped after %.0fs with %d of %d (batch, tokens) points "
-                    "timed (the machine is slow or busy); the rest of the cost model is learned online",
-                    time.perf_counter() - t0, timed, grid)
+    report_budget_stop(CostModel.grid_order(batch_sizes, token_counts), model.num_anchor_samples, budget_s)
     log.info("profiled the target step cost in %.1fs: %s", time.perf_counter() - t0, model.coefficients())
     return model
+
+
+def report_budget_stop(grid: list[tuple[int, int]], timed: int, budget_s: float) -> None:
+    """Say which grid points the budget left untimed.  The largest points take most of the time, so an idle
+    machine may leave one or two to online learning (an info line); a warning only when fewer than half were timed,
+    which does mean a slow or busy machine."""
+    if timed >= len(grid):
+        return
+    left = grid[timed:]
+    shown = ", ".join(f"{b}x{n}" for b, n in left[:4]) + (" ..." if len(left) > 4 else "")
+    level = logging.WARNING if timed < len(grid) / 2 else logging.INFO
+    log.log(level, "profiling the target step cost: the %.0f s start-up budget ran out with %d of %d (batch, tokens) "
+            "points timed; the cost model learns the largest ones online (%s)%s", budget_s, timed, len(grid), shown,
+            " -- the machine is slow or busy" if level == logging.WARNING else "")
