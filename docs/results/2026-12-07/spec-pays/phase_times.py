@@ -1,8 +1,9 @@
 """Milliseconds each engine phase takes over 4 passes (after a warm-up pass) of 8 prompts x 48 greedy tokens,
-plain against suffix (or, with a third argument "plain", against two more plain engines: the engine-to-engine
-noise), one process, passes interleaved.  Wraps the engine's methods with wall-clock timers.
+plain against suffix (a third argument names another method; "plain" runs two more plain engines instead: the
+engine-to-engine noise), one process, passes interleaved.  Wraps the engine's methods with wall-clock timers; the
+speculative engine's line is labelled "suffix" whatever its method.
 
-    .venv/bin/python docs/results/2026-12-07/spec-pays/phase_times.py chat 8 [plain]
+    .venv/bin/python docs/results/2026-12-07/spec-pays/phase_times.py chat 8 [plain | hybrid | ...]
 """
 import time, statistics, sys, collections
 from hyspec import LLM, SamplingParams
@@ -42,7 +43,7 @@ wrap(fw.ModelRunner, "run")
 from hyspec.policy import chain
 
 engines = ({"plain": LLM(), "plain 2": LLM(), "plain 3": LLM()} if sys.argv[3:] == ["plain"] else
-           {"plain": LLM(), "suffix": LLM(speculative_config={"method": "suffix"})})
+           {"plain": LLM(), "suffix": LLM(speculative_config={"method": (sys.argv[3:] or ["suffix"])[0]})})
 ostep = eng.LLMEngine.step
 for rnd in range(5):
     for name, llm in engines.items():
