@@ -171,7 +171,8 @@ class SpecDecoder(Speculation):
             p.on_prefill(prefilling)
         if plan.budget <= 0 or plan.method == NONE:
             return Drafts(plan)
-        scored = self.proposers[plan.method].scores_drafts
+        proposer = self.proposers.get(plan.method)  # looked up as _propose does: only once a row asks for a draft
+        scored = proposer is not None and proposer.scores_drafts
         if scored and not self.controller.should_draft(plan.method):
             return Drafts(plan)  # drafting has not paid for itself lately (hyspec.policy.draft_value)
         t0 = time.perf_counter()
