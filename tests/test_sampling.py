@@ -159,6 +159,32 @@ def test_non_finite_logits_are_guarded(dtype):
     assert greedy(logits).tolist()[:2] == [2, 2]
 
 
+def test_greedy_is_the_guarded_argmax_on_ties_and_non_finite_entries():
+    """fp32 rows on the CPU take numpy's argmax (sampling.greedy): on rows full of ties, NaN, +-inf and the
+    lowest finite value, and on strided, transposed and half-precision inputs, the ids equal the guarded
+    torch argmax's, first maximum included."""
+    gen = torch.Generator().manual_seed(0)
+    lowest = torch.finfo(torch.float32).min
+    specials = (float("nan"), float("inf"), float("-inf"), lowest, -0.0)
+    for trial in range(1500):
+        n, vocab = int(torch.randint(0, 5, (1,), generator=gen)), int(torch.randint(1, 40, (1,), generator=gen))
+        logits = torch.randint(-3, 3, (n, vocab), generator=gen).float()  # small integers: many ties
+        pick = torch.rand(n, vocab, generator=gen)
+        for i, value in enumerate(specials):
+            logits[(pick > 0.9 - 0.04 * i) & (pick <= 0.94 - 0.04 * i)] = value
+        if n and trial % 7 == 0:
+            logits[0] = float("-inf")
+        if n and trial % 11 == 0:
+            logits[-1] = lowest
+        ids = greedy(logits)
+        assert ids.dtype == torch.int64 and torch.equal(ids, guard_logits(logits).argmax(dim=-1)), logits
+    wide = torch.randn(4, 100, generator=gen)
+    for logits in (wide[:, ::2], wide.T, wide.bfloat16()):
+        assert torch.equal(greedy(logits), guard_logits(logits).argmax(dim=-1))
+    with torch.inference_mode():
+        assert torch.equal(greedy(wide), wide.argmax(dim=-1))
+
+
 def test_tiny_temperature_and_huge_logits_do_not_overflow():
     logits = torch.tensor([[3e38, 2e38, -3e38], [1.0, 1.0 + 1e-3, 0.0]])
     probs = process_logits(logits, *_params(2, temperature=1e-6))
