@@ -216,6 +216,35 @@ def test_match_length_is_measured_only_for_a_bandit_or_a_rule_that_reads_it(tmp_
     assert HybridDispatcher(None, ["ngram"], reload_interval_s=None, bandit=BanditPolicy(["ngram"])).needs_match_length
 
 
+def test_acceptance_and_remote_health_are_gathered_only_for_a_rule_that_reads_them(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"when": "batch_size > 8", "method": "none"}, {"method": "ngram"}]))
+    d = HybridDispatcher(path, ["ngram"], reload_interval_s=None)
+    assert not d.needs_accept_rate and not d.needs_remote_health
+    path.write_text(json.dumps([{"when": "accept_rate.ngram > 0.5 and remote_health > 0.5", "method": "ngram"}]))
+    assert d.reload() and d.needs_accept_rate and d.needs_remote_health
+    bandit_only = HybridDispatcher(None, ["ngram"], reload_interval_s=None, bandit=BanditPolicy(["ngram", "none"]))
+    assert not bandit_only.needs_accept_rate and not bandit_only.needs_remote_health
+
+
+def test_the_dispatcher_gate_hands_rules_the_acceptance_they_read(tmp_path):
+    from types import SimpleNamespace
+
+    from hyspec.policy.chain import DispatcherGate
+
+    seq = SimpleNamespace(token_ids=[1, 2, 3])
+    step = SimpleNamespace(scheduler=SimpleNamespace(running=[seq], waiting=[], config=SimpleNamespace(max_num_seqs=4)),
+                           proposers={"ngram": object()}, decoding=[seq])
+    controller = SimpleNamespace(first_acceptance=lambda method: 0.75)
+    pool = SimpleNamespace(usage=lambda: 0.0)
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps([{"when": "accept_rate.ngram > 0.5", "method": "ngram"}, {"method": "none"}]))
+    gate = DispatcherGate(HybridDispatcher(path, ["ngram"], reload_interval_s=None), controller, pool)
+    assert gate.signals(step).accept_rate == {"ngram": 0.75} and gate(step).method == "ngram"
+    path.write_text(json.dumps([{"when": "batch_size > 8", "method": "none"}, {"method": "ngram"}]))
+    assert gate.dispatcher.reload() and gate.signals(step).accept_rate == {}
+
+
 def test_without_a_rule_file_a_bandit_decides_every_step():
     d = HybridDispatcher(None, ["eagle"], reload_interval_s=None, bandit=BanditPolicy(["eagle", "none"]))
     assert d.rules == ()  # the built-in rules would pin eagle

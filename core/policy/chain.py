@@ -177,18 +177,20 @@ class DispatcherGate:
     def signals(self, step: StepState) -> StepSignals:
         running = step.scheduler.running
         lengths = [len(s.token_ids) for s in running] or [0]
-        accept = {method: self.controller.first_acceptance(method) for method in step.proposers}
+        dispatcher = self.dispatcher
+        accept = ({method: self.controller.first_acceptance(method) for method in step.proposers}
+                  if dispatcher.needs_accept_rate else {})
         return StepSignals(
             context_length=sum(lengths) / len(lengths),
             batch_size=len(running),
             mem_usage=self.pool.usage(),
             load=len(running) / step.scheduler.config.max_num_seqs,
             queue_depth=len(step.scheduler.waiting),
-            remote_health=remote_health(step.proposers),
+            remote_health=remote_health(step.proposers) if dispatcher.needs_remote_health else 1.0,
             max_context_length=float(max(lengths)),
             accept_rate=accept,
             match_length=(match_length(step.proposers, step.decoding, MATCH_LENGTH_CAP)
-                          if self.dispatcher.needs_match_length else None),
+                          if dispatcher.needs_match_length else None),
         )
 
 

@@ -229,6 +229,9 @@ class HybridDispatcher:
         # (a name inside a condition that compiled can only be that signal)
         self.needs_match_length = self.bandit is not None or any(
             rule.when is not None and "match_length" in rule.when for rule in rules)
+        # likewise every method's acceptance and the remote drafters' health: only rules read them
+        self.needs_accept_rate = any(rule.when is not None and "accept_rate" in rule.when for rule in rules)
+        self.needs_remote_health = any(rule.when is not None and "remote_health" in rule.when for rule in rules)
         self._rules = rules
         self._active = active  # one assignment: choose() sees the old or the new set, never a mix
 
