@@ -220,6 +220,17 @@ class KVPool:
     def check_owner(self, owner: int, pages, exclusive: bool = False) -> None:
         """Raise :class:`KVOwnershipError` unless every page in ``pages`` belongs to ``owner``
         (and, with ``exclusive``, is held by one sequence only: shared pages are read-only)."""
+        if len(pages) == 1:  # a decoding step writes one page: the same checks on it without building arrays
+            page = int(pages[0])
+            if not 0 <= page < self.num_pages:
+                raise KVOwnershipError(f"{self._name(owner)} addressed a page outside the pool")
+            if self.owner[page] != owner:
+                raise KVOwnershipError(f"{self._name(owner)} would write page {page} owned by "
+                                       f"{self._name(int(self.owner[page]))}")
+            if exclusive and self.refs[page] > 1:
+                raise KVOwnershipError(f"{self._name(owner)} would write page {page}, which "
+                                       f"{int(self.refs[page])} sequences share")
+            return
         idx = np.asarray(pages, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_pages):
             raise KVOwnershipError(f"{self._name(owner)} addressed a page outside the pool")

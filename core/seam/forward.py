@@ -74,10 +74,9 @@ def build_inputs(feeds: list[Feed], device: torch.device) -> BatchInputs:
             logits_index.append(first + n - 1)
         logits_rows.append((r0, len(logits_index) - r0))
     max_pages = max(len(t) for t in tables)
-    block_tables = torch.zeros(len(feeds), max_pages, dtype=torch.int32)
-    for i, t in enumerate(tables):
-        if t:
-            block_tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    # one tensor from padded lists: a copy per row was two tensor ops a sequence, every step
+    block_tables = torch.tensor([[*t, *[0] * (max_pages - len(t))] for t in tables], dtype=torch.int32)
+    block_tables = block_tables.reshape(len(feeds), max_pages)
     tree_mask = None
     if any_tree:
         Q = max(qlens)

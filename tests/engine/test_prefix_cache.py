@@ -85,6 +85,26 @@ def test_adopted_pages_are_read_only():
         kv.adopt([], 0)
 
 
+def test_a_single_page_is_checked_as_a_list_of_pages_is():
+    """check_owner's one-page path (every decoding step) refuses exactly what the array path refuses."""
+    from hyspec.errors import KVOwnershipError
+
+    pool, cache = _pool(8)
+    other = pool.register("drafter", 1, 1, 4, torch.float32, BS)
+    mine, theirs = pool.allocate(cache.layout.owner, 2), pool.allocate(other.owner, 1)
+    pool.share(cache.layout.owner, mine[:1])
+    cases = [([mine[1]], True, None), ([mine[0]], False, None), ([mine[0]], True, "sequences share"),
+             ([theirs[0]], False, "owned by drafter"), ([99], False, "outside the pool"),
+             ([-1], False, "outside the pool")]
+    for pages, exclusive, error in cases:
+        for form in (pages, pages + pages):  # one page, and the same page twice through the array path
+            if error is None:
+                pool.check_owner(cache.layout.owner, form, exclusive=exclusive)
+            else:
+                with pytest.raises(KVOwnershipError, match=error):
+                    pool.check_owner(cache.layout.owner, form, exclusive=exclusive)
+
+
 def _repeats(llm: LLM) -> list[list[int]]:
     head = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
     prompts = [head + "def mul(a, b):", head + "class Foo:\n    def", head + "def mul(a, b):", "x = [1, 2, 3]\n",
