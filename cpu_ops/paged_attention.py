@@ -44,11 +44,16 @@ def variant(march: str) -> ctypes.CDLL | None:
 
 def _rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per step (shared by every layer): int32 seq_lens, query_lens, row -> sequence, row -> query index, table."""
-    seq = torch.repeat_interleave(torch.arange(meta.num_seqs, dtype=torch.int32),
-                                  torch.tensor(meta.query_lens, dtype=torch.int64))
-    idx = torch.cat([torch.arange(n, dtype=torch.int32) for n in meta.query_lens])
-    return (torch.tensor(meta.seq_lens_host, dtype=torch.int32), torch.tensor(meta.query_lens, dtype=torch.int32),
-            seq, idx, meta.block_tables.to(torch.int32).contiguous())
+    n = meta.num_seqs
+    if n and max(meta.query_lens) == 1 and sum(meta.query_lens) == n:  # decoding: row i is sequence i's one query
+        query_lens, seq, idx = torch.ones(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32), \
+            torch.zeros(n, dtype=torch.int32)
+    else:
+        query_lens = torch.tensor(meta.query_lens, dtype=torch.int32)
+        seq = torch.repeat_interleave(torch.arange(n, dtype=torch.int32), query_lens.to(torch.int64))
+        idx = torch.cat([torch.arange(q, dtype=torch.int32) for q in meta.query_lens])
+    return (torch.tensor(meta.seq_lens_host, dtype=torch.int32), query_lens, seq, idx,
+            meta.block_tables.to(torch.int32).contiguous())
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

@@ -1,7 +1,8 @@
 """Per-call wall time, inside a running engine, of three host functions every decoding step calls: the versions
 at a base revision against the working tree's, switched per pass on one engine (chat, batch 1 and 8, 8 prompts x
 48 greedy tokens), tokens compared.  KVPool.check_owner (one page: no arrays), DecoderStack._kv (the same pairs:
-no pointer walk), build_inputs (the block table from one list).
+no pointer walk), build_inputs (the block table from one list), paged_attention._rows (decoding rows: no
+repeat_interleave / cat).
 
     .venv/bin/python docs/results/2026-12-07/host-trims/ab.py [BASE_REV] [ROUNDS]
 """
@@ -12,6 +13,7 @@ from hyspec.bench.interleaved_ab import workload_prompts
 from hyspec.kv import pool as pool_mod
 from hyspec.cpu_ops import decoder_stack as ds_mod
 from hyspec.seam import forward as fw_mod
+from hyspec.cpu_ops import paged_attention as pa_mod
 
 BASE = sys.argv[1] if len(sys.argv) > 1 else "8a2f6c0"
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -32,9 +34,10 @@ def old_module(path: str, name: str):
 
 old = {"check_owner": old_module("core/kv/pool.py", "old_pool").KVPool.check_owner,
        "_kv": old_module("cpu_ops/decoder_stack.py", "old_stack").DecoderStack._kv,
-       "build_inputs": old_module("core/seam/forward.py", "old_forward").build_inputs}
+       "build_inputs": old_module("core/seam/forward.py", "old_forward").build_inputs,
+       "_rows": old_module("cpu_ops/paged_attention.py", "old_attention")._rows}
 new = {"check_owner": pool_mod.KVPool.check_owner, "_kv": ds_mod.DecoderStack._kv,
-       "build_inputs": fw_mod.build_inputs}
+       "build_inputs": fw_mod.build_inputs, "_rows": pa_mod._rows}
 times = {}
 current = ["new"]
 
@@ -52,6 +55,7 @@ impls = {"old": old, "new": new}
 pool_mod.KVPool.check_owner = timed("check_owner", impls)
 ds_mod.DecoderStack._kv = timed("_kv", impls)
 fw_mod.build_inputs = timed("build_inputs", impls)
+pa_mod._rows = timed("_rows", impls)
 
 p = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 llm = LLM()
@@ -69,7 +73,7 @@ for batch in (1, 8):
                 for key in [k for k in times if k[0] == which]:
                     del times[key]
     print(f"batch {batch}: tokens identical {outs['old'] == outs['new']}; median us per call, {BASE} -> working tree:")
-    for name in ("check_owner", "_kv", "build_inputs"):
+    for name in ("check_owner", "_kv", "build_inputs", "_rows"):
         o, n = statistics.median(times[("old", name)]), statistics.median(times[("new", name)])
         print(f"  {name:12s} {1e6 * o:7.1f} -> {1e6 * n:7.1f}   ({len(times[('new', name)])} calls)")
 llm.close()
