@@ -147,9 +147,8 @@ class DecoderStack:
                         + [0 if lin.bias is None else lin.bias.data_ptr() for lin in lins]
                         + [norms[0].data_ptr(), norms[1].data_ptr()])
         self.table = torch.tensor(rows, dtype=torch.int64)
-        self._kv_key: tuple | None = None
         self._kv_ptrs: torch.Tensor | None = None
-        self._kv_src: tuple | None = None
+        self._kv_src: tuple | None = None  # the (k, v) pairs _kv_ptrs was read from
 
     def accepts(self, h: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """Activations in the model's dtype, fp32 or bf16 caches with a contiguous head dimension (anything
@@ -160,18 +159,16 @@ class DecoderStack:
                 and not torch.is_grad_enabled())
 
     def _kv(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        src = self._kv_src  # the layout's (k, v) pairs the pointers were read from, held so that they stay alive
-        if src is not None and len(src) == len(kv_caches) and all(a is b for a, b in zip(src, kv_caches)):
-            return self._kv_ptrs  # the same pairs of the same tensors: the pointers cannot have moved
-        key = tuple((k.data_ptr(), v.data_ptr(), k.stride(), v.stride()) for k, v in kv_caches)
-        if key != self._kv_key:
+        """The layers' K / V base pointers as one tensor, read again only when the engine hands other (k, v) pair
+        objects than last time (the ones read are held, so an identical object is the same tensors)."""
+        src = self._kv_src
+        if src is None or len(src) != len(kv_caches) or not all(a is b for a, b in zip(src, kv_caches)):
             stride = kv_caches[0][0].stride()
             if any(k.stride() != stride or v.stride() != stride for k, v in kv_caches):
                 raise ValueError("decoder stack: the layers' KV caches differ in layout")
             self._kv_ptrs = torch.tensor([p for k, v in kv_caches for p in (k.data_ptr(), v.data_ptr())],
                                          dtype=torch.int64)
-            self._kv_key = key
-        self._kv_src = tuple(kv_caches)
+            self._kv_src = tuple(kv_caches)
         return self._kv_ptrs
 
     def run(self, h: torch.Tensor, residual: torch.Tensor | None, first: int, last: int, positions: torch.Tensor,

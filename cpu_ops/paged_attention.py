@@ -46,8 +46,9 @@ def _rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """Per step (shared by every layer): int32 seq_lens, query_lens, row -> sequence, row -> query index, table."""
     n = meta.num_seqs
     if n and max(meta.query_lens) == 1 and sum(meta.query_lens) == n:  # decoding: row i is sequence i's one query
-        query_lens, seq, idx = torch.ones(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32), \
-            torch.zeros(n, dtype=torch.int32)
+        query_lens = torch.ones(n, dtype=torch.int32)
+        seq = torch.arange(n, dtype=torch.int32)
+        idx = torch.zeros(n, dtype=torch.int32)
     else:
         query_lens = torch.tensor(meta.query_lens, dtype=torch.int32)
         seq = torch.repeat_interleave(torch.arange(n, dtype=torch.int32), query_lens.to(torch.int64))
