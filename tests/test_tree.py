@@ -159,6 +159,54 @@ def test_host_and_vectorized_structure_agree_on_random_padded_batches():
         assert c_host.dtype == c_vec.dtype and torch.equal(c_host, c_vec), (parents, valid)
 
 
+def _tensor_path(tokens, parents, sizes, vocab):
+    """What TreeBatch derives with tensor ops (the CUDA / NPU path), computed here on the CPU."""
+    from hyspec.seam import tree as T
+
+    n = int(sizes.max())
+    tokens, parents = tokens[:, :n], parents[:, :n]
+    valid = torch.arange(n)[None, :] < sizes[:, None]
+    tokens, parents = tokens.masked_fill(~valid, 0), parents.masked_fill(~valid, -1)
+    T._check_structure(tokens, parents, sizes, vocab, "TreeBatch")
+    depths, ancestors = T._depths_and_ancestors_vectorized(parents, valid)
+    offsets = torch.cumsum(sizes, 0) - sizes
+    packed = torch.where(valid, offsets[:, None] + torch.arange(n)[None, :], -1)
+    return dict(tokens=tokens, parents=parents, valid=valid, depths=depths, ancestors=ancestors,
+                children=T._child_table_vectorized(parents, valid), packed_index=packed,
+                max_depth=int(depths.max()))
+
+
+def test_a_cpu_tree_batch_built_from_host_lists_equals_the_tensor_path_values_and_errors():
+    """CPU batches derive everything from host lists (__post_init__'s tensor ops cost ~150 us a verifying step);
+    the values, and the first error in the same order, must be the tensor path's."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        b, n, vocab = 1 + trial % 5, 1 + int(torch.randint(1, 20, (1,), generator=gen)), 50
+        sizes = torch.randint(1, n + 1, (b,), generator=gen)
+        tokens = torch.randint(0, vocab, (b, n + 2), generator=gen)  # wider than needed: trimmed
+        parents = torch.randint(-3, 30, (b, n + 2), generator=gen)  # padding may hold anything
+        for r in range(b):
+            parents[r, 0] = -1
+            for i in range(1, int(sizes[r])):
+                parents[r, i] = int(torch.randint(0, i, (1,), generator=gen))
+        if trial % 4 == 1:  # one bad parent, token or root somewhere among the real nodes
+            r = int(torch.randint(0, b, (1,), generator=gen))
+            i = int(torch.randint(0, int(sizes[r]), (1,), generator=gen))
+            [parents, tokens, parents][trial // 4 % 3][r, i] = [i + 1, vocab + 3, 5][trial // 4 % 3]
+        try:
+            want = _tensor_path(tokens, parents, sizes, vocab)
+        except HyspecError as e:
+            with pytest.raises(HyspecError) as got:
+                TreeBatch(tokens, parents, sizes, None, vocab)
+            assert str(got.value) == str(e)
+            continue
+        batch = TreeBatch(tokens, parents, sizes, None, vocab)
+        for name, value in want.items():
+            have = getattr(batch, name)
+            assert (have == value if name == "max_depth" else
+                    have.dtype == value.dtype and torch.equal(have, value)), (trial, name)
+
+
 def test_tree_batch_lives_where_verification_asks_and_verify_refuses_a_device_mismatch():
     # ngram / suffix draft on the host while the target's logits are on the GPU: on an H200 the batch was
     # built on the CPU and verify_greedy's gather failed (index on cpu, logits on cuda:0).  Only the CPU is

@@ -45,8 +45,15 @@ def _depths_and_ancestors_host(parents: torch.Tensor, valid: torch.Tensor) -> tu
     ops, each of which costs more than the whole tree's arithmetic (a 25-node suffix tree: ~0.4 ms of them per
     step, twice a step)."""
     b, n = parents.shape
+    depths, anc = _depths_and_ancestors_lists(parents.tolist(), valid.tolist(), n)
+    return (torch.tensor(depths, dtype=torch.int64).view(b, n),
+            torch.tensor(anc, dtype=torch.bool).view(b, n, n))
+
+
+def _depths_and_ancestors_lists(parents: list[list[int]], valid: list[list[bool]],
+                                n: int) -> tuple[list[list[int]], list[list[list[bool]]]]:
     depths, anc = [], []
-    for par_row, live_row in zip(parents.tolist(), valid.tolist()):
+    for par_row, live_row in zip(parents, valid):
         d_row, a_row = [0] * n, [[False] * n for _ in range(n)]
         a_row[0][0] = True
         for i in range(1, n):
@@ -58,8 +65,7 @@ def _depths_and_ancestors_host(parents: torch.Tensor, valid: torch.Tensor) -> tu
             a_row[i][i] = True
         depths.append(d_row)
         anc.append(a_row)
-    return (torch.tensor(depths, dtype=torch.int64).view(b, n),
-            torch.tensor(anc, dtype=torch.bool).view(b, n, n))
+    return depths, anc
 
 
 @dataclass(frozen=True)
@@ -285,6 +291,9 @@ class TreeBatch:
             self.draft_probs = self.draft_probs[:, :n]
             self.vocab_size = int(self.draft_probs.shape[2])
         device = self.tokens.device
+        if device.type == "cpu":
+            self._derive_on_host(b, n)
+            return
         idx = torch.arange(n, device=device)
         self.valid = idx[None, :] < self.num_nodes[:, None]
         self.tokens = self.tokens.masked_fill(~self.valid, 0)
@@ -295,6 +304,39 @@ class TreeBatch:
         offsets = torch.cumsum(self.num_nodes, 0) - self.num_nodes
         self.packed_index = torch.where(self.valid, offsets[:, None] + idx[None, :], -1)
         self.max_depth = int(self.depths.max()) if b else 0
+
+    def _derive_on_host(self, b: int, n: int) -> None:
+        """__post_init__'s checks and derived tensors for a batch on the CPU, from host lists: the same values
+        and errors (in _check_structure's order) as the tensor code, which spent ~150 us of small tensor ops
+        on a one-tree batch, on every step that verifies (tests/test_tree.py compares the two)."""
+        sizes = self.num_nodes_host
+        valid = [[i < k for i in range(n)] for k in sizes]
+        tokens = [row[:k] + [0] * (n - k) for row, k in zip(self.tokens.tolist(), sizes)]
+        parents = [row[:k] + [-1] * (n - k) for row, k in zip(self.parents.tolist(), sizes)]
+        if any(row[0] != -1 for row in parents):
+            raise HyspecError("TreeBatch: the root's parent (parents[0]) must be -1")
+        for r, (row, k) in enumerate(zip(parents, sizes)):
+            for i in range(1, k):
+                if not 0 <= row[i] < i:
+                    raise HyspecError(f"TreeBatch: node {i} of tree {r} has parent {row[i]}; "
+                                      "parents must satisfy 0 <= parents[i] < i")
+        limit = self.vocab_size if self.vocab_size is not None else 2**62
+        for r, (row, k) in enumerate(zip(tokens, sizes)):
+            for i in range(k):
+                if not 0 <= row[i] < limit:
+                    raise HyspecError(f"TreeBatch: node {i} of tree {r} has token {row[i]}, "
+                                      f"outside [0, {self.vocab_size})")
+        depths, anc = _depths_and_ancestors_lists(parents, valid, n)
+        offsets = [sum(sizes[:r]) for r in range(b)]
+        self.tokens = torch.tensor(tokens, dtype=torch.int64).view(b, n)
+        self.parents = torch.tensor(parents, dtype=torch.int64).view(b, n)
+        self.valid = torch.tensor(valid, dtype=torch.bool).view(b, n)
+        self.depths = torch.tensor(depths, dtype=torch.int64).view(b, n)
+        self.ancestors = torch.tensor(anc, dtype=torch.bool).view(b, n, n)
+        self.children = _child_table_lists(parents, valid, b, n)
+        self.packed_index = torch.tensor([[o + i if i < k else -1 for i in range(n)] for o, k in zip(offsets, sizes)],
+                                         dtype=torch.int64).view(b, n)
+        self.max_depth = max((max(row) for row in depths), default=0)
 
     @classmethod
     def from_trees(cls, trees: Sequence[DraftTree], vocab_size: int | None = None,
@@ -312,11 +354,15 @@ class TreeBatch:
         vocab = sizes.pop() if sizes else None
         b, n = len(trees), max(t.num_nodes for t in trees)
         device = trees[0].tokens.device if device is None else torch.device(device)
-        tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
-        parents = torch.full((b, n), -1, dtype=torch.int64, device=device)
-        for r, t in enumerate(trees):
-            tokens[r, : t.num_nodes] = t.tokens
-            parents[r, : t.num_nodes] = t.parents
+        if device.type == "cpu":  # one tensor from host lists, not two slice copies a tree
+            tokens = torch.tensor([t.tokens.tolist() + [0] * (n - t.num_nodes) for t in trees], dtype=torch.int64)
+            parents = torch.tensor([t.parents.tolist() + [-1] * (n - t.num_nodes) for t in trees], dtype=torch.int64)
+        else:
+            tokens = torch.zeros(b, n, dtype=torch.int64, device=device)
+            parents = torch.full((b, n), -1, dtype=torch.int64, device=device)
+            for r, t in enumerate(trees):
+                tokens[r, : t.num_nodes] = t.tokens
+                parents[r, : t.num_nodes] = t.parents
         draft_probs = None
         if any(t.draft_probs is not None for t in trees):
             draft_probs = torch.zeros(b, n, vocab, dtype=torch.float32, device=device)
@@ -376,12 +422,15 @@ class TreeBatch:
 
 def _child_table(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:  # -> [B, N, C]
     """``children[b, i, r]``: the r-th child (in index order) of node i, or -1."""
-    b, n = parents.shape
     if parents.device.type != "cpu":
         return _child_table_vectorized(parents, valid)
-    # host lists: a handful of small tensor ops cost more than the whole tree
+    return _child_table_lists(parents.tolist(), valid.tolist(), *parents.shape)
+
+
+def _child_table_lists(parents: list[list[int]], valid: list[list[bool]], b: int, n: int) -> torch.Tensor:
+    """_child_table from host lists: a handful of small tensor ops cost more than the whole tree."""
     kids = [[[] for _ in range(n)] for _ in range(b)]
-    for r, (par_row, live_row) in enumerate(zip(parents.tolist(), valid.tolist())):
+    for r, (par_row, live_row) in enumerate(zip(parents, valid)):
         for i in range(1, n):
             if live_row[i]:
                 kids[r][max(par_row[i], 0)].append(i)
