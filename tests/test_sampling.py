@@ -296,3 +296,17 @@ def test_top_p_window_retries_give_the_full_sort_result(monkeypatch, window):
         expected, margin = reference_process(logits[row].tolist(), 1.5, 0, 0.8, 0.0)
         assert margin > 1e-6
         assert ((full_window[row] > 0) == (torch.tensor(expected) > 0)).all()
+
+
+def test_from_params_shares_one_object_per_values_and_still_refuses_bad_values():
+    a = [SimpleNamespace(temperature=0.7, top_k=5, top_p=0.9, min_p=None)] * 3
+    b = [SimpleNamespace(temperature=0.7, top_k=5, top_p=0.9, min_p=None) for _ in range(3)]
+    first, second = SamplingTensors.from_params(a), SamplingTensors.from_params(b)
+    assert first is second  # equal values, other objects: the same built tensors
+    assert first.temperature.tolist() == pytest.approx([0.7] * 3) and first.top_k.tolist() == [5] * 3
+    assert first.min_p.tolist() == [0.0] * 3 and first.is_greedy_host == [False] * 3
+    other = SamplingTensors.from_params([SimpleNamespace(temperature=0.0, top_k=None, top_p=None, min_p=None)])
+    assert other is not first and other.is_greedy_host == [True]
+    for _ in range(2):  # a refusal is never cached: every call says so
+        with pytest.raises(ValueError, match="top_p"):
+            SamplingTensors.from_params([SimpleNamespace(temperature=1.0, top_k=None, top_p=1.5, min_p=None)])
