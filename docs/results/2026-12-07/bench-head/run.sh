@@ -3,7 +3,8 @@
 # default file and on its Q4_K_M requantization by llama.cpp, HumanEval and chat: scripts/bench_peers.sh's
 # settings without the vLLM peers (hyspec plain's vLLM ratios stand in docs/results/2026-12-07/peers-zen4).
 #   LLAMACPP_PY=/tmp/llamacpp-venv/bin/python bash docs/results/2026-12-07/bench-head/run.sh OUT
-# FILES=default (or q4km) runs one file only; Q4KM=PATH reuses a requantized file.
+# FILES=default (or q4km) runs one file only; Q4KM=PATH reuses a requantized file; A8=1 adds, on the default file at
+# batch 1, hyspec with --quantization a8 (llama.cpp's own arithmetic: 8-bit activations, opt-in) beside llama.cpp.
 set -euo pipefail
 OUT=${1:?output folder}
 mkdir -p "$OUT"
@@ -22,4 +23,12 @@ for file in ${FILES:-default q4km}; do
       --plot "$OUT/plots-$file-$workload" | tee "$OUT/$file-$workload.txt"
   done
 done
+if [ "${A8:-0}" = 1 ]; then  # the later --batch-sizes 1 overrides COMMON's
+  for workload in humaneval chat; do
+    echo "== a8 $workload: $(date -u +%H:%M:%S)" >&2
+    .venv/bin/hyspec bench "${COMMON[@]}" --model "$DEFAULT" --workload "$workload" \
+      --quantization a8 --batch-sizes 1 --json "$OUT/a8-$workload.json" --plot "$OUT/plots-a8-$workload" \
+      | tee "$OUT/a8-$workload.txt"
+  done
+fi
 rm -f "$OUT/SmolLM2-135M-Instruct.Q4_K_M.gguf"
