@@ -352,3 +352,58 @@ def test_an_arm_whose_steps_commit_one_token_or_eight_is_not_written_off_on_unlu
 
     goodput = [simulate(seed) for seed in range(6)]
     assert sum(goodput) / len(goodput) > 200.0, goodput  # 215 here; a steady 143 tok/s plain is the floor
+
+
+def run_with_vetoes(policy, klass, steps, goodput, vetoed, rng):
+    """Steps through a bandit whose choices of ``vetoed`` arms the goodput controller turns into plain steps:
+    those are observed as "none"'s (what ran), with plain's noisy goodput."""
+    chosen = []
+    for _ in range(steps):
+        arm = policy.choose(klass, 1)
+        ran = arm
+        if arm in vetoed:
+            policy.vetoed(klass, arm)
+            ran = "none"
+        policy.observe(klass, ran, tokens=1, seconds=1.0 / (goodput[ran] * rng.uniform(0.9, 1.1)))
+        chosen.append(arm)
+    return chosen
+
+
+def test_arms_the_controller_vetoes_are_neither_exploited_nor_often_explored():
+    """Six drafters the goodput controller gives no budget (the default model's on chat): credited with the plain
+    steps they became, they were copies of plain decoding, and among six copies the luckiest estimate beat plain's
+    and took most steps, each paying for a plan that drafted nothing."""
+    import random
+
+    goodput = {"suffix": 138.0, "none": 140.0, **{f"drafter{i}": 140.0 for i in range(6)}}
+    vetoed = {f"drafter{i}" for i in range(6)}
+    policy = BanditPolicy(list(goodput), explore_fraction=0.1, warmup=2)
+    later = run_with_vetoes(policy, "c", 3000, goodput, vetoed, random.Random(0))[1000:]
+    # credited with their plain steps, the vetoed arms took 1,353 of these 2,000 steps (one of them 1,068)
+    assert later.count("none") >= 0.85 * len(later), {a: later.count(a) for a in goodput}
+    for arm in vetoed:
+        assert 1 <= later.count(arm) <= 10, (arm, later.count(arm))  # still tried, rarely
+        assert policy._classes["c"].arms[arm].backoff > 1 and policy._classes["c"].arms[arm].pulls == 0
+
+
+def test_a_vetoed_arm_that_later_drafts_and_pays_takes_over():
+    import random
+
+    goodput = {"suffix": 150.0, "none": 140.0, "eagle3": 140.0}
+    policy = BanditPolicy(list(goodput), explore_fraction=0.1, warmup=2)
+    run_with_vetoes(policy, "c", 500, goodput, {"eagle3"}, random.Random(1))
+    assert policy._classes["c"].arms["eagle3"].vetoed
+    later = run_with_vetoes(policy, "c", 1500, {**goodput, "eagle3": 400.0}, set(), random.Random(2))
+    assert later[-300:].count("eagle3") >= 0.85 * 300  # its next exploring step drafted: judged on that
+    assert not policy._classes["c"].arms["eagle3"].vetoed
+
+
+def test_the_dispatcher_credits_a_vetoed_step_to_plain_decoding():
+    policy = BanditPolicy(["eagle3", "none"], warmup=1)
+    dispatcher = HybridDispatcher(None, ["eagle3"], reload_interval_s=None, bandit=policy)
+    assert dispatcher.choose(signals()) == "eagle3"  # warm-up: least chosen first, in order
+    dispatcher.vetoed()
+    dispatcher.observe_step(1, 0.01)
+    klass = next(iter(policy._classes))
+    arms = policy._classes[klass].arms
+    assert arms["eagle3"].pulls == 0 and arms["eagle3"].vetoed and arms["none"].pulls == 1

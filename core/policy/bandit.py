@@ -119,6 +119,7 @@ class ArmStats:
     chosen: int = 0  # times chosen (a chosen step that also prefilled is not observed)
     last_step: int = -1  # the class step at which it was last chosen
     backoff: int = 1  # exploration interval of this arm, in base intervals (1 .. MAX_BACKOFF)
+    vetoed: bool = False  # its last choice here was made a plain step (vetoed): not exploited until it drafts
 
 
 @dataclass
@@ -211,6 +212,7 @@ class BanditPolicy:
             if explored:
                 own.explore_seconds += seconds
             parent = self._parent(klass)
+            own.arms[arm].vetoed = False  # it drafted: judged on its steps again
             for state in (own, parent):
                 if state is None:
                     continue
@@ -233,6 +235,24 @@ class BanditPolicy:
                     stats.backoff = 1
                 elif self._optimistic(own, parent, arm) < BACKOFF_GAP * rival:
                     stats.backoff = min(2 * stats.backoff, self.max_backoff)
+
+    def vetoed(self, klass: str, arm: str) -> None:
+        """The step just chosen for ``arm`` in ``klass`` did not draft: a later gate (the goodput controller's zero
+        budget, a released drafter, the batch-size limit) made it a plain step, which the caller observes as the
+        plain arm's.  Credited to ``arm``, such steps made it a copy of plain decoding, and among several such
+        copies the luckiest estimate beat plain's and was exploited, every step paying for a plan that drafted
+        nothing.  So ``arm`` is not exploited in this class until a step of its own is observed, and a vetoed
+        exploration backs off as a lost one does: explored ever less often, found again once it drafts and
+        pays."""
+        with self._lock:
+            state = self._classes.get(klass)
+            if state is None or arm not in state.arms:
+                return
+            stats = state.arms[arm]
+            stats.vetoed = True
+            if self._exploring.get(klass) == arm:
+                del self._exploring[klass]
+                stats.backoff = min(2 * stats.backoff, self.max_backoff)
 
     def snapshot(self) -> BanditSnapshot:
         with self._lock:
@@ -284,7 +304,8 @@ class BanditPolicy:
         def estimate(arm: str) -> float:
             return self._estimate(state, parent, arm)
 
-        best = max(self.arms, key=lambda a: (estimate(a), -self.arms.index(a)))
+        arms = [a for a in self.arms if not state.arms[a].vetoed] or self.arms
+        best = max(arms, key=lambda a: (estimate(a), -self.arms.index(a)))
         margin = self.plain_margin if batch_size is None or batch_size > 1 else 0.0
         if self.plain is not None and best != self.plain and margin > 0.0:
             if estimate(best) < (1.0 + margin) * estimate(self.plain):

@@ -54,7 +54,10 @@ class Policy:
         self.canary = canary  # None: every request speculates
 
     def plan(self, step: StepState) -> StepPlan:
-        return self.chain.plan(step)
+        plan = self.chain.plan(step)
+        if self.dispatcher is not None and not plan.budget and plan.method != NONE:
+            self.dispatcher.vetoed()  # the dispatcher chose a method that a later gate kept from drafting
+        return plan
 
     def arm(self, request_id: str) -> str:
         """The request's canary arm: "spec", or "control" (it always decodes plainly)."""

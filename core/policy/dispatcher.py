@@ -156,6 +156,15 @@ class HybridDispatcher:
         self._latency.record(perf_counter_ns() - start)
         return method
 
+    def vetoed(self) -> None:
+        """A later gate made the bandit's choice for this step a plain step: the bandit hears of it
+        (``BanditPolicy.vetoed``) and the step is observed as the plain arm's, which is what ran."""
+        if self.bandit is None or self._last is None or self._last[1] == NONE:
+            return
+        klass, arm = self._last
+        self.bandit.vetoed(klass, arm)
+        self._last = (klass, NONE) if NONE in self.bandit.arms else None
+
     def observe_step(self, tokens: int, seconds: float) -> None:
         """The last chosen step committed ``tokens`` in ``seconds`` (decode steps only): the bandit learns."""
         if self.bandit is not None and self._last is not None:
