@@ -52,9 +52,10 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N] int64
 
     fp32 rows on the CPU go through numpy's argmax, which is vectorized where torch's is not: over a
     49,152-token vocabulary a row took 10.5 us against 57 us with the guard, 32 rows 111 against 1113 us
-    (docs/results/2026-12-07/greedy-argmax), and every decoding step pays it.  Both return the first maximum.  A row whose maximum is not finite (a NaN, which
-    both argmaxes return as the maximum, or +inf), or is the dtype's lowest value (where a -inf mapped to
-    it by the guard could tie), takes the guarded path, so the ids are always the guarded argmax's."""
+    (docs/results/2026-12-07/greedy-argmax), and every decoding step pays it.  Both return the first
+    maximum.  A row whose maximum is not finite (a NaN, which both argmaxes return as the maximum, or +inf),
+    or is the dtype's lowest value (where a -inf mapped to it by the guard could tie), takes the guarded
+    path, so the ids are always the guarded argmax's."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and logits.shape[1]:
         values = logits.detach().numpy()
         ids = values.argmax(axis=-1)

@@ -9,6 +9,7 @@ Node ``i`` sits at RoPE position ``context_len + depths[i]``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -119,7 +120,12 @@ class DraftTree:
         if self.scores is not None and len(self.scores.conditional) != n - 1:
             raise HyspecError(f"DraftTree.scores has {len(self.scores.conditional)} entries for {n - 1} draft nodes")
         if self.tokens.device.type == "cpu":
-            self.depths = torch.tensor(_checked_depths_host(self.tokens.tolist(), self.parents.tolist(), self.vocab_size))
+            parents = self.parents.tolist()
+            _check_structure_host([self.tokens.tolist()], [parents], [n], self.vocab_size, "DraftTree")
+            depths = [0] * n
+            for i in range(1, n):
+                depths[i] = depths[parents[i]] + 1
+            self.depths = torch.tensor(depths)
         else:
             _check_structure(self.tokens[None], self.parents[None], torch.tensor([n]), self.vocab_size, "DraftTree")
             valid = torch.ones(1, n, dtype=torch.bool, device=self.tokens.device)
@@ -224,22 +230,23 @@ def _check_structure(
         raise HyspecError(f"{what}: node {i} of tree {b} has token {int(tokens[b, i])}, outside [0, {vocab_size})")
 
 
-def _checked_depths_host(tokens: list[int], parents: list[int], vocab_size: int | None) -> list[int]:
-    """_check_structure and the depths of one tree on host lists: a drafter builds a tree a row and a step,
-    and the tensor version's dozen small ops cost ~60 us of each (a suffix step at batch 1 is ~7 ms)."""
-    if parents[0] != -1:
-        raise HyspecError("DraftTree: the root's parent (parents[0]) must be -1")
+def _check_structure_host(tokens: list[list[int]], parents: list[list[int]], sizes: list[int],
+                          vocab_size: int | None, what: str) -> None:
+    """_check_structure on host lists (tree r's real nodes: the first ``sizes[r]`` of its rows), with its errors in
+    its order: a drafter builds a tree a row and a step, and the tensor version's dozen small ops cost ~60 us of
+    each (a suffix step at batch 1 is ~7 ms)."""
+    if any(row[0] != -1 for row in parents):
+        raise HyspecError(f"{what}: the root's parent (parents[0]) must be -1")
+    for r, (row, k) in enumerate(zip(parents, sizes)):
+        for i in range(1, k):
+            if not 0 <= row[i] < i:
+                raise HyspecError(f"{what}: node {i} of tree {r} has parent {row[i]}; "
+                                  "parents must satisfy 0 <= parents[i] < i")
     limit = vocab_size if vocab_size is not None else 2**62
-    depths = [0] * len(parents)
-    for i in range(1, len(parents)):
-        p = parents[i]
-        if not 0 <= p < i:
-            raise HyspecError(f"DraftTree: node {i} of tree 0 has parent {p}; parents must satisfy 0 <= parents[i] < i")
-        depths[i] = depths[p] + 1
-    for i, t in enumerate(tokens):
-        if not 0 <= t < limit:
-            raise HyspecError(f"DraftTree: node {i} of tree 0 has token {t}, outside [0, {vocab_size})")
-    return depths
+    for r, (row, k) in enumerate(zip(tokens, sizes)):
+        for i in range(k):
+            if not 0 <= row[i] < limit:
+                raise HyspecError(f"{what}: node {i} of tree {r} has token {row[i]}, outside [0, {vocab_size})")
 
 
 #: up to this many padded nodes, a CPU TreeBatch derives its tensors from host lists.  Past it the lists' per-node
@@ -320,21 +327,9 @@ class TreeBatch:
         valid = [[i < k for i in range(n)] for k in sizes]
         tokens = [row[:k] + [0] * (n - k) for row, k in zip(self.tokens.tolist(), sizes)]
         parents = [row[:k] + [-1] * (n - k) for row, k in zip(self.parents.tolist(), sizes)]
-        if any(row[0] != -1 for row in parents):
-            raise HyspecError("TreeBatch: the root's parent (parents[0]) must be -1")
-        for r, (row, k) in enumerate(zip(parents, sizes)):
-            for i in range(1, k):
-                if not 0 <= row[i] < i:
-                    raise HyspecError(f"TreeBatch: node {i} of tree {r} has parent {row[i]}; "
-                                      "parents must satisfy 0 <= parents[i] < i")
-        limit = self.vocab_size if self.vocab_size is not None else 2**62
-        for r, (row, k) in enumerate(zip(tokens, sizes)):
-            for i in range(k):
-                if not 0 <= row[i] < limit:
-                    raise HyspecError(f"TreeBatch: node {i} of tree {r} has token {row[i]}, "
-                                      f"outside [0, {self.vocab_size})")
+        _check_structure_host(tokens, parents, sizes, self.vocab_size, "TreeBatch")
         depths, anc = _depths_and_ancestors_lists(parents, valid, n)
-        offsets = [sum(sizes[:r]) for r in range(b)]
+        offsets = [0, *itertools.accumulate(sizes)][:b]
         self.tokens = torch.tensor(tokens, dtype=torch.int64).view(b, n)
         self.parents = torch.tensor(parents, dtype=torch.int64).view(b, n)
         self.valid = torch.tensor(valid, dtype=torch.bool).view(b, n)
