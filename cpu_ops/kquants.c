@@ -85,11 +85,12 @@ static inline float kq_sum(const kq_acc *a) {
 
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
 /* 32 codes (bytes, unsigned; signed for Q6_K) to fp32, then q * s + b (fma: one rounding of an exact
- * product plus b) or q * s (b_none); s0 scales codes 0..15, s1 codes 16..31.  The weights go to out[0..31],
- * or (fused, one row of x) straight into that row's accumulators with x[0..31], as kq_dot32 would add them. */
+ * product plus b) or q * s (b_none); s0 scales codes 0..15, s1 codes 16..31.  The weights go to out[0..31]
+ * (R = 0), or (fused: R rows of x, xs floats apart, R compile-time) straight into each row's accumulators
+ * acc[r] with x[r xs + 0..31], as kq_dot32 would add them. */
 static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_signed, float s0, float s1, float b,
-                                                             int b_none, float *out, const int fused, kq_acc *acc,
-                                                             const float *x, int64_t g32) {
+                                                             int b_none, float *out, const int R, kq_acc *acc,
+                                                             const float *x, int64_t xs, int64_t g32) {
     const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
 #if defined(HYSPEC_AVX512)
     const __m512 vs0 = _mm512_set1_ps(s0), vs1 = _mm512_set1_ps(s1), vb = _mm512_set1_ps(b);
@@ -97,10 +98,12 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
     const __m512 f1 = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(q1) : _mm512_cvtepu8_epi32(q1));
     const __m512 w0 = b_none ? _mm512_mul_ps(f0, vs0) : _mm512_fmadd_ps(f0, vs0, vb);
     const __m512 w1 = b_none ? _mm512_mul_ps(f1, vs1) : _mm512_fmadd_ps(f1, vs1, vb);
-    if (fused) {
+    if (R) {
         const int p = (int)(g32 & 1) * 2;
-        acc->v[p] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc->v[p]);
-        acc->v[p + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc->v[p + 1]);
+        for (int r = 0; r < R; r++) {
+            acc[r].v[p] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * xs), acc[r].v[p]);
+            acc[r].v[p + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * xs + 16), acc[r].v[p + 1]);
+        }
     } else {
         _mm512_storeu_ps(out, w0);
         _mm512_storeu_ps(out + 16, w1);
@@ -113,36 +116,41 @@ static inline __attribute__((always_inline)) void kq_store32(__m256i q, int is_s
         const __m256i wide = is_signed ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
         const __m256 f = _mm256_cvtepi32_ps(wide);
         const __m256 w = b_none ? _mm256_mul_ps(f, vs) : _mm256_fmadd_ps(f, vs, vb);
-        if (fused) acc->v[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * i), acc->v[i]);
-        else _mm256_storeu_ps(out + 8 * i, w);
+        for (int r = 0; r < R; r++) acc[r].v[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * xs + 8 * i), acc[r].v[i]);
+        if (!R) _mm256_storeu_ps(out + 8 * i, w);
     }
     (void)g32;
 #endif
 }
 
-/* block b's weights into out[], or (fused) w * x into one row's accumulators; x: the block's first column of that
- * row, g0: the index of the block's first 32 weights along K (only its parity is read: AVX-512 alternates accumulator
- * pairs with it) */
+/* block b's weights into out[] (R = 0), or (fused) w * x into the accumulators of R rows of x, xs floats apart; x: the
+ * block's first column of the first row, g0: the index of the block's first 32 weights along K (only its parity is
+ * read: AVX-512 alternates accumulator pairs with it) */
 static inline __attribute__((always_inline)) void kq_dequant(const int qtype, const uint8_t *b, float *out,
-                                                             const int fused, kq_acc *acc, const float *x, int64_t g0) {
+                                                             const int R, kq_acc *acc, const float *x, int64_t xs,
+                                                             int64_t g0) {
     if (qtype == Q5_1) {
-        kq_store32(q5_codes(b + 4, b + 8, 0), 0, f16(b), f16(b), f16(b + 2), 0, out, fused, acc, x, g0);
+        kq_store32(q5_codes(b + 4, b + 8, 0), 0, f16(b), f16(b), f16(b + 2), 0, out, R, acc, x, xs, g0);
         return;
     }
     if (qtype == Q6_K) {
         const float d = f16(b + 208);
         const int8_t *sc = (const int8_t *)(b + 192);
         const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+        /* unrolled, so that each kq_store32's accumulator pair is known at compile time (with four rows of x the
+         * compiler otherwise left the k loop rolled and the accumulators in memory) */
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32 * (k & 1)));
                 const __m256i lo = _mm256_and_si256(k >> 1 ? _mm256_srli_epi16(ql, 4) : ql, m4);
                 const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m2);
                 const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), k32);
                 const int t = 128 * h + 32 * k; /* two scales in these 32: elements t..t+15 and t+16..t+31 */
-                kq_store32(q, 1, d * (float)sc[t / 16], d * (float)sc[t / 16 + 1], 0.0f, 1, out + t, fused, acc,
-                           x + t, g0 + t / 32);
+                kq_store32(q, 1, d * (float)sc[t / 16], d * (float)sc[t / 16 + 1], 0.0f, 1, out + t, R, acc,
+                           x + t, xs, g0 + t / 32);
             }
         }
         return;
@@ -151,12 +159,12 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
     const float d = f16(b), dmin = f16(b + 2);
     const uint8_t *s = b + 4, *qs = b + (qtype == Q5_K ? 48 : 16);
 #if defined(HYSPEC_AVX512)
-    if (qtype == Q4_K && fused) {
-        /* One row of x: a sub-block's sixteen possible values, fma(q, d sc, -dmin mn) for q = 0..15, in one register, indexed
-         * by the codes (vpermps reads an index's low four bits, so a widened byte indexes its low nibble as it is
-         * and its high nibble after one shift): the values kq_store32 computes, for fewer instructions than
-         * converting and scaling each code.  (Dequantizing into a buffer for many rows, the conversion below was
-         * as fast or faster.) */
+    if (qtype == Q4_K && R) {
+        /* Rows of x straight from the block: a sub-block's sixteen possible values, fma(q, d sc, -dmin mn) for
+         * q = 0..15, in one register, indexed by the codes (vpermps reads an index's low four bits, so a widened
+         * byte indexes its low nibble as it is and its high nibble after one shift): the values kq_store32
+         * computes, for fewer instructions than converting and scaling each code.  (Dequantizing into a buffer
+         * for many rows, the conversion below was as fast or faster.) */
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         for (int c = 0; c < 4; c++) {
             __m512 table[2];
@@ -171,8 +179,11 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
                 const __m512 w0 = _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q0, 4) : q0, table[h]);
                 const __m512 w1 = _mm512_permutexvar_ps(h ? _mm512_srli_epi32(q1, 4) : q1, table[h]);
                 const int i = 2 * c + h;
-                acc->v[2 * h] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * i), acc->v[2 * h]);
-                acc->v[2 * h + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * i + 16), acc->v[2 * h + 1]);
+                for (int r = 0; r < R; r++) {
+                    const float *xr = x + r * xs + 32 * i;
+                    acc[r].v[2 * h] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r].v[2 * h]);
+                    acc[r].v[2 * h + 1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r].v[2 * h + 1]);
+                }
             }
         }
         (void)g0, (void)out; /* a super-block starts on an even group of 32 */
@@ -191,8 +202,8 @@ static inline __attribute__((always_inline)) void kq_dequant(const int qtype, co
             if (qtype == Q5_K)
                 q = _mm256_or_si256(q, _mm256_slli_epi16(
                                            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(i)), one), 4));
-            kq_store32(q, 0, d * (float)sc, d * (float)sc, -(dmin * (float)mn), 0, out + 32 * i, fused, acc,
-                       x + 32 * i, g0 + i);
+            kq_store32(q, 0, d * (float)sc, d * (float)sc, -(dmin * (float)mn), 0, out + 32 * i, R, acc,
+                       x + 32 * i, xs, g0 + i);
         }
     }
 }
@@ -310,15 +321,49 @@ static inline __attribute__((always_inline)) void kq_rows_dot(const int qtype, c
             if (qtype == Q4_K || qtype == Q5_K) kq_superblock_dot(qtype, b, &a0, x + g * E);
             else
 #endif
-            kq_dequant(qtype, b, NULL, 1, &a0, x + g * E, j);
+            kq_dequant(qtype, b, NULL, 1, &a0, x + g * E, 0, j);
             if (NR == 2) {
                 _mm_prefetch((const char *)(b + rowbytes + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
-                kq_dequant(qtype, b + rowbytes, NULL, 1, &a1, x + g * E, j);
+                kq_dequant(qtype, b + rowbytes, NULL, 1, &a1, x + g * E, 0, j);
             }
         }
     }
     y[0] = kq_sum(&a0);
     if (NR == 2) y[1] = kq_sum(&a1);
+}
+
+/* A few rows of x (verification of a short draft, a small batch): one output row (its blocks at wr) against R rows
+ * of x (2..KQ_FEW_ROWS, compile-time), each block dequantized in registers once and its weights taken by every row.
+ * (Through the many-rows path's buffer, two rows of x cost as much as two single rows: the store and reload of
+ * every weight outweigh what the second row shares.)  Each row's accumulators take the products kq_rows_dot gives
+ * it alone, in the same order. */
+enum { KQ_FEW_ROWS = 4 };
+/* Up to this many rows of x take kq_few_dot in chunks, past it the many-rows path: the crossovers measured on
+ * SmolLM2's Q4_K_M and Q5_K_M matrices (scripts/bench_qgemm_types.py).  Q6_K's codes cost the most to assemble, so
+ * sharing them pays longest; AVX2's sixteen registers hold four rows' accumulators and nothing else. */
+static inline int kq_few_max(int qtype) {
+#if defined(HYSPEC_AVX512)
+    return qtype == Q6_K ? 32 : qtype == Q5_1 ? 8 : 16;
+#else
+    return qtype == Q6_K ? 8 : 4;
+#endif
+}
+static inline __attribute__((always_inline)) void kq_few_dot(const int qtype, const int R, const float *x, int64_t K,
+                                                             const uint8_t *wr, float *y, int64_t N) {
+    const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
+    const int64_t G = K / E;
+    const int S = E == 32 ? 2 : 1; /* as kq_rows_dot: the group's parity known at compile time */
+    kq_acc a[KQ_FEW_ROWS];
+    for (int r = 0; r < R; r++) kq_zero(&a[r]);
+    for (int64_t g0 = 0; g0 < G; g0 += S) {
+        for (int j = 0; j < S && g0 + j < G; j++) {
+            const int64_t g = g0 + j;
+            const uint8_t *b = wr + g * B;
+            _mm_prefetch((const char *)(b + PREFETCH_BYTES_ONE_ROW), _MM_HINT_T0);
+            kq_dequant(qtype, b, NULL, R, a, x + g * E, K, j);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r * N] = kq_sum(&a[r]);
 }
 #endif
 
@@ -347,7 +392,7 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
             const float *w = (const float *)b; /* F32_ROWS: the row's own values */
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
             if (qtype != F32_ROWS) {
-                kq_dequant(qtype, b, buf, 0, NULL, NULL, 0);
+                kq_dequant(qtype, b, buf, 0, NULL, NULL, 0, 0);
                 w = buf;
             }
 #else
@@ -399,7 +444,7 @@ static inline __attribute__((always_inline)) void kq_outputs_many(const int qtyp
         const uint8_t *wr = w + (n0 + i) * rowbytes;
         for (int64_t g = 0; g < K / E; g++) {
             _mm_prefetch((const char *)(wr + g * B + PREFETCH_BYTES), _MM_HINT_T0);
-            kq_dequant(qtype, wr + g * B, wd + i * K + g * E, 0, NULL, NULL, 0);
+            kq_dequant(qtype, wr + g * B, wd + i * K + g * E, 0, NULL, NULL, 0, 0);
         }
     }
     for (int64_t m0 = 0; m0 < M; m0 += KQ_TILE_ROWS) {
@@ -449,7 +494,7 @@ static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const u
 static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y) {
     if (qtype < Q5_1 || qtype > LAST_QTYPE || K % kq_block_elems(qtype) || M < 0 || N < 0) return -1;
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
-    if (M >= 2 && qtype != F32_ROWS) return kq_gemm_many(qtype, x, M, K, w, N, y);
+    if (qtype != F32_ROWS && M > kq_few_max(qtype)) return kq_gemm_many(qtype, x, M, K, w, N, y);
 #endif
     const int64_t rowbytes = K / kq_block_elems(qtype) * kq_block_bytes(qtype), nblocks = (N + 3) / 4;
 #pragma omp parallel for schedule(static)
@@ -471,6 +516,29 @@ static int kq_gemm(int qtype, const float *x, int64_t M, int64_t K, const uint8_
                     default:
                         for (int i = 0; i <= two; i++) kq_rows_dot(Q6_K, 1, x, K, wr + i * rowbytes, 0, y + n + i);
                         break;
+                }
+            }
+            continue;
+        }
+        if (M >= 2 && qtype != F32_ROWS) { /* chunks of up to KQ_FEW_ROWS rows of x, each (type, count) compiled */
+            for (int64_t m0 = 0; m0 < M; m0 += KQ_FEW_ROWS) {
+                const int R = M - m0 < KQ_FEW_ROWS ? (int)(M - m0) : KQ_FEW_ROWS;
+                const float *xr = x + m0 * K;
+                for (int64_t n = nb * 4; n < N && n < nb * 4 + 4; n++) {
+                    const uint8_t *wr = w + n * rowbytes;
+                    float *yr = y + m0 * N + n;
+#define KQ_FEW(T)                                                       \
+    case T * 8 + 1: kq_rows_dot(T, 1, xr, K, wr, 0, yr); break;          \
+    case T * 8 + 2: kq_few_dot(T, 2, xr, K, wr, yr, N); break;           \
+    case T * 8 + 3: kq_few_dot(T, 3, xr, K, wr, yr, N); break;           \
+    case T * 8 + 4: kq_few_dot(T, 4, xr, K, wr, yr, N); break;
+                    switch (qtype * 8 + R) {
+                        KQ_FEW(Q5_1)
+                        KQ_FEW(Q4_K)
+                        KQ_FEW(Q5_K)
+                        KQ_FEW(Q6_K)
+                    }
+#undef KQ_FEW
                 }
             }
             continue;

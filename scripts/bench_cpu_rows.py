@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 
 
-def build_baseline(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+def build_baseline(rev: str, out_dir: Path, march: str = "native") -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """The decoder stack and qgemm libraries of cpu_ops at ``rev``, with native.load's compiler flags."""
     names = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", rev, "cpu_ops/"], check=True,
                            capture_output=True, text=True).stdout.split()
@@ -43,7 +43,7 @@ def build_baseline(rev: str, out_dir: Path) -> tuple[ctypes.CDLL, ctypes.CDLL]:
     libs = []
     for stem in ("decoder_stack", "qgemm"):
         target = out_dir / f"{stem}.so"
-        subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(target),
+        subprocess.run([cc, "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-o", str(target),
                         str(out_dir / f"{stem}.c"), "-lm"], check=True)
         libs.append(ctypes.CDLL(str(target)))
     return libs[0], libs[1]

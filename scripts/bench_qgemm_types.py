@@ -51,22 +51,24 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline", default=None, help="git revision of cpu_ops to compare against (interleaved)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--march", default="native",
+                    help="-march of both builds (haswell: the AVX2 kernels, as on a Zen 3)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from hyspec.cpu_ops import qgemm as qg
 
-    libs = {"candidate": qg.library()}
+    libs = {"candidate": qg.library() if args.march == "native" else qg.variant(args.march)}
     if args.baseline:
         from bench_cpu_rows import build_baseline, like
 
-        _, old = build_baseline(args.baseline, Path(tempfile.mkdtemp(prefix="hyspec-types-")))
+        _, old = build_baseline(args.baseline, Path(tempfile.mkdtemp(prefix="hyspec-types-")), args.march)
         libs = {"baseline": like(old, libs["candidate"], ("hyspec_qgemm", "hyspec_qgemm_isa"))} | libs
     mats = file_matrices(args.gguf)
     # the tied head: token_embd computes the logits when the file has no output.weight
     if not any(name == "output.weight" for name, *_ in mats):
         mats = [m if m[0] != "token_embd.weight" else ("head (tied token_embd)",) + m[1:] for m in mats]
-    result = {"gguf": args.gguf, "threads": torch.get_num_threads(), "isa": qg.isa(), "rows": {}}
+    result = {"gguf": args.gguf, "threads": torch.get_num_threads(), "isa": qg.isa(libs["candidate"]), "rows": {}}
     for rows in [int(r) for r in args.rows.split(",")]:
         xs = {k: torch.randn(rows, k) for k in {m[4] for m in mats}}
         spent = {name: defaultdict(list) for name in libs}
