@@ -411,11 +411,23 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
 }
 
 #if defined(HYSPEC_AVX512) || defined(HYSPEC_AVX2)
-/* Many rows of x (verification, prefill): KQ_TILE_ROWS rows of x (R of them here, compile-time) against one
- * output row already dequantized to fp32 (wd, K values): each weight vector loaded once for the R rows, the rows'
- * accumulators in registers.  Every (output, row) pair adds w * x through kq_dot32 in K order, as kq_output_row
- * does: the results are equal. */
+/* Many rows of x (verification, prefill): KQ_TILE_ROWS rows of x (R of them here, compile-time) against one or two
+ * output rows already dequantized to fp32 (wd, K values each): each weight vector loaded once for the R rows, the
+ * rows' accumulators in registers.  Every (output, row) pair adds w * x through kq_dot32 in K order, as
+ * kq_output_row does: the results are equal. */
 enum { KQ_TILE_ROWS = 3 };
+/* Output rows a tile takes: two on AVX-512 once a tile's rows of x outgrow L1 (three rows of 4096 are 48 KiB), so
+ * that each x vector loaded from L2 feeds two outputs' fmas (1.4x on 4096-wide rows); one below that, where two
+ * were no faster (1536-wide Q4_K rows: 0.45 against 0.42 ms a row of x, scripts/bench_qgemm_types.py) */
+static inline int kq_tile_outputs(int64_t K) {
+#if defined(HYSPEC_AVX512)
+    return K * KQ_TILE_ROWS * (int64_t)sizeof(float) > 24576 ? 2 : 1;
+#else
+    (void)K;
+    return 1;
+#endif
+}
+
 static inline __attribute__((always_inline)) void kq_tile(const int R, const float *wd, const float *x, int64_t K,
                                                           float *y, int64_t N) {
     kq_acc acc[KQ_TILE_ROWS];
@@ -434,11 +446,50 @@ static inline __attribute__((always_inline)) void kq_tile(const int R, const flo
     for (int r = 0; r < R; r++) y[r * N] = kq_sum(&acc[r]);
 }
 
+#if defined(HYSPEC_AVX512)
+/* kq_tile for two output rows (wd and wd + K) at once: each x vector loaded feeds both outputs' fmas.  The same
+ * products into the same accumulators in the same order as two kq_tile calls. */
+static inline __attribute__((always_inline)) void kq_tile2(const int R, const float *wd, const float *x, int64_t K,
+                                                           float *y, int64_t N) {
+    kq_acc a0[KQ_TILE_ROWS], a1[KQ_TILE_ROWS];
+    for (int r = 0; r < R; r++) kq_zero(&a0[r]), kq_zero(&a1[r]);
+    const float *w1 = wd + K;
+    const int64_t T = K / 32;
+    int64_t t = 0;
+    for (; t + 1 < T; t += 2) {
+        for (int r = 0; r < R; r++) {
+            kq_dot32(&a0[r], wd + 32 * t, x + r * K + 32 * t, 0);
+            kq_dot32(&a1[r], w1 + 32 * t, x + r * K + 32 * t, 0);
+        }
+        for (int r = 0; r < R; r++) {
+            kq_dot32(&a0[r], wd + 32 * t + 32, x + r * K + 32 * t + 32, 1);
+            kq_dot32(&a1[r], w1 + 32 * t + 32, x + r * K + 32 * t + 32, 1);
+        }
+    }
+    if (t < T)
+        for (int r = 0; r < R; r++) {
+            kq_dot32(&a0[r], wd + 32 * t, x + r * K + 32 * t, 0);
+            kq_dot32(&a1[r], w1 + 32 * t, x + r * K + 32 * t, 0);
+        }
+    for (int r = 0; r < R; r++) y[r * N] = kq_sum(&a0[r]), y[r * N + 1] = kq_sum(&a1[r]);
+}
+
+/* Out of line: inlined into the loop over output pairs, the same tiles ran ~10 % slower on 4096-wide rows. */
+static __attribute__((noinline)) void kq_tile2_rows(const int R, const float *wd, const float *x, int64_t K, float *y,
+                                                    int64_t N) {
+    if (R == 3) kq_tile2(3, wd, x, K, y, N);
+    else if (R == 2) kq_tile2(2, wd, x, K, y, N);
+    else kq_tile2(1, wd, x, K, y, N);
+}
+
+#endif
+
 /* Output rows n0 .. n0+NB-1 against every row of x: the NB rows dequantized once into wd (NB * K floats, L2), then
  * every tile of KQ_TILE_ROWS rows of x (in L1) passed over by all NB outputs before the next tile. */
-static inline __attribute__((always_inline)) void kq_outputs_many(const int qtype, const float *x, int64_t M, int64_t K,
-                                                                  const uint8_t *w, int64_t rowbytes, int64_t n0,
-                                                                  int NB, float *wd, float *y, int64_t N) {
+static inline __attribute__((always_inline)) void kq_outputs_many(const int qtype, const int O, const float *x,
+                                                                  int64_t M, int64_t K, const uint8_t *w,
+                                                                  int64_t rowbytes, int64_t n0, int NB, float *wd,
+                                                                  float *y, int64_t N) {
     const int E = kq_block_elems(qtype), B = kq_block_bytes(qtype);
     for (int i = 0; i < NB; i++) {
         const uint8_t *wr = w + (n0 + i) * rowbytes;
@@ -449,14 +500,41 @@ static inline __attribute__((always_inline)) void kq_outputs_many(const int qtyp
     }
     for (int64_t m0 = 0; m0 < M; m0 += KQ_TILE_ROWS) {
         const int R = M - m0 < KQ_TILE_ROWS ? (int)(M - m0) : KQ_TILE_ROWS;
-        for (int i = 0; i < NB; i++) {
+        for (int i = 0; i < NB; i += O) {
             float *yt = y + m0 * N + n0 + i;
-            if (R == 3) kq_tile(3, wd + i * K, x + m0 * K, K, yt, N);
-            else if (R == 2) kq_tile(2, wd + i * K, x + m0 * K, K, yt, N);
-            else kq_tile(1, wd + i * K, x + m0 * K, K, yt, N);
+            const float *xt = x + m0 * K;
+#if defined(HYSPEC_AVX512)
+            if (O == 2 && i + 1 < NB) {
+                kq_tile2_rows(R, wd + i * K, xt, K, yt, N);
+                continue;
+            }
+#endif
+            for (int o = i; o < NB && o < i + O; o++) {
+                if (R == 3) kq_tile(3, wd + o * K, xt, K, yt + o - i, N);
+                else if (R == 2) kq_tile(2, wd + o * K, xt, K, yt + o - i, N);
+                else kq_tile(1, wd + o * K, xt, K, yt + o - i, N);
+            }
         }
     }
 }
+
+/* Each (type, outputs a tile) in a function of its own: inlined together into the parallel region, the one-output
+ * tiles on 576- and 1536-wide rows compiled 1.4x slower once the two-output ones were beside them. */
+#define KQ_MANY_FN(T, O)                                                                                        \
+    static __attribute__((noinline)) void kq_many_##T##_##O(const float *x, int64_t M, int64_t K,               \
+                                                            const uint8_t *w, int64_t rowbytes, int64_t n0,     \
+                                                            int NB, float *wd, float *y, int64_t N) {           \
+        kq_outputs_many(T, O, x, M, K, w, rowbytes, n0, NB, wd, y, N);                                          \
+    }
+KQ_MANY_FN(Q5_1, 1)
+KQ_MANY_FN(Q5_1, 2)
+KQ_MANY_FN(Q4_K, 1)
+KQ_MANY_FN(Q4_K, 2)
+KQ_MANY_FN(Q5_K, 1)
+KQ_MANY_FN(Q5_K, 2)
+KQ_MANY_FN(Q6_K, 1)
+KQ_MANY_FN(Q6_K, 2)
+#undef KQ_MANY_FN
 
 /* The many-rows kq_gemm: tasks of up to MANY_OUTPUTS output rows (at least four tasks a thread), each thread's
  * dequantized rows kept to about 64 KiB (fewer outputs at once for long rows).  Returns -2 when out of memory. */
@@ -464,7 +542,9 @@ static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const u
     const int64_t rowbytes = K / kq_block_elems(qtype) * kq_block_bytes(qtype);
     const int64_t threads = omp_threads(), per = (N + 3) / 4 / (4 * threads);
     const int64_t step = 4 * (per < 1 ? 1 : per > MANY_OUTPUTS / 4 ? MANY_OUTPUTS / 4 : per);
-    const int64_t fit = 16384 / K, sub = fit < 1 ? 1 : fit < step ? fit : step; /* outputs dequantized at once */
+    /* outputs dequantized at once: ~64 KiB of them, but at least a tile's worth (two rows of 11008 take 88 KiB) */
+    const int O = kq_tile_outputs(K);
+    const int64_t fit = 16384 / K < O ? O : 16384 / K, sub = fit < step ? fit : step;
     const int64_t ntasks = (N + step - 1) / step;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
@@ -476,11 +556,15 @@ static int kq_gemm_many(int qtype, const float *x, int64_t M, int64_t K, const u
             for (int64_t n0 = b * step; wd && n0 < N && n0 < (b + 1) * step; n0 += sub) {
                 const int64_t end = (b + 1) * step < N ? (b + 1) * step : N;
                 const int NB = end - n0 < sub ? (int)(end - n0) : (int)sub;
-                switch (qtype) { /* each type compiled on its own */
-                    case Q5_1: kq_outputs_many(Q5_1, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
-                    case Q4_K: kq_outputs_many(Q4_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
-                    case Q5_K: kq_outputs_many(Q5_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
-                    default: kq_outputs_many(Q6_K, x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                switch (qtype * 2 + (O == 2)) {
+#define KQ_MANY(T)                                                                      \
+    case T * 2: kq_many_##T##_1(x, M, K, w, rowbytes, n0, NB, wd, y, N); break;          \
+    case T * 2 + 1: kq_many_##T##_2(x, M, K, w, rowbytes, n0, NB, wd, y, N); break;
+                    KQ_MANY(Q5_1)
+                    KQ_MANY(Q4_K)
+                    KQ_MANY(Q5_K)
+                    KQ_MANY(Q6_K)
+#undef KQ_MANY
                 }
             }
         }
