@@ -343,7 +343,7 @@ enum { KQ_FEW_ROWS = 4 };
  * sharing them pays longest; AVX2's sixteen registers hold four rows' accumulators and nothing else. */
 static inline int kq_few_max(int qtype) {
 #if defined(HYSPEC_AVX512)
-    return qtype == Q6_K ? 32 : qtype == Q5_1 ? 8 : 16;
+    return qtype == Q6_K ? 16 : qtype == Q5_1 ? 8 : 12;
 #else
     return qtype == Q6_K ? 8 : 4;
 #endif
@@ -416,12 +416,13 @@ static inline __attribute__((always_inline)) void kq_output_row(const int qtype,
  * rows' accumulators in registers.  Every (output, row) pair adds w * x through kq_dot32 in K order, as
  * kq_output_row does: the results are equal. */
 enum { KQ_TILE_ROWS = 3 };
-/* Output rows a tile takes: two on AVX-512 once a tile's rows of x outgrow L1 (three rows of 4096 are 48 KiB), so
- * that each x vector loaded from L2 feeds two outputs' fmas (1.4x on 4096-wide rows); one below that, where two
- * were no faster (1536-wide Q4_K rows: 0.45 against 0.42 ms a row of x, scripts/bench_qgemm_types.py) */
+/* Output rows a tile takes: two on AVX-512, so that each x vector loaded feeds two outputs' fmas (kq_tile2, with
+ * weights and x held in registers), except on short rows, where one was 3 % faster (Q5_1 576-wide rows; 1536-wide
+ * K-quant rows ran 15-28 % faster with two, scripts/bench_qgemm_types.py).  AVX2's sixteen registers hold one
+ * output's tile. */
 static inline int kq_tile_outputs(int64_t K) {
 #if defined(HYSPEC_AVX512)
-    return K * KQ_TILE_ROWS * (int64_t)sizeof(float) > 24576 ? 2 : 1;
+    return K >= 1024 ? 2 : 1;
 #else
     (void)K;
     return 1;
@@ -447,6 +448,22 @@ static inline __attribute__((always_inline)) void kq_tile(const int R, const flo
 }
 
 #if defined(HYSPEC_AVX512)
+/* Group t of two outputs (u, v: its 32 weights each) against R rows of x, into accumulator pair P (t's parity,
+ * compile-time: indexed at run time the accumulators went to the stack, as in kq_tile). */
+static inline __attribute__((always_inline)) void kq_group2(const int R, const int P, const float *u, const float *v,
+                                                            const float *x, int64_t K, kq_acc *a0, kq_acc *a1) {
+    __m512 u0 = _mm512_loadu_ps(u), u1 = _mm512_loadu_ps(u + 16), v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+    __asm__("" : "+v"(u0), "+v"(u1), "+v"(v0), "+v"(v1));
+    for (int r = 0; r < R; r++) {
+        __m512 x0 = _mm512_loadu_ps(x + r * K), x1 = _mm512_loadu_ps(x + r * K + 16);
+        /* weights and x in registers, each loaded once: left to GCC, it folded a load into every fma and the
+         * tile ran on the load ports, no faster than one output a tile */
+        __asm__("" : "+v"(x0), "+v"(x1));
+        a0[r].v[P] = _mm512_fmadd_ps(u0, x0, a0[r].v[P]), a0[r].v[P + 1] = _mm512_fmadd_ps(u1, x1, a0[r].v[P + 1]);
+        a1[r].v[P] = _mm512_fmadd_ps(v0, x0, a1[r].v[P]), a1[r].v[P + 1] = _mm512_fmadd_ps(v1, x1, a1[r].v[P + 1]);
+    }
+}
+
 /* kq_tile for two output rows (wd and wd + K) at once: each x vector loaded feeds both outputs' fmas.  The same
  * products into the same accumulators in the same order as two kq_tile calls. */
 static inline __attribute__((always_inline)) void kq_tile2(const int R, const float *wd, const float *x, int64_t K,
@@ -457,20 +474,10 @@ static inline __attribute__((always_inline)) void kq_tile2(const int R, const fl
     const int64_t T = K / 32;
     int64_t t = 0;
     for (; t + 1 < T; t += 2) {
-        for (int r = 0; r < R; r++) {
-            kq_dot32(&a0[r], wd + 32 * t, x + r * K + 32 * t, 0);
-            kq_dot32(&a1[r], w1 + 32 * t, x + r * K + 32 * t, 0);
-        }
-        for (int r = 0; r < R; r++) {
-            kq_dot32(&a0[r], wd + 32 * t + 32, x + r * K + 32 * t + 32, 1);
-            kq_dot32(&a1[r], w1 + 32 * t + 32, x + r * K + 32 * t + 32, 1);
-        }
+        kq_group2(R, 0, wd + 32 * t, w1 + 32 * t, x + 32 * t, K, a0, a1);
+        kq_group2(R, 2, wd + 32 * t + 32, w1 + 32 * t + 32, x + 32 * t + 32, K, a0, a1);
     }
-    if (t < T)
-        for (int r = 0; r < R; r++) {
-            kq_dot32(&a0[r], wd + 32 * t, x + r * K + 32 * t, 0);
-            kq_dot32(&a1[r], w1 + 32 * t, x + r * K + 32 * t, 0);
-        }
+    if (t < T) kq_group2(R, 0, wd + 32 * t, w1 + 32 * t, x + 32 * t, K, a0, a1);
     for (int r = 0; r < R; r++) y[r * N] = kq_sum(&a0[r]), y[r * N + 1] = kq_sum(&a1[r]);
 }
 
