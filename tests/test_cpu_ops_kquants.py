@@ -295,19 +295,20 @@ def test_a_q4_k_m_like_gguf_decodes_its_dense_paths_tokens_from_the_blocks(tmp_p
 
 @needs_kernel
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("k", [576, 4096])
+@pytest.mark.parametrize("k", [576, 2304, 4096])
 def test_prefill_sized_batches_give_each_row_its_value_alone(qtype, k):
     """Prefill-sized batches (the dequantized-panel paths: 4 outputs x 6 rows for the 32-weight types, 2 outputs x
-    3 rows for the K-quants) against each row computed alone: output counts that leave partial groups and panels,
-    row counts that cross the panels' chunks of x and leave short tiles, and a 4096-wide row whose chunks are short."""
+    3 rows for the K-quants, K in blocks from 2048 weights) against each row computed alone: output counts that
+    leave partial groups, panels and an odd output, row counts that cross the chunks of x and leave short tiles,
+    and long rows whose last block of K is short (2304)."""
     if qtype.endswith("_K") and k % 256:
         pytest.skip("K-quants need rows of whole super-blocks")
     n = 102 if k == 576 else 21
     raw = random_blocks(qtype, n, k, seed=6) if qtype in TYPES else _blocks_of(qtype, n, k)
     blocks = torch.from_numpy(raw)
-    x = torch.randn(121 if k == 576 else 40, k)
+    x = torch.randn(121 if k == 576 else 52, k)
     alone = torch.cat([qg.qgemm(qtype, x[m:m + 1].contiguous(), blocks, n) for m in range(x.shape[0])])
-    for rows in ((32, 33, 47, 108, 121) if k == 576 else (32, 40)):
+    for rows in ((32, 33, 47, 108, 121) if k == 576 else (32, 40, 52)):
         assert torch.equal(qg.qgemm(qtype, x[:rows].contiguous(), blocks, n), alone[:rows]), rows
 
 
