@@ -72,7 +72,7 @@ static int linear(int type, const float *x, int64_t M, int64_t K, const void *w,
         if (rc == 0) add_bias(y, (const float *)bias, M, N);
         return rc;
     }
-    if (type >= A8_TYPES + Q4_0 && type <= A8_TYPES + Q8_0) {
+    if (type >= A8_TYPES && a8_supported(type - A8_TYPES)) { /* Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q4_K */
         const int rc = hyspec_qgemm_a8(type - A8_TYPES, x, M, K, (const uint8_t *)w, N, y);
         if (rc == 0) add_bias(y, (const float *)bias, M, N);
         return rc;

@@ -13,16 +13,20 @@
  *   dx_b = amax_b / 127,  q_i = lrintf(x_i * 127 / amax_b) in [-127, 127],  sx_b = dx_b * sum_i q_i
  * Weights, repacked once at load from the GGUF's blocks without changing a value: codes u as unsigned
  * bytes and w = d * u + m per block (Q4_1: its own m; Q4_0: u = q, m = -8 d; Q8_0: u = q + 128, m = -128 d;
- * the last two are exact, so m is not stored for them).  Then per block
+ * Q5_0: u = q, m = -16 d; those three are exact, so m is not stored for them).  A Q4_K super-block is eight
+ * such blocks, each with d = d_super * scale and m = -(dmin * min) stored as fp32 (exact products; fp16 could
+ * not hold them): the same arithmetic as llama.cpp's per-block scales, with 8-bit activations per 32 weights
+ * where llama.cpp rounds them per 256.  Then per block
  *   sum_i w_i x_i ~= (d * dx_b) * sum_i u_i q_i + m * sx_b      (the integer sum exact in int32)
  *
  * Layout (per output row, contiguous): blocks in groups of 16, "one lane per block": vpdpbusd j (0..7) of a
  * group multiplies, in lane l, block l's codes 4j..4j+3 by the row's, so each lane sums one block and no
  * horizontal sum is needed per block.  4-bit codes are stored two to a byte: chunk c (0..3) holds, lane l,
  * byte i, codes 4c+i (low nibble) and 16+4c+i (high nibble), so one load and a shift feed two vpdpbusd.
- * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m).  Blocks left after the groups go in pairs, two blocks
+ * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m; Q4_K: 16 fp32 d, then 16 fp32 m).  Blocks left after the groups go in pairs, two blocks
  * to a vector (lanes 0-7 block A's 32 codes, 8-15 block B's; an odd last block is paired with zeros).
- * The bytes a row reads are the GGUF's own size (Q4_1 20, Q4_0 18, Q8_0 34 a block).
+ * The bytes a row reads are the GGUF's own size for Q4_0, Q4_1 and Q8_0 (18, 20, 34 a block); Q5_0 reads 34 (its
+ * codes a byte each, against 22), Q4_K 24 a block of 32 (144 a super-block against 144 / 8 = 18).
  *
  * Sums, per (output row, row of x): sixteen fp32 lanes, per group or pair in order
  *   acc = fma(d * dx, (float)isum, acc);  acc = fma(m, sx, acc)
@@ -40,10 +44,11 @@
 #include "hsum16.h"
 #endif
 
-enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2 };
+/* the block types a8 takes, numbered as hyspec_qgemm numbers them (qgemm.py's QTYPES) */
+enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q4_K = 5 };
 enum { A8_PREFETCH_BYTES = 4096 };
 
-int hyspec_qgemm_a8_version(void) { return 1; }
+int hyspec_qgemm_a8_version(void) { return 2; }
 
 #if defined(HYSPEC_A8_VNNI)
 const char *hyspec_qgemm_a8_isa(void) { return "avx512-vnni"; }
@@ -51,7 +56,11 @@ const char *hyspec_qgemm_a8_isa(void) { return "avx512-vnni"; }
 const char *hyspec_qgemm_a8_isa(void) { return "portable"; }
 #endif
 
-static const int A8_BLOCK_BYTES[3] = {18, 20, 34};
+static inline int a8_supported(int qtype) { return (qtype >= A8_Q4_0 && qtype <= A8_Q5_0) || qtype == A8_Q4_K; }
+/* bytes of one GGUF block: 32 weights, or Q4_K's super-block of 256 (eight blocks of 32 in the a8 layout) */
+static inline int a8_block_bytes(int qtype) {
+    return qtype == A8_Q4_0 ? 18 : qtype == A8_Q4_1 ? 20 : qtype == A8_Q5_0 ? 22 : qtype == A8_Q4_K ? 144 : 34;
+}
 
 static inline float a8_f16(const uint8_t *p) {
     uint16_t h;
@@ -73,69 +82,111 @@ static inline float a8_f16(const uint8_t *p) {
     return f;
 }
 
+static inline float a8_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
 static inline int64_t a8_groups(int64_t K) { return K / 32 / 16; }
 static inline int64_t a8_pairs(int64_t K) { return (K / 32 % 16 + 1) / 2; }
-static inline int a8_code_bytes(int qtype) { return qtype == A8_Q8_0 ? 32 : 16; } /* a block's codes, packed */
-static inline int a8_scale_bytes(int qtype) { return qtype == A8_Q4_1 ? 4 : 2; }  /* fp16 d (and m) per block */
+/* Q8_0 and Q5_0 keep a code a byte, the 4-bit types two */
+static inline int a8_byte_codes(int qtype) { return qtype == A8_Q8_0 || qtype == A8_Q5_0; }
+static inline int a8_code_bytes(int qtype) { return a8_byte_codes(qtype) ? 32 : 16; } /* a block's codes, packed */
+/* per block: fp16 d (Q4_1: and m); Q4_K: fp32 d and m, the super-block's scales times each block's 6-bit ones */
+static inline int a8_scale_bytes(int qtype) { return qtype == A8_Q4_K ? 8 : qtype == A8_Q4_1 ? 4 : 2; }
+/* m = a8_min_factor * d where m is not stored (Q4_0: codes 0..15 for q - 8; Q8_0: q + 128; Q5_0: q - 16) */
+static inline float a8_min_factor(int qtype) {
+    return qtype == A8_Q4_0 ? -8.0f : qtype == A8_Q5_0 ? -16.0f : -128.0f;
+}
 
 /* bytes of one output row in the a8 layout (= the GGUF row's size) */
 int64_t hyspec_qgemm_a8_row_bytes(int qtype, int64_t K) {
-    if (qtype < 0 || qtype > 2 || K % 32) return -1;
+    if (!a8_supported(qtype) || K % 32 || (qtype == A8_Q4_K && K % 256)) return -1;
     const int64_t per_block = a8_code_bytes(qtype) + a8_scale_bytes(qtype);
     return (a8_groups(K) * 16 + a8_pairs(K) * 2) * per_block;
 }
 
-/* code u (unsigned) of element i of a GGML block, and its fp16 d / m as raw bits */
-static inline int a8_code(int qtype, const uint8_t *blk, int i) {
+/* Q4_K's 6-bit scale and min of block j (0..7) of a super-block, from its 12 packed bytes (llama.cpp's
+ * get_scale_min_k4) */
+static inline void a8_q4_k_scale_min(const uint8_t *sc, int j, int *scale, int *min) {
+    if (j < 4) *scale = sc[j] & 63, *min = sc[j + 4] & 63;
+    else *scale = (sc[j + 4] & 0x0f) | (sc[j - 4] >> 6) << 4, *min = (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+}
+
+/* code u (unsigned) of element i of block b (32 weights) of a GGUF row: w = d * u + m */
+static inline int a8_code(int qtype, const uint8_t *row, int64_t b, int i) {
+    if (qtype == A8_Q4_K) { /* block 2p / 2p + 1 of a super-block: low / high nibbles of its bytes 16 + 32 p .. */
+        const uint8_t byte = row[b / 8 * 144 + 16 + 32 * (b % 8 / 2) + i];
+        return b % 2 ? byte >> 4 : byte & 0x0f;
+    }
+    const uint8_t *blk = row + b * a8_block_bytes(qtype);
     if (qtype == A8_Q8_0) return (int)(int8_t)blk[2 + i] + 128;
+    if (qtype == A8_Q5_0) { /* the nibble, and bit i of qh as its fifth bit */
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        return (i < 16 ? blk[6 + i] & 0x0f : blk[6 + i - 16] >> 4) | (int)((qh >> i) & 1) << 4;
+    }
     const uint8_t *qs = blk + (qtype == A8_Q4_1 ? 4 : 2);
     return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4;
 }
 
-/* Repack N rows of GGML blocks [N, K/32 * bs] into the a8 layout [N, row_bytes].  Every d and m is copied
- * as its fp16 bits.  Returns 0, -1 on bad arguments. */
+/* block b's d (and m where stored) written to d_out / m_out: the GGUF's fp16 bits, or for Q4_K the exact fp32
+ * products d * scale and -(dmin * min) (an fp16 times a 6-bit integer fits fp32's mantissa) */
+static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *d_out, uint8_t *m_out) {
+    if (qtype == A8_Q4_K) {
+        const uint8_t *s = row + b / 8 * 144;
+        int scale, min;
+        a8_q4_k_scale_min(s + 4, (int)(b % 8), &scale, &min);
+        const float d = a8_f16(s) * (float)scale, m = -(a8_f16(s + 2) * (float)min);
+        memcpy(d_out, &d, 4), memcpy(m_out, &m, 4);
+        return;
+    }
+    const uint8_t *blk = row + b * a8_block_bytes(qtype);
+    memcpy(d_out, blk, 2);
+    if (qtype == A8_Q4_1) memcpy(m_out, blk + 2, 2);
+}
+
+/* Repack N rows of GGUF blocks [N, K * bs / 32 (Q4_K: / 256)] into the a8 layout [N, row_bytes].  Every fp16 d
+ * and m is copied as its bits (Q4_K's per-block products: see a8_scales).  Returns 0, -1 on bad arguments. */
 int hyspec_qgemm_a8_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
     const int64_t rb = hyspec_qgemm_a8_row_bytes(qtype, K);
     if (rb < 0 || N < 0) return -1;
-    const int bs = A8_BLOCK_BYTES[qtype], cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype);
-    const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K);
-    static const uint8_t zero_block[34] = {0};
+    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), dw = qtype == A8_Q4_K ? 4 : 2; /* a d's bytes */
+    const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K), row_in = K / 32 * a8_block_bytes(qtype);
     for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = w + n * nb * bs;
+        const uint8_t *row = w + n * (qtype == A8_Q4_K ? K / 256 * 144 : row_in);
         uint8_t *o = out + n * rb;
         for (int64_t g = 0; g < G; g++) {
-            const uint8_t *blk0 = row + g * 16 * bs;
-            if (qtype == A8_Q8_0) {
+            const int64_t b0 = g * 16;
+            if (a8_byte_codes(qtype)) {
                 for (int j = 0; j < 8; j++)
                     for (int l = 0; l < 16; l++)
-                        for (int i = 0; i < 4; i++) o[j * 64 + l * 4 + i] = (uint8_t)a8_code(qtype, blk0 + l * bs, 4 * j + i);
+                        for (int i = 0; i < 4; i++) o[j * 64 + l * 4 + i] = (uint8_t)a8_code(qtype, row, b0 + l, 4 * j + i);
             } else {
                 for (int c = 0; c < 4; c++)
                     for (int l = 0; l < 16; l++)
                         for (int i = 0; i < 4; i++)
-                            o[c * 64 + l * 4 + i] = (uint8_t)(a8_code(qtype, blk0 + l * bs, 4 * c + i) |
-                                                              a8_code(qtype, blk0 + l * bs, 16 + 4 * c + i) << 4);
+                            o[c * 64 + l * 4 + i] = (uint8_t)(a8_code(qtype, row, b0 + l, 4 * c + i) |
+                                                              a8_code(qtype, row, b0 + l, 16 + 4 * c + i) << 4);
             }
             o += 16 * cb;
-            for (int l = 0; l < 16; l++) memcpy(o + 2 * l, blk0 + l * bs, 2);          /* d */
-            if (qtype == A8_Q4_1)
-                for (int l = 0; l < 16; l++) memcpy(o + 32 + 2 * l, blk0 + l * bs + 2, 2); /* m */
+            for (int l = 0; l < 16; l++) a8_scales(qtype, row, b0 + l, o + dw * l, o + 16 * dw + dw * l); /* d's, m's */
             o += 16 * sb;
         }
         for (int64_t p = 0; p < P; p++) {
-            const int64_t a = G * 16 + 2 * p;
-            const uint8_t *A = row + a * bs, *B = a + 1 < nb ? row + (a + 1) * bs : NULL;
+            const int64_t a = G * 16 + 2 * p, has_b = a + 1 < nb;
             /* a missing B is zero codes with d = m = 0 (its x is zeros too) */
-            const uint8_t *Bs = B ? B : zero_block;
-            if (qtype == A8_Q8_0) {
-                for (int i = 0; i < 32; i++) o[i] = (uint8_t)a8_code(qtype, A, i);
-                for (int i = 0; i < 32; i++) o[32 + i] = B ? (uint8_t)a8_code(qtype, B, i) : 0; /* d = 0 */
+            if (a8_byte_codes(qtype)) {
+                for (int i = 0; i < 32; i++) o[i] = (uint8_t)a8_code(qtype, row, a, i);
+                for (int i = 0; i < 32; i++) o[32 + i] = has_b ? (uint8_t)a8_code(qtype, row, a + 1, i) : 0;
             } else
                 for (int i = 0; i < 32; i++)
-                    o[i] = (uint8_t)(a8_code(qtype, A, i) | (B ? a8_code(qtype, B, i) : 0) << 4);
+                    o[i] = (uint8_t)(a8_code(qtype, row, a, i) | (has_b ? a8_code(qtype, row, a + 1, i) : 0) << 4);
             o += 2 * cb;
-            memcpy(o, A, 2), memcpy(o + 2, Bs, 2);
-            if (qtype == A8_Q4_1) memcpy(o + 4, A + 2, 2), memcpy(o + 6, Bs + 2, 2);
+            memset(o, 0, (size_t)(2 * sb));
+            a8_scales(qtype, row, a, o, o + 2 * dw); /* dA dB, then mA mB */
+            if (has_b) a8_scales(qtype, row, a + 1, o + dw, o + 3 * dw);
             o += 2 * sb;
         }
     }
@@ -234,7 +285,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
     const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), gb = 16 * (cb + sb), pb = 2 * (cb + sb);
     const int ahead = R == 1 ? 2 * A8_PREFETCH_BYTES : A8_PREFETCH_BYTES;
     const __m512i nib = _mm512_set1_epi8(0x0f);
-    const float mk = qtype == A8_Q4_0 ? -8.0f : -128.0f; /* m = mk * d where m is not stored */
+    const float mk = a8_min_factor(qtype); /* m = mk * d where m is not stored */
     __m512 acc[4][8];
     for (int n = 0; n < NB; n++)
         for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
@@ -246,7 +297,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         for (int n = 0; n < NB; n++) {
             __m512i u[8];
             const uint8_t *wn = w + n * rb + wo;
-            if (qtype == A8_Q8_0)
+            if (a8_byte_codes(qtype))
                 for (int j = 0; j < 8; j++) u[j] = _mm512_loadu_si512((const void *)(wn + j * 64));
             else
                 for (int c = 0; c < 4; c++) {
@@ -254,9 +305,11 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                     u[c] = _mm512_and_si512(v, nib);
                     u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
                 }
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
-            const __m512 m = qtype == A8_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
-                                              : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            const __m512 d = qtype == A8_Q4_K ? _mm512_loadu_ps((const float *)(wn + 16 * cb))
+                                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
+            const __m512 m = qtype == A8_Q4_1   ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
+                             : qtype == A8_Q4_K ? _mm512_loadu_ps((const float *)(wn + 16 * cb + 64))
+                                                : _mm512_mul_ps(d, _mm512_set1_ps(mk));
             for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xq + r * xb + xo;
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -278,19 +331,25 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         for (int n = 0; n < NB; n++) {
             const uint8_t *wn = w + n * rb + wo;
             __m512i u;
-            if (qtype == A8_Q8_0) u = _mm512_loadu_si512((const void *)wn);
+            if (a8_byte_codes(qtype)) u = _mm512_loadu_si512((const void *)wn);
             else {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)wn), n4 = _mm256_set1_epi8(0x0f);
                 u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, n4)),
                                        _mm256_and_si256(_mm256_srli_epi16(v, 4), n4), 1);
             }
-            uint32_t dbits, mbits = 0;
-            memcpy(&dbits, wn + 2 * cb, 4);
-            if (qtype == A8_Q4_1) memcpy(&mbits, wn + 2 * cb + 4, 4);
-            const __m512 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits))));
-            const __m512 m = qtype == A8_Q4_1
-                                 ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)mbits))))
-                                 : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            __m512 d, m;
+            if (qtype == A8_Q4_K) { /* dA dB, mA mB as fp32: each to its half of the lanes */
+                d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb)))));
+                m = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb + 8)))));
+            } else {
+                uint32_t dbits, mbits = 0;
+                memcpy(&dbits, wn + 2 * cb, 4);
+                if (qtype == A8_Q4_1) memcpy(&mbits, wn + 2 * cb + 4, 4);
+                d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits))));
+                m = qtype == A8_Q4_1
+                        ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)mbits))))
+                        : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            }
             for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xq + r * xb + xo;
                 const __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_load_si512((const void *)xr));
@@ -343,7 +402,7 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                            int64_t rb, int64_t n0, int NB, float *y, int64_t N) {
     const int64_t G = a8_groups(K), P = a8_pairs(K);
     const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype);
-    const float mk = qtype == A8_Q4_0 ? -8.0f : -128.0f;
+    const float mk = a8_min_factor(qtype);
     for (int n = 0; n < NB; n++) {
         const uint8_t *wr = w + (n0 + n) * rb;
         for (int64_t r = 0; r < M; r++) {
@@ -357,15 +416,17 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                     for (int j = 0; j < 8; j++)
                         for (int i = 0; i < 4; i++) {
                             int u;
-                            if (qtype == A8_Q8_0) u = wg[j * 64 + l * 4 + i];
+                            if (a8_byte_codes(qtype)) u = wg[j * 64 + l * 4 + i];
                             else {
                                 const uint8_t b = wg[(j & 3) * 64 + l * 4 + i];
                                 u = j < 4 ? b & 0x0f : b >> 4;
                             }
                             is += u * (int)(int8_t)xg[j * 64 + l * 4 + i];
                         }
-                    const float d = a8_f16(wg + 16 * cb + 2 * l);
-                    const float m = qtype == A8_Q4_1 ? a8_f16(wg + 16 * cb + 32 + 2 * l) : d * mk;
+                    const float d = qtype == A8_Q4_K ? a8_f32(wg + 16 * cb + 4 * l) : a8_f16(wg + 16 * cb + 2 * l);
+                    const float m = qtype == A8_Q4_1   ? a8_f16(wg + 16 * cb + 32 + 2 * l)
+                                    : qtype == A8_Q4_K ? a8_f32(wg + 16 * cb + 64 + 4 * l)
+                                                       : d * mk;
                     const float ddx = d * dx[l];
                     acc[l] = fmaf(ddx, (float)is, acc[l]);
                     acc[l] = fmaf(m, sx[l], acc[l]);
@@ -379,12 +440,14 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                     int32_t is = 0;
                     for (int i = 0; i < 4; i++) {
                         const int e = (l % 8) * 4 + i; /* element of block A (half 0) or B (half 1) */
-                        const int u = qtype == A8_Q8_0 ? wp[half * 32 + e] : half ? wp[e] >> 4 : wp[e] & 0x0f;
+                        const int u = a8_byte_codes(qtype) ? wp[half * 32 + e] : half ? wp[e] >> 4 : wp[e] & 0x0f;
                         is += u * (int)(int8_t)xp[half * 32 + e];
                     }
                     const uint8_t *s = wp + 2 * cb;
-                    const float d = a8_f16(s + 2 * half);
-                    const float m = qtype == A8_Q4_1 ? a8_f16(s + 4 + 2 * half) : d * mk;
+                    const float d = qtype == A8_Q4_K ? a8_f32(s + 4 * half) : a8_f16(s + 2 * half);
+                    const float m = qtype == A8_Q4_1   ? a8_f16(s + 4 + 2 * half)
+                                    : qtype == A8_Q4_K ? a8_f32(s + 8 + 4 * half)
+                                                       : d * mk;
                     const float ddx = d * dx[l];
                     acc[l] = fmaf(ddx, (float)is, acc[l]);
                     acc[l] = fmaf(m, sx[l], acc[l]);
@@ -414,6 +477,8 @@ int hyspec_qgemm_a8(int qtype, const float *x, int64_t M, int64_t K, const uint8
         switch (qtype) {
             case A8_Q4_0: a8_output_rows(A8_Q4_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q4_1: a8_output_rows(A8_Q4_1, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q5_0: a8_output_rows(A8_Q5_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q4_K: a8_output_rows(A8_Q4_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             default: a8_output_rows(A8_Q8_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
         }
     }

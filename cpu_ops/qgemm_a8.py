@@ -10,8 +10,11 @@ decoding and speculative verification agree bit for bit.  Against the fp32
 reference the logits move by the activations' rounding (measured in
 ``scripts/check_quantized_numerics.py``), which is why it is not the default.
 
-The weights are repacked once at load into the kernel's layout (same bytes per
-row as the GGUF's blocks, no value changed).  Fast on CPUs with AVX-512 VNNI
+The weights are repacked once at load into the kernel's layout, no value changed: the
+GGUF's own bytes per row for Q4_0 / Q4_1 / Q8_0; Q5_0 keeps a code a byte (34 bytes a block
+against 22) and Q4_K its blocks' scales as fp32 products (24 bytes per 32 weights against 18).
+Other stored types (Q5_1, Q5_K, Q6_K) have no kernel here: ``quantization="a8"`` leaves them on
+fp32 activations (:data:`A8_BLOCK_TYPES`).  Fast on CPUs with AVX-512 VNNI
 (Zen 4, Sapphire Rapids); elsewhere a portable build gives the same bits slowly,
 and :func:`available` says which.
 
@@ -30,10 +33,12 @@ import os
 
 import torch
 
-from hyspec.cpu_ops.qgemm import QTYPES
+from hyspec.cpu_ops.qgemm import BLOCK_BYTES, BLOCK_ELEMS, QTYPES
 
 log = logging.getLogger(__name__)
 
+#: the stored block types the a8 kernel takes; a matrix stored otherwise (Q5_1, Q5_K, Q6_K) keeps fp32 activations
+A8_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K")
 PORTABLE_OPT_IN = "HYSPEC_A8_PORTABLE"  # "1": accept the portable build (same bits, slow) -- for measurements
 
 
@@ -89,13 +94,17 @@ def _warn_portable(built_as: str) -> None:
 
 
 def pack(block_type: str, blocks: torch.Tensor, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """GGML ``blocks [n, K/32 * bytes]`` in the a8 kernel's layout ``[n, row bytes]`` (values unchanged)."""
+    """GGUF ``blocks [n, K / block elements * block bytes]`` in the a8 kernel's layout ``[n, row bytes]``
+    (values unchanged; Q4_K's per-block scales as their exact fp32 products)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the hyspec qgemm_a8 kernel is not available here")
+    if block_type not in A8_BLOCK_TYPES:
+        raise ValueError(f"qgemm_a8: {block_type} blocks have no 8-bit-activation kernel (it takes {A8_BLOCK_TYPES})")
     qtype = QTYPES[block_type]
     rb = lib.hyspec_qgemm_a8_row_bytes(qtype, k)
-    if rb < 0 or blocks.dtype != torch.uint8 or blocks.shape[0] != n:
+    row_in = k // BLOCK_ELEMS[block_type] * BLOCK_BYTES[block_type]
+    if rb < 0 or blocks.dtype != torch.uint8 or tuple(blocks.shape) != (n, row_in):
         raise ValueError(f"qgemm_a8: cannot pack {tuple(blocks.shape)} {blocks.dtype} as a {n}x{k} {block_type} matrix")
     src = blocks.contiguous()
     out = torch.empty(n, rb, dtype=torch.uint8)
@@ -123,4 +132,4 @@ def qgemm_a8(block_type: str, x: torch.Tensor, packed: torch.Tensor, n: int,
     return y
 
 
-__all__ = ["PORTABLE_OPT_IN", "available", "isa", "library", "pack", "qgemm_a8", "variant"]
+__all__ = ["A8_BLOCK_TYPES", "PORTABLE_OPT_IN", "available", "isa", "library", "pack", "qgemm_a8", "variant"]

@@ -152,10 +152,21 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     fp32 activations go to hyspec's own kernel over the GGML blocks (qgemm.c: exact weights, fp32
     sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
     (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
-    Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None).
+    Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None); with
+    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q4_K) go to it, the others (and a matrix stored in
+    several types) keep fp32 activations on the block kernel (``a8_keeps_fp32`` tells which).
     """
     if w.q is None:
-        return _stored_blocks_linear(w, bias) if dtype == torch.float32 and activations == "native" else None
+        if dtype != torch.float32:
+            return None
+        if activations == "int8" and not a8_keeps_fp32(w):
+            from hyspec.cpu_ops.qgemm import BLOCK_ELEMS, BlockLinear
+            from hyspec.cpu_ops.qgemm_a8 import available
+
+            if not available()[0] or w.shape[1] % BLOCK_ELEMS[w.block_type]:
+                return None
+            return BlockLinear(w.block_type, w.blocks, w.shape[1], bias, w.source, a8=True)
+        return _stored_blocks_linear(w, bias)
     if activations == "int8":
         from hyspec.cpu_ops.qgemm import BlockLinear
         from hyspec.cpu_ops.qgemm_a8 import available
@@ -176,6 +187,14 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     if kind == "int8":
         return Int8Linear(w, bias)
     return None
+
+
+def a8_keeps_fp32(w: GroupQuantized) -> bool:
+    """True for a blocks-only matrix that ``quantization="a8"`` leaves on fp32 activations: stored in a type the
+    8-bit-activation kernel does not take (Q5_1, Q5_K, Q6_K), or in several types (its parts)."""
+    from hyspec.cpu_ops.qgemm_a8 import A8_BLOCK_TYPES
+
+    return w.q is None and (bool(w.parts) or w.block_type not in A8_BLOCK_TYPES)
 
 
 def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None) -> nn.Module | None:

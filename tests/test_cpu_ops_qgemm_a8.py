@@ -212,3 +212,71 @@ def test_the_portable_opt_in_runs_a8_on_any_cpu_and_speculation_still_reproduces
     spec = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8",
                speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert _greedy(spec) == _greedy(plain)
+
+
+# -- blocks stored as Q5_0 and Q4_K (a Q4_K_M file's main types) --------------------------------------------------
+
+def _stored(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``qtype`` blocks as the GGUF stores them and gguf's own dequantization of them."""
+    from tests.test_cpu_ops_kquants import gguf_values, random_blocks
+
+    raw = random_blocks(qtype, n, k, seed=seed)
+    return torch.from_numpy(raw), gguf_values(qtype, raw, n, k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype,k", [("Q5_0", 32), ("Q5_0", 544), ("Q5_0", 1536), ("Q4_K", 256), ("Q4_K", 2304),
+                                     ("Q4_K", 4096)])  # Q4_K 2304: four groups and four pairs of blocks
+def test_q5_0_and_q4_k_blocks_err_by_the_activations_rounding_alone_and_every_build_agrees(qtype, k):
+    blocks, ref_w = _stored(qtype, 21, k, seed=k)
+    x = _x(5, k)
+    packed = a8.pack(qtype, blocks, 21, k)
+    got = a8.qgemm_a8(qtype, x, packed, 21)
+    ref = x.double() @ ref_w.double().t()
+    step = x.abs().view(5, -1, 32).amax(-1).double() / 127
+    bound = torch.einsum("mb,nb->mn", step / 2, ref_w.abs().double().view(21, -1, 32).sum(-1))
+    rounding = 1e-5 * (x.abs().double() @ ref_w.abs().double().t())
+    assert ((got.double() - ref).abs() <= bound + rounding).all(), ((got.double() - ref).abs() - bound).max()
+    assert ((got.double() - ref).abs() > rounding).any()
+    for n in (1, 2, 4):  # rows alone or in any batch: the same bits
+        assert torch.equal(a8.qgemm_a8(qtype, x[:n].contiguous(), packed, 21), got[:n]), n
+    portable = a8.variant("x86-64")
+    if portable is not None:
+        assert torch.equal(a8.pack(qtype, blocks, 21, k, lib=portable), packed)
+        assert torch.equal(a8.qgemm_a8(qtype, x, packed, 21, lib=portable), got)
+
+
+@needs_kernel
+def test_types_without_an_8_bit_kernel_and_misshapen_blocks_are_refused_by_name():
+    blocks, _ = _stored("Q6_K", 4, 256)
+    with pytest.raises(ValueError, match="Q6_K blocks have no 8-bit-activation kernel"):
+        a8.pack("Q6_K", blocks, 4, 256)
+    q4k, _ = _stored("Q4_K", 4, 512)
+    with pytest.raises(ValueError, match=r"cannot pack \(4, 288\) torch.uint8 as a 4x256 Q4_K matrix"):
+        a8.pack("Q4_K", q4k, 4, 256)
+
+
+@needs_vnni
+def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculation_reproduces_it(tmp_path):
+    from hyspec import LLM
+    from hyspec.cpu_ops.qgemm import BlockLinear, RowConcatLinear
+    from tests.test_cpu_ops_kquants import write_k_quant_gguf
+
+    path = write_k_quant_gguf(tmp_path / "q4_k_m.gguf", tmp_path)
+    plain = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    report = plain.engine.quantization
+    # layer 0: Q4_K q/k beside a Q6_K v (parts) and a Q6_K down keep fp32; the rest is Q4_K with 8-bit activations
+    assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 2}, report.to_dict()
+    assert report.head == "int6 (Q6_K)" and any("lm_head stored as Q6_K keeps fp32" in f for f in report.fallbacks)
+    assert any("stored as Q6_K keep fp32 activations" in f for f in report.fallbacks), report.fallbacks
+    layers = plain.engine.model.layers
+    assert isinstance(layers[0].self_attn.qkv_proj, RowConcatLinear)
+    assert type(layers[1].mlp.down_proj) is BlockLinear and layers[1].mlp.down_proj.a8
+    assert not layers[0].mlp.down_proj.a8
+    stacked = _greedy(plain)
+    loop = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
+    loop.engine.model.layer_stack = None  # the same kernels module by module
+    assert _greedy(loop) == stacked
+    spec = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert _greedy(spec) == stacked

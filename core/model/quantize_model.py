@@ -13,11 +13,13 @@
   they are, anything else quantized here, group 32), the lm_head in int8 (as
   llama.cpp's Q4 files keep the output matrix at 8 bits or more).
 * ``"int8"`` -- every linear and the lm_head in per-row int8.
-* ``"a8"`` -- a GGUF's own Q4_0 / Q4_1 / Q8_0 codes (as ``None``) times activations rounded to 8 bits
-  per 32-element block: llama.cpp's arithmetic, integer dot products (the CPU backend's qgemm_a8,
-  AVX-512 VNNI).  Plain decoding and verification still agree bit for bit; against the fp32
-  reference the logits move by the activations' rounding.  Every linear and the head must get the
-  kernel, or it is an error.
+* ``"a8"`` -- a GGUF's own Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q4_K blocks (as ``None``) times activations
+  rounded to 8 bits per 32-element block: llama.cpp's arithmetic, integer dot products (the CPU
+  backend's qgemm_a8, AVX-512 VNNI).  Plain decoding and verification still agree bit for bit; against
+  the fp32 reference the logits move by the activations' rounding.  A matrix stored in a block type that
+  kernel does not take (Q5_1, Q5_K, Q6_K: a Q4_K_M file's Q6_K head and some of its v / down
+  matrices), or in several types, keeps fp32 activations on the exact block kernel; the report lists
+  them.  Any other matrix without the kernel (dense weights, no VNNI, bf16 activations) is an error.
 
 A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUANTIZATION_CHOICES = ("none", "int4", "int8", "a8")
+A8_TYPES = "Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q4_K"  # the stored types quantization="a8" multiplies by 8-bit activations
 
 
 @dataclass
@@ -124,8 +127,9 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
     demanded = {"int4": 4, "int8": 8}.get(quantization)
     activations = "int8" if quantization == "a8" else "native"
     if activations == "int8" and not hasattr(ckpt, "group_quantized"):
-        raise ConfigError("quantization", "a8 needs a GGUF checkpoint with Q4_0 / Q4_1 / Q8_0 tensors")
+        raise ConfigError("quantization", f"a8 needs a GGUF checkpoint with {A8_TYPES} tensors")
     no_kernel: Counter = Counter()
+    kept_fp32: Counter = Counter()  # a8: matrices in a type qgemm_a8 does not take, left on fp32 activations
     for path, names, module in _sources(model):
         w, types = _stored(ckpt, names, demanded)
         if w is None and demanded is not None:  # quantize here from the file's exact (dequantized) values
@@ -133,7 +137,8 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             w = quantize(dense, demanded)
         if w is None:
             if activations != "native":
-                raise ConfigError("quantization", f"a8: {path} is stored as {types}, not Q4_0 / Q4_1 / Q8_0")
+                raise ConfigError("quantization", f"a8: {path} is stored as {types}, not a GGUF block type "
+                                                  f"({A8_TYPES} run with 8-bit activations)")
             no_kernel[types] += 1
             report.linears["dense"] += 1
             continue
@@ -148,8 +153,14 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             report.linears["dense"] += 1
             continue
         _set_submodule(model, path, replacement)
+        if activations == "int8" and not getattr(replacement, "a8", False):
+            kept_fp32[w.source] += 1
         report.linears[f"int{w.bits} ({w.source})"] += 1
         report.kernels[getattr(replacement, "kernel", type(replacement).__name__)] += 1
+    for source, n in kept_fp32.items():
+        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations (no 8-bit-activation kernel for that type)"
+        report.fallbacks.append(msg)
+        log.info(msg)
     for types, n in no_kernel.items():
         msg = f"{n} linear(s) stored as {types}: no {backend.name} kernel computes with them; dequantized"
         report.fallbacks.append(msg)
@@ -171,7 +182,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         w = quantize(ckpt.get(name).to(torch.float32), 8)  # the head stays 8-bit even for int4 (see above)
     if w is None:
         if activations != "native":
-            raise ConfigError("quantization", f"a8: the lm_head ({name}) is not stored as Q4_0 / Q4_1 / Q8_0")
+            raise ConfigError("quantization", f"a8: the lm_head ({name}) is not stored as a GGUF block type")
         return "dense"
     head = backend.quantized_head(model.lm_head_weight, w, dtype, activations=activations)
     if head is None:
@@ -184,6 +195,11 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         log.info(msg)
         return "dense"
     report.head_bytes = sum(b.numel() * b.element_size() for b in head.buffers())
+    if activations != "native" and not getattr(head, "a8", False):
+        msg = f"a8: the lm_head stored as {w.source} keeps fp32 activations (no 8-bit-activation kernel for that type)"
+        report.fallbacks.append(msg)
+        log.info(msg)
+        return f"int{w.bits} ({w.source})"
     return f"int{w.bits} ({w.source})" + (", int8 activations" if activations != "native" else "")
 
 
