@@ -268,7 +268,9 @@ def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculat
     # layer 0: Q4_K q/k beside a Q6_K v (parts) and a Q6_K down keep fp32; the rest is Q4_K with 8-bit activations
     assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 2}, report.to_dict()
     assert report.head == "int6 (Q6_K)" and any("lm_head stored as Q6_K keeps fp32" in f for f in report.fallbacks)
-    assert any("stored as Q6_K keep fp32 activations" in f for f in report.fallbacks), report.fallbacks
+    assert "a8: 1 linear(s) stored as Q6_K keep fp32 activations (stored with no 8-bit-activation kernel)" \
+        in report.fallbacks, report.fallbacks
+    assert "a8: 1 linear(s) stored as Q4_K+Q6_K keep fp32 activations (stored in several types)" in report.fallbacks
     layers = plain.engine.model.layers
     assert isinstance(layers[0].self_attn.qkv_proj, RowConcatLinear)
     assert type(layers[1].mlp.down_proj) is BlockLinear and layers[1].mlp.down_proj.a8

@@ -154,11 +154,11 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             continue
         _set_submodule(model, path, replacement)
         if activations == "int8" and not getattr(replacement, "a8", False):
-            kept_fp32[w.source] += 1
+            kept_fp32["in several types" if w.parts else "with no 8-bit-activation kernel", w.source] += 1
         report.linears[f"int{w.bits} ({w.source})"] += 1
         report.kernels[getattr(replacement, "kernel", type(replacement).__name__)] += 1
-    for source, n in kept_fp32.items():
-        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations (no 8-bit-activation kernel for that type)"
+    for (why, source), n in kept_fp32.items():
+        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations (stored {why})"
         report.fallbacks.append(msg)
         log.info(msg)
     for types, n in no_kernel.items():
@@ -196,7 +196,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         return "dense"
     report.head_bytes = sum(b.numel() * b.element_size() for b in head.buffers())
     if activations != "native" and not getattr(head, "a8", False):
-        msg = f"a8: the lm_head stored as {w.source} keeps fp32 activations (no 8-bit-activation kernel for that type)"
+        msg = f"a8: the lm_head stored as {w.source} keeps fp32 activations (stored with no 8-bit-activation kernel)"
         report.fallbacks.append(msg)
         log.info(msg)
         return f"int{w.bits} ({w.source})"
