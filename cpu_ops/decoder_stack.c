@@ -38,7 +38,8 @@ enum { W_QKV = 0, W_O, W_GU, W_DOWN, T_QKV = 4, B_QKV = 8, N_IN = 12, N_POST, LA
 enum { DENSE_F32 = 16, DENSE_BF16 = 17 };
 enum { A8_TYPES = 32 }; /* A8_TYPES + a GGML block type: that matrix in qgemm_a8's layout, 8-bit activations */
 /* PARTS: row ranges stored in different block types (a Q4_K_M file's Q4_K q/k beside a Q6_K v); the weight
- * pointer is an int64 descriptor: the count, then each part's block type, blocks address and rows */
+ * pointer is an int64 descriptor: the count, then each part's block type (A8_TYPES + it for a part in qgemm_a8's
+ * layout), blocks address and rows */
 enum { PARTS = 48 };
 
 /* hyspec_dense_gemm's signature (dense_gemm.c): dtype 0 fp32 / 1 bf16, x, M, K, w, N, bias, y */
@@ -63,7 +64,10 @@ static int linear(int type, const float *x, int64_t M, int64_t K, const void *w,
         int rc = 0;
         for (int64_t p = 0; p < parts && rc == 0; p++) {
             const int64_t rows = d[3 + 3 * p];
-            rc = hyspec_qgemm((int)d[1 + 3 * p], x, M, K, (const uint8_t *)(intptr_t)d[2 + 3 * p], rows, part_y);
+            const int pt = (int)d[1 + 3 * p]; /* a block type, or A8_TYPES + one: that part in qgemm_a8's layout */
+            const uint8_t *pw = (const uint8_t *)(intptr_t)d[2 + 3 * p];
+            rc = pt >= A8_TYPES ? (a8_supported(pt - A8_TYPES) ? hyspec_qgemm_a8(pt - A8_TYPES, x, M, K, pw, rows, part_y) : -1)
+                                : hyspec_qgemm(pt, x, M, K, pw, rows, part_y);
             for (int64_t m = 0; rc == 0 && m < M; m++) memcpy(y + m * N + col, part_y + m * rows, sizeof(float) * rows);
             col += rows;
         }

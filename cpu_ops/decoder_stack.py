@@ -28,13 +28,12 @@ import os
 
 import torch
 
-from hyspec.cpu_ops.qgemm import QTYPES, BlockLinear, RowConcatLinear
+from hyspec.cpu_ops.qgemm import A8_TYPES, QTYPES, BlockLinear, RowConcatLinear
 
 log = logging.getLogger(__name__)
 
 LAYER_ENTRIES = 14  # decoder_stack.c: 4 weight pointers, 4 types, 4 bias pointers, 2 norm weights
 DENSE_TYPES = {torch.float32: 16, torch.bfloat16: 17}  # decoder_stack.c's DENSE_F32 / DENSE_BF16
-A8_TYPES = 32  # decoder_stack.c: + a block type = that matrix in qgemm_a8's layout (8-bit activations)
 PARTS = 48  # decoder_stack.c: row ranges in different block types (RowConcatLinear), its descriptor as the weight
 
 

@@ -31,6 +31,7 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K
                "F32": 128}
 #: weights per block (the K-quants' super-blocks hold 256)
 BLOCK_ELEMS = {t: 256 if t.endswith("_K") else 32 for t in QTYPES}
+A8_TYPES = 32  # decoder_stack.c: + a block type = that matrix in qgemm_a8's layout (8-bit activations)
 
 
 @functools.cache
@@ -126,26 +127,35 @@ class RowConcatLinear(nn.Module):
     alone, so the result is as batch-invariant as the parts'.  ``descriptor`` lists the parts for the decoder
     stack (decoder_stack.c's PARTS type): their count, then type code, blocks address and rows of each."""
 
-    kernel = "hyspec qgemm, fp32"
-
     def __init__(self, parts: list[BlockLinear], bias: torch.Tensor | None = None):
         super().__init__()
-        if any(p.a8 or p.bias is not None for p in parts):
-            raise ValueError("RowConcatLinear joins fp32-activation parts without biases (the bias is the whole's)")
+        if any(p.bias is not None for p in parts):
+            raise ValueError("RowConcatLinear joins parts without biases (the bias is the whole's)")
         self.parts = nn.ModuleList(parts)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.descriptor = torch.tensor([len(parts)] + [v for p in parts for v in
-                                                       (QTYPES[p.block_type], p.blocks.data_ptr(), p.out_features)],
+                                                       (QTYPES[p.block_type] + (A8_TYPES if p.a8 else 0),
+                                                        p.blocks.data_ptr(), p.out_features)],
                                        dtype=torch.int64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.cat([p(x) for p in self.parts], dim=-1)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
+    @property
+    def a8(self) -> bool:
+        """True when every part takes 8-bit activations (quantization="a8" on a matrix stored in several types)."""
+        return all(p.a8 for p in self.parts)
+
+    @property
+    def kernel(self) -> str:
+        kinds = sorted({p.a8 for p in self.parts})
+        return "hyspec qgemm, " + " + ".join("int8 activations" if a8 else "fp32" for a8 in reversed(kinds))
+
     def extra_repr(self) -> str:
-        types = "+".join(p.block_type for p in self.parts)
+        types = "+".join(p.block_type + (" (int8 activations)" if p.a8 else "") for p in self.parts)
         return f"in_features={self.in_features}, out_features={self.out_features}, {types} blocks, hyspec qgemm"
 
 

@@ -153,19 +153,18 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
     (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
     Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None); with
-    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q4_K) go to it, the others (and a matrix stored in
-    several types) keep fp32 activations on the block kernel (``a8_keeps_fp32`` tells which).
+    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q4_K) go to it, the others keep fp32 activations on
+    the block kernel (a fused matrix: part by part; ``a8_keeps_fp32`` tells when none of it takes 8 bits).
     """
     if w.q is None:
         if dtype != torch.float32:
             return None
         if activations == "int8" and not a8_keeps_fp32(w):
-            from hyspec.cpu_ops.qgemm import BLOCK_ELEMS, BlockLinear
             from hyspec.cpu_ops.qgemm_a8 import available
 
-            if not available()[0] or w.shape[1] % BLOCK_ELEMS[w.block_type]:
+            if not available()[0]:
                 return None
-            return BlockLinear(w.block_type, w.blocks, w.shape[1], bias, w.source, a8=True)
+            return _stored_blocks_linear(w, bias, a8=True)
         return _stored_blocks_linear(w, bias)
     if activations == "int8":
         from hyspec.cpu_ops.qgemm import BlockLinear
@@ -190,29 +189,35 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
 
 
 def a8_keeps_fp32(w: GroupQuantized) -> bool:
-    """True for a blocks-only matrix that ``quantization="a8"`` leaves on fp32 activations: stored in a type the
-    8-bit-activation kernel does not take (Q5_1, Q5_K, Q6_K), or in several types (its parts)."""
+    """True for a blocks-only matrix that ``quantization="a8"`` leaves wholly on fp32 activations: stored in a
+    type the 8-bit-activation kernel does not take (Q5_1, Q5_K, Q6_K), every part of it if it has parts."""
     from hyspec.cpu_ops.qgemm_a8 import A8_BLOCK_TYPES
 
-    return w.q is None and (bool(w.parts) or w.block_type not in A8_BLOCK_TYPES)
+    if w.q is not None:
+        return False
+    return all(p.block_type not in A8_BLOCK_TYPES for p in w.parts) if w.parts else w.block_type not in A8_BLOCK_TYPES
 
 
-def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None) -> nn.Module | None:
-    """hyspec's block kernel over a blocks-only matrix, or over its parts in several types (row-concatenated)."""
+def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None, a8: bool = False) -> nn.Module | None:
+    """hyspec's block kernel over a blocks-only matrix, or over its parts in several types (row-concatenated).
+    ``a8``: the blocks (or parts) in a type qgemm_a8 takes get 8-bit activations, the others fp32."""
     from hyspec.cpu_ops.qgemm import BLOCK_ELEMS, BlockLinear, RowConcatLinear, library
+    from hyspec.cpu_ops.qgemm_a8 import A8_BLOCK_TYPES
     from hyspec.model.quant import encode_blocks
 
     if library() is None:
         return None
     k = w.shape[1]
     if not w.parts:
-        return BlockLinear(w.block_type, w.blocks, k, bias, w.source) if k % BLOCK_ELEMS[w.block_type] == 0 else None
+        if k % BLOCK_ELEMS[w.block_type]:
+            return None
+        return BlockLinear(w.block_type, w.blocks, k, bias, w.source, a8=a8 and w.block_type in A8_BLOCK_TYPES)
     modules = []
     for part in w.parts:
         encoded = encode_blocks(part)
         if encoded is None or k % BLOCK_ELEMS[encoded[0]]:
             return None
-        modules.append(BlockLinear(encoded[0], encoded[1], k, None, part.source))
+        modules.append(BlockLinear(encoded[0], encoded[1], k, None, part.source, a8=a8 and encoded[0] in A8_BLOCK_TYPES))
     return RowConcatLinear(modules, bias)
 
 

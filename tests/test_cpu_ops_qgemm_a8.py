@@ -265,14 +265,17 @@ def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculat
     path = write_k_quant_gguf(tmp_path / "q4_k_m.gguf", tmp_path)
     plain = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
     report = plain.engine.quantization
-    # layer 0: Q4_K q/k beside a Q6_K v (parts) and a Q6_K down keep fp32; the rest is Q4_K with 8-bit activations
-    assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 2}, report.to_dict()
+    # layer 0: Q4_K q/k (8-bit activations) beside a Q6_K v (fp32) and a Q6_K down (fp32); the rest Q4_K, 8-bit
+    assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 1,
+                              "hyspec qgemm, int8 activations + fp32": 1}, report.to_dict()
     assert report.head == "int6 (Q6_K)" and any("lm_head stored as Q6_K keeps fp32" in f for f in report.fallbacks)
-    assert "a8: 1 linear(s) stored as Q6_K keep fp32 activations (stored with no 8-bit-activation kernel)" \
+    assert "a8: 1 linear(s) stored as Q6_K keep fp32 activations (no 8-bit-activation kernel for Q6_K)" \
         in report.fallbacks, report.fallbacks
-    assert "a8: 1 linear(s) stored as Q4_K+Q6_K keep fp32 activations (stored in several types)" in report.fallbacks
+    assert ("a8: 1 linear(s) stored as Q4_K+Q6_K keep fp32 activations for their Q6_K rows (no 8-bit-activation "
+            "kernel for Q6_K)") in report.fallbacks, report.fallbacks
     layers = plain.engine.model.layers
-    assert isinstance(layers[0].self_attn.qkv_proj, RowConcatLinear)
+    qkv = layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, RowConcatLinear) and [p.a8 for p in qkv.parts] == [True, True, False]
     assert type(layers[1].mlp.down_proj) is BlockLinear and layers[1].mlp.down_proj.a8
     assert not layers[0].mlp.down_proj.a8
     stacked = _greedy(plain)

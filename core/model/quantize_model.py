@@ -16,10 +16,10 @@
 * ``"a8"`` -- a GGUF's own Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q4_K blocks (as ``None``) times activations
   rounded to 8 bits per 32-element block: llama.cpp's arithmetic, integer dot products (the CPU
   backend's qgemm_a8, AVX-512 VNNI).  Plain decoding and verification still agree bit for bit; against
-  the fp32 reference the logits move by the activations' rounding.  A matrix stored in a block type that
-  kernel does not take (Q5_1, Q5_K, Q6_K: a Q4_K_M file's Q6_K head and some of its v / down
-  matrices), or in several types, keeps fp32 activations on the exact block kernel; the report lists
-  them.  Any other matrix without the kernel (dense weights, no VNNI, bf16 activations) is an error.
+  the fp32 reference the logits move by the activations' rounding.  A matrix (or the rows of a fused
+  one) stored in a block type that kernel does not take (Q5_1, Q5_K, Q6_K: a Q4_K_M file's Q6_K head
+  and some of its v / down matrices) keeps fp32 activations on the exact block kernel; the report
+  lists them.  Any other matrix without the kernel (dense weights, no VNNI, bf16 activations) is an error.
 
 A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
@@ -154,11 +154,14 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
             continue
         _set_submodule(model, path, replacement)
         if activations == "int8" and not getattr(replacement, "a8", False):
-            kept_fp32["in several types" if w.parts else "with no 8-bit-activation kernel", w.source] += 1
+            parts = getattr(replacement, "parts", None)
+            fp32 = sorted({p.block_type for p in parts if not p.a8}) if parts is not None else [w.source]
+            kept_fp32[w.source, "/".join(fp32)] += 1
         report.linears[f"int{w.bits} ({w.source})"] += 1
         report.kernels[getattr(replacement, "kernel", type(replacement).__name__)] += 1
-    for (why, source), n in kept_fp32.items():
-        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations (stored {why})"
+    for (source, fp32), n in kept_fp32.items():
+        rows = "" if fp32 == source else f" for their {fp32} rows"
+        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations{rows} (no 8-bit-activation kernel for {fp32})"
         report.fallbacks.append(msg)
         log.info(msg)
     for types, n in no_kernel.items():
@@ -196,7 +199,7 @@ def _quantize_head(model: "CausalLM", ckpt, demanded: int | None, backend: "Back
         return "dense"
     report.head_bytes = sum(b.numel() * b.element_size() for b in head.buffers())
     if activations != "native" and not getattr(head, "a8", False):
-        msg = f"a8: the lm_head stored as {w.source} keeps fp32 activations (stored with no 8-bit-activation kernel)"
+        msg = f"a8: the lm_head stored as {w.source} keeps fp32 activations (no 8-bit-activation kernel for {w.source})"
         report.fallbacks.append(msg)
         log.info(msg)
         return f"int{w.bits} ({w.source})"
