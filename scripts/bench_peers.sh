@@ -12,8 +12,8 @@
 #   default GGUF, agentic, batch 1: hyspec's rows, vLLM plain, ngram and vLLM + hyspec (issue 46's batch-1 goals);
 #   Q4_K_M file, HumanEval and chat: hyspec's rows and llama.cpp's (vLLM has no GGUF K-quant path on CPU here; its
 #     rows above are the same model).
-# A8=1 adds two runs on the default file at batch 1: hyspec with --quantization a8 (llama.cpp's own arithmetic, 8-bit
-#   activations; opt-in) beside llama.cpp plain and prompt lookup, HumanEval and chat.
+# A8=1 adds four runs at batch 1, on the default file and on the Q4_K_M one: hyspec with --quantization a8 (llama.cpp's
+#   own arithmetic, 8-bit activations; opt-in) beside llama.cpp plain and prompt lookup, HumanEval and chat.
 # Needs: .venv, the vLLM venv (scripts/vllm_venv.sh), llama-cpp-python (never part of hyspec's set-up: building it
 # takes ~15 minutes).  Writes OUT_DIR/results.json (the five documents), OUT_DIR/speedup.png and prints the tables.
 set -euo pipefail
@@ -54,6 +54,9 @@ if [ "${A8:-0}" = 1 ]; then  # the later --batch-sizes 1 overrides COMMON's
   run a8-humaneval --model "$DEFAULT" --peers llamacpp,llamacpp_prompt_lookup --quantization a8 --batch-sizes 1
   run a8-chat --model "$DEFAULT" --peers llamacpp,llamacpp_prompt_lookup --workload chat --quantization a8 \
     --batch-sizes 1
+  run q4km-a8-humaneval --model "$Q4KM" --peers llamacpp,llamacpp_prompt_lookup --quantization a8 --batch-sizes 1
+  run q4km-a8-chat --model "$Q4KM" --peers llamacpp,llamacpp_prompt_lookup --workload chat --quantization a8 \
+    --batch-sizes 1
 fi
 
 .venv/bin/python - "$WORK" "$OUT/results.json" <<'PY'
@@ -61,12 +64,13 @@ import json, sys
 from pathlib import Path
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 names = ("default-humaneval", "default-chat", "default-agentic", "q4km-humaneval", "q4km-chat", "a8-humaneval",
-         "a8-chat")
+         "a8-chat", "q4km-a8-humaneval", "q4km-a8-chat")
 runs = {n: json.loads((work / f"{n}.json").read_text()) for n in names if (work / f"{n}.json").is_file()}
 out.write_text(json.dumps({"kind": "hyspec-bench-set", "smoke": False, "runs": runs}, indent=1) + "\n")
 PY
 cp "$WORK/plots-default-humaneval/speedup.png" "$OUT/speedup.png"
-for name in default-humaneval default-chat default-agentic q4km-humaneval q4km-chat a8-humaneval a8-chat; do
+for name in default-humaneval default-chat default-agentic q4km-humaneval q4km-chat a8-humaneval a8-chat \
+    q4km-a8-humaneval q4km-a8-chat; do
   [ -f "$WORK/$name.json" ] || continue
   echo "### $name"; $HYSPEC bench --readme-table "$WORK/$name.json"
 done
