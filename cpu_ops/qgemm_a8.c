@@ -16,17 +16,20 @@
  * Q5_0: u = q, m = -16 d; those three are exact, so m is not stored for them).  A Q4_K super-block is eight
  * such blocks, each with d = d_super * scale and m = -(dmin * min) stored as fp32 (exact products; fp16 could
  * not hold them): the same arithmetic as llama.cpp's per-block scales, with 8-bit activations per 32 weights
- * where llama.cpp rounds them per 256.  Then per block
+ * where llama.cpp rounds them per 256.  A Q6_K super-block is eight blocks of byte codes u = q (0..63) whose two
+ * halves of sixteen have their own d = d_super * scale (fp32, m = -32 d): the integer sums and the sums of x are
+ * then taken per half (x's layout carries both halves' sums).  Then per block
  *   sum_i w_i x_i ~= (d * dx_b) * sum_i u_i q_i + m * sx_b      (the integer sum exact in int32)
  *
  * Layout (per output row, contiguous): blocks in groups of 16, "one lane per block": vpdpbusd j (0..7) of a
  * group multiplies, in lane l, block l's codes 4j..4j+3 by the row's, so each lane sums one block and no
  * horizontal sum is needed per block.  4-bit codes are stored two to a byte: chunk c (0..3) holds, lane l,
  * byte i, codes 4c+i (low nibble) and 16+4c+i (high nibble), so one load and a shift feed two vpdpbusd.
- * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m; Q4_K: 16 fp32 d, then 16 fp32 m).  Blocks left after the groups go in pairs, two blocks
+ * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m; Q4_K: 16 fp32 d, then 16 fp32 m; Q6_K: 16 fp32 d of the
+ * blocks' first halves, then 16 of their second halves).  Blocks left after the groups go in pairs, two blocks
  * to a vector (lanes 0-7 block A's 32 codes, 8-15 block B's; an odd last block is paired with zeros).
  * The bytes a row reads are the GGUF's own size for Q4_0, Q4_1 and Q8_0 (18, 20, 34 a block); Q5_0 reads 34 (its
- * codes a byte each, against 22), Q4_K 24 a block of 32 (144 a super-block against 144 / 8 = 18).
+ * codes a byte each, against 22), Q4_K 24 a block of 32 (against 144 / 8 = 18), Q6_K 40 (against 26.25).
  *
  * Sums, per (output row, row of x): sixteen fp32 lanes, per group or pair in order
  *   acc = fma(d * dx, (float)isum, acc);  acc = fma(m, sx, acc)
@@ -45,7 +48,7 @@
 #endif
 
 /* the block types a8 takes, numbered as hyspec_qgemm numbers them (qgemm.py's QTYPES) */
-enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q4_K = 5 };
+enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q4_K = 5, A8_Q6_K = 7 };
 enum { A8_PREFETCH_BYTES = 4096 };
 
 int hyspec_qgemm_a8_version(void) { return 2; }
@@ -56,10 +59,18 @@ const char *hyspec_qgemm_a8_isa(void) { return "avx512-vnni"; }
 const char *hyspec_qgemm_a8_isa(void) { return "portable"; }
 #endif
 
-static inline int a8_supported(int qtype) { return (qtype >= A8_Q4_0 && qtype <= A8_Q5_0) || qtype == A8_Q4_K; }
+static inline int a8_supported(int qtype) {
+    return (qtype >= A8_Q4_0 && qtype <= A8_Q5_0) || qtype == A8_Q4_K || qtype == A8_Q6_K;
+}
+static inline int a8_super(int qtype) { return qtype == A8_Q4_K || qtype == A8_Q6_K; } /* 256-weight blocks */
 /* bytes of one GGUF block: 32 weights, or Q4_K's super-block of 256 (eight blocks of 32 in the a8 layout) */
 static inline int a8_block_bytes(int qtype) {
-    return qtype == A8_Q4_0 ? 18 : qtype == A8_Q4_1 ? 20 : qtype == A8_Q5_0 ? 22 : qtype == A8_Q4_K ? 144 : 34;
+    return qtype == A8_Q4_0   ? 18
+           : qtype == A8_Q4_1 ? 20
+           : qtype == A8_Q5_0 ? 22
+           : qtype == A8_Q4_K ? 144
+           : qtype == A8_Q6_K ? 210
+                              : 34;
 }
 
 static inline float a8_f16(const uint8_t *p) {
@@ -91,18 +102,18 @@ static inline float a8_f32(const uint8_t *p) {
 static inline int64_t a8_groups(int64_t K) { return K / 32 / 16; }
 static inline int64_t a8_pairs(int64_t K) { return (K / 32 % 16 + 1) / 2; }
 /* Q8_0 and Q5_0 keep a code a byte, the 4-bit types two */
-static inline int a8_byte_codes(int qtype) { return qtype == A8_Q8_0 || qtype == A8_Q5_0; }
+static inline int a8_byte_codes(int qtype) { return qtype == A8_Q8_0 || qtype == A8_Q5_0 || qtype == A8_Q6_K; }
 static inline int a8_code_bytes(int qtype) { return a8_byte_codes(qtype) ? 32 : 16; } /* a block's codes, packed */
 /* per block: fp16 d (Q4_1: and m); Q4_K: fp32 d and m, the super-block's scales times each block's 6-bit ones */
-static inline int a8_scale_bytes(int qtype) { return qtype == A8_Q4_K ? 8 : qtype == A8_Q4_1 ? 4 : 2; }
+static inline int a8_scale_bytes(int qtype) { return a8_super(qtype) ? 8 : qtype == A8_Q4_1 ? 4 : 2; }
 /* m = a8_min_factor * d where m is not stored (Q4_0: codes 0..15 for q - 8; Q8_0: q + 128; Q5_0: q - 16) */
 static inline float a8_min_factor(int qtype) {
-    return qtype == A8_Q4_0 ? -8.0f : qtype == A8_Q5_0 ? -16.0f : -128.0f;
+    return qtype == A8_Q4_0 ? -8.0f : qtype == A8_Q5_0 ? -16.0f : qtype == A8_Q6_K ? -32.0f : -128.0f;
 }
 
 /* bytes of one output row in the a8 layout (= the GGUF row's size) */
 int64_t hyspec_qgemm_a8_row_bytes(int qtype, int64_t K) {
-    if (!a8_supported(qtype) || K % 32 || (qtype == A8_Q4_K && K % 256)) return -1;
+    if (!a8_supported(qtype) || K % 32 || (a8_super(qtype) && K % 256)) return -1;
     const int64_t per_block = a8_code_bytes(qtype) + a8_scale_bytes(qtype);
     return (a8_groups(K) * 16 + a8_pairs(K) * 2) * per_block;
 }
@@ -120,6 +131,12 @@ static inline int a8_code(int qtype, const uint8_t *row, int64_t b, int i) {
         const uint8_t byte = row[b / 8 * 144 + 16 + 32 * (b % 8 / 2) + i];
         return b % 2 ? byte >> 4 : byte & 0x0f;
     }
+    if (qtype == A8_Q6_K) { /* block j of a super-block: elements 32 j + i, llama.cpp's dequantize_row_q6_K order */
+        const uint8_t *sb = row + b / 8 * 210;
+        const int j = (int)(b % 8), h = j / 4, quarter = j % 4;
+        const int low = sb[h * 64 + i + (quarter & 1) * 32] >> (quarter >= 2 ? 4 : 0) & 0x0f;
+        return low | (sb[128 + h * 32 + i] >> (2 * quarter) & 3) << 4; /* q, w = d * scale * (q - 32) */
+    }
     const uint8_t *blk = row + b * a8_block_bytes(qtype);
     if (qtype == A8_Q8_0) return (int)(int8_t)blk[2 + i] + 128;
     if (qtype == A8_Q5_0) { /* the nibble, and bit i of qh as its fifth bit */
@@ -134,6 +151,13 @@ static inline int a8_code(int qtype, const uint8_t *row, int64_t b, int i) {
 /* block b's d (and m where stored) written to d_out / m_out: the GGUF's fp16 bits, or for Q4_K the exact fp32
  * products d * scale and -(dmin * min) (an fp16 times a 6-bit integer fits fp32's mantissa) */
 static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *d_out, uint8_t *m_out) {
+    if (qtype == A8_Q6_K) { /* no m: d of the block's first sixteen weights, then of its last sixteen (m = -32 d) */
+        const uint8_t *sb = row + b / 8 * 210;
+        const int j = (int)(b % 8), first = (j / 4) * 8 + (j % 4) * 2;
+        const float d = a8_f16(sb + 208), lo = d * (float)(int8_t)sb[192 + first], hi = d * (float)(int8_t)sb[193 + first];
+        memcpy(d_out, &lo, 4), memcpy(m_out, &hi, 4);
+        return;
+    }
     if (qtype == A8_Q4_K) {
         const uint8_t *s = row + b / 8 * 144;
         int scale, min;
@@ -152,10 +176,10 @@ static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *
 int hyspec_qgemm_a8_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
     const int64_t rb = hyspec_qgemm_a8_row_bytes(qtype, K);
     if (rb < 0 || N < 0) return -1;
-    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), dw = qtype == A8_Q4_K ? 4 : 2; /* a d's bytes */
+    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), dw = a8_super(qtype) ? 4 : 2; /* a d's bytes */
     const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K), row_in = K / 32 * a8_block_bytes(qtype);
     for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = w + n * (qtype == A8_Q4_K ? K / 256 * 144 : row_in);
+        const uint8_t *row = w + n * (a8_super(qtype) ? K / 256 * a8_block_bytes(qtype) : row_in);
         uint8_t *o = out + n * rb;
         for (int64_t g = 0; g < G; g++) {
             const int64_t b0 = g * 16;
@@ -194,21 +218,24 @@ int hyspec_qgemm_a8_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint
 }
 
 /* One row of x quantized, in the layout the kernels read (64-byte aligned pieces):
- *   per group: 8 chunks x 64 int8 (chunk j, lane l, byte i = block l's code 4j+i), dx[16], sx[16] fp32
+ *   per group: 8 chunks x 64 int8 (chunk j, lane l, byte i = block l's code 4j+i), dx[16], sx[16] fp32, then
+ *              sx of each block's first and last sixteen codes alone (Q6_K, whose scales cover sixteen weights)
  *   per pair:  64 int8 (block A's 32 codes, B's 32), dx[16] (A in lanes 0-7, B in 8-15), sx[16] (A's in
- *              lane 0, B's in lane 8, zeros elsewhere: the m term of a pair is added once per block) */
-static inline int64_t a8_xrow_bytes(int64_t K) { return a8_groups(K) * (512 + 128) + a8_pairs(K) * (64 + 128); }
+ *              lane 0, B's in lane 8, zeros elsewhere: the m term of a pair is added once per block), and the
+ *              half-block sums (A's halves in lanes 0 and 4, B's in 8 and 12, zeros elsewhere) */
+enum { A8_XGROUP = 512 + 4 * 64, A8_XPAIR = 64 + 3 * 64 };
+static inline int64_t a8_xrow_bytes(int64_t K) { return a8_groups(K) * A8_XGROUP + a8_pairs(K) * A8_XPAIR; }
 
 #if defined(HYSPEC_A8_VNNI)
 /* the scalar version's exact results, sixteen lanes at a time: the maximum and the integer sum are exact,
  * d and 1/d the same scalar divisions, and cvtps rounds to nearest-even as lrintf does by default */
-static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx) {
+static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx, float *sxl, float *sxh) {
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const __m512 a = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
     const __mmask16 bad = _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf or NaN */
     if (bad) {
         memset(q, 0, 32);
-        *dx = *sx = NAN;
+        *dx = *sx = *sxl = *sxh = NAN;
         return;
     }
     const float amax = _mm512_reduce_max_ps(a);
@@ -218,25 +245,26 @@ static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx
     _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
     *dx = d, *sx = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    *sxl = d * (float)_mm512_reduce_add_epi32(q0), *sxh = d * (float)_mm512_reduce_add_epi32(q1);
 }
 #else
-static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx) {
+static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx, float *sxl, float *sxh) {
     float amax = 0.0f;
     int finite = 1;
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i])), finite &= isfinite(x[i]) != 0;
-    int sum = 0;
+    int sum = 0, low = 0;
     if (!finite) { /* inf or NaN among the inputs: the block's result is NaN, as the fp32 sum's would be */
         memset(q, 0, 32);
-        *dx = *sx = NAN;
+        *dx = *sx = *sxl = *sxh = NAN;
         return;
     }
     const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (int i = 0; i < 32; i++) {
         long v = lrintf(x[i] * id); /* |x * id| <= 127 up to rounding */
         v = v > 127 ? 127 : v < -127 ? -127 : v;
-        q[i] = (int8_t)v, sum += (int)v;
+        q[i] = (int8_t)v, sum += (int)v, low += i < 16 ? (int)v : 0;
     }
-    *dx = d, *sx = d * (float)sum;
+    *dx = d, *sx = d * (float)sum, *sxl = d * (float)low, *sxh = d * (float)(sum - low);
 }
 #endif
 
@@ -244,23 +272,25 @@ static void a8_quantize_row(const float *x, int64_t K, uint8_t *out) {
     const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K);
     int8_t q[16][32];
     for (int64_t g = 0; g < G; g++) {
-        float *dx = (float *)(out + 512), *sx = (float *)(out + 576);
-        for (int l = 0; l < 16; l++) a8_quantize_block(x + (g * 16 + l) * 32, q[l], dx + l, sx + l);
+        float *dx = (float *)(out + 512), *sx = (float *)(out + 576), *sxl = sx + 16, *sxh = sx + 32;
+        for (int l = 0; l < 16; l++)
+            a8_quantize_block(x + (g * 16 + l) * 32, q[l], dx + l, sx + l, sxl + l, sxh + l);
         for (int j = 0; j < 8; j++)
             for (int l = 0; l < 16; l++) memcpy(out + j * 64 + l * 4, &q[l][4 * j], 4);
-        out += 640;
+        out += A8_XGROUP;
     }
     for (int64_t p = 0; p < P; p++) {
         const int64_t a = G * 16 + 2 * p;
-        float dA, sA, dB = 0.0f, sB = 0.0f;
-        a8_quantize_block(x + a * 32, q[0], &dA, &sA);
-        if (a + 1 < nb) a8_quantize_block(x + (a + 1) * 32, q[1], &dB, &sB);
+        float dA, sA, lA, hA, dB = 0.0f, sB = 0.0f, lB = 0.0f, hB = 0.0f;
+        a8_quantize_block(x + a * 32, q[0], &dA, &sA, &lA, &hA);
+        if (a + 1 < nb) a8_quantize_block(x + (a + 1) * 32, q[1], &dB, &sB, &lB, &hB);
         else memset(q[1], 0, 32);
         memcpy(out, q[0], 32), memcpy(out + 32, q[1], 32);
-        float *dx = (float *)(out + 64), *sx = (float *)(out + 128);
-        for (int l = 0; l < 16; l++) dx[l] = l < 8 ? dA : dB, sx[l] = 0.0f;
+        float *dx = (float *)(out + 64), *sx = (float *)(out + 128), *sxq = (float *)(out + 192);
+        for (int l = 0; l < 16; l++) dx[l] = l < 8 ? dA : dB, sx[l] = sxq[l] = 0.0f;
         sx[0] = sA, sx[8] = sB;
-        out += 192;
+        sxq[0] = lA, sxq[4] = hA, sxq[8] = lB, sxq[12] = hB;
+        out += A8_XPAIR;
     }
 }
 
@@ -290,7 +320,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
     for (int n = 0; n < NB; n++)
         for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int64_t wo = g * gb, xo = g * 640;
+        const int64_t wo = g * gb, xo = g * A8_XGROUP;
         /* the NB records are one contiguous region: one sweep `ahead` bytes past the tile's progress */
         for (int64_t off = 0; off < NB * gb; off += 64)
             _mm_prefetch((const char *)(w + g * NB * gb + off + ahead), _MM_HINT_T0);
@@ -305,11 +335,12 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                     u[c] = _mm512_and_si512(v, nib);
                     u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
                 }
-            const __m512 d = qtype == A8_Q4_K ? _mm512_loadu_ps((const float *)(wn + 16 * cb))
-                                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
-            const __m512 m = qtype == A8_Q4_1   ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
-                             : qtype == A8_Q4_K ? _mm512_loadu_ps((const float *)(wn + 16 * cb + 64))
-                                                : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            /* Q6_K: d of each block's first sixteen weights, and (in m's place) of its last sixteen */
+            const __m512 d = a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb))
+                                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
+            const __m512 m = qtype == A8_Q4_1  ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
+                             : a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb + 64))
+                                               : _mm512_mul_ps(d, _mm512_set1_ps(mk));
             for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xq + r * xb + xo;
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -317,7 +348,16 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                     s0 = _mm512_dpbusd_epi32(s0, u[j], _mm512_load_si512((const void *)(xr + j * 64)));
                     s1 = _mm512_dpbusd_epi32(s1, u[j + 4], _mm512_load_si512((const void *)(xr + (j + 4) * 64)));
                 }
-                const __m512 dx = _mm512_load_ps((const float *)(xr + 512)), sx = _mm512_load_ps((const float *)(xr + 576));
+                const __m512 dx = _mm512_load_ps((const float *)(xr + 512));
+                if (qtype == A8_Q6_K) { /* each half by its own scale: d (q - 32) summed as d q - 32 d sx */
+                    const __m512 sxl = _mm512_load_ps((const float *)(xr + 640)), sxh = _mm512_load_ps((const float *)(xr + 704));
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(s0), acc[n][r]);
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), _mm512_cvtepi32_ps(s1), acc[n][r]);
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(mk)), sxl, acc[n][r]);
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(m, _mm512_set1_ps(mk)), sxh, acc[n][r]);
+                    continue;
+                }
+                const __m512 sx = _mm512_load_ps((const float *)(xr + 576));
                 acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[n][r]);
                 acc[n][r] = _mm512_fmadd_ps(m, sx, acc[n][r]);
             }
@@ -325,7 +365,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
     }
     const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int64_t p = 0; p < P; p++) {
-        const int64_t wo = G * gb + p * pb, xo = G * 640 + p * 192;
+        const int64_t wo = G * gb + p * pb, xo = G * A8_XGROUP + p * A8_XPAIR;
         for (int64_t off = 0; off < NB * pb; off += 64)
             _mm_prefetch((const char *)(w + G * NB * gb + p * NB * pb + off + ahead), _MM_HINT_T0);
         for (int n = 0; n < NB; n++) {
@@ -338,7 +378,11 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                                        _mm256_and_si256(_mm256_srli_epi16(v, 4), n4), 1);
             }
             __m512 d, m;
-            if (qtype == A8_Q4_K) { /* dA dB, mA mB as fp32: each to its half of the lanes */
+            if (qtype == A8_Q6_K) { /* dA_lo dB_lo dA_hi dB_hi: lanes 0-3 A's first half, 4-7 its second, 8-15 B's */
+                const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3);
+                d = _mm512_permutexvar_ps(quarters, _mm512_castps128_ps512(_mm_loadu_ps((const float *)(wn + 2 * cb))));
+                m = _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            } else if (qtype == A8_Q4_K) { /* dA dB, mA mB as fp32: each to its half of the lanes */
                 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb)))));
                 m = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb + 8)))));
             } else {
@@ -353,7 +397,9 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
             for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xq + r * xb + xo;
                 const __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_load_si512((const void *)xr));
-                const __m512 dx = _mm512_load_ps((const float *)(xr + 64)), sx = _mm512_load_ps((const float *)(xr + 128));
+                const __m512 dx = _mm512_load_ps((const float *)(xr + 64));
+                /* Q6_K: its m term per half block, so the half-block sums */
+                const __m512 sx = _mm512_load_ps((const float *)(xr + (qtype == A8_Q6_K ? 192 : 128)));
                 acc[n][r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(is), acc[n][r]);
                 acc[n][r] = _mm512_fmadd_ps(m, sx, acc[n][r]);
             }
@@ -409,10 +455,10 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
             const uint8_t *xr = xq + r * xb;
             float acc[16] = {0};
             for (int64_t g = 0; g < G; g++) {
-                const uint8_t *wg = wr + g * 16 * (cb + sb), *xg = xr + g * 640;
+                const uint8_t *wg = wr + g * 16 * (cb + sb), *xg = xr + g * A8_XGROUP;
                 const float *dx = (const float *)(xg + 512), *sx = (const float *)(xg + 576);
                 for (int l = 0; l < 16; l++) {
-                    int32_t is = 0;
+                    int32_t is = 0, is_low = 0;
                     for (int j = 0; j < 8; j++)
                         for (int i = 0; i < 4; i++) {
                             int u;
@@ -422,8 +468,18 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                                 u = j < 4 ? b & 0x0f : b >> 4;
                             }
                             is += u * (int)(int8_t)xg[j * 64 + l * 4 + i];
+                            is_low += j < 4 ? u * (int)(int8_t)xg[j * 64 + l * 4 + i] : 0;
                         }
-                    const float d = qtype == A8_Q4_K ? a8_f32(wg + 16 * cb + 4 * l) : a8_f16(wg + 16 * cb + 2 * l);
+                    if (qtype == A8_Q6_K) {
+                        const float dl = a8_f32(wg + 16 * cb + 4 * l), dh = a8_f32(wg + 16 * cb + 64 + 4 * l);
+                        const float *sxl = (const float *)(xg + 640), *sxh = (const float *)(xg + 704);
+                        acc[l] = fmaf(dl * dx[l], (float)is_low, acc[l]);
+                        acc[l] = fmaf(dh * dx[l], (float)(is - is_low), acc[l]);
+                        acc[l] = fmaf(dl * mk, sxl[l], acc[l]);
+                        acc[l] = fmaf(dh * mk, sxh[l], acc[l]);
+                        continue;
+                    }
+                    const float d = a8_super(qtype) ? a8_f32(wg + 16 * cb + 4 * l) : a8_f16(wg + 16 * cb + 2 * l);
                     const float m = qtype == A8_Q4_1   ? a8_f16(wg + 16 * cb + 32 + 2 * l)
                                     : qtype == A8_Q4_K ? a8_f32(wg + 16 * cb + 64 + 4 * l)
                                                        : d * mk;
@@ -433,7 +489,7 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                 }
             }
             for (int64_t p = 0; p < P; p++) {
-                const uint8_t *wp = wr + G * 16 * (cb + sb) + p * 2 * (cb + sb), *xp = xr + G * 640 + p * 192;
+                const uint8_t *wp = wr + G * 16 * (cb + sb) + p * 2 * (cb + sb), *xp = xr + G * A8_XGROUP + p * A8_XPAIR;
                 const float *dx = (const float *)(xp + 64), *sx = (const float *)(xp + 128);
                 for (int l = 0; l < 16; l++) {
                     const int half = l / 8;
@@ -444,6 +500,12 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                         is += u * (int)(int8_t)xp[half * 32 + e];
                     }
                     const uint8_t *s = wp + 2 * cb;
+                    if (qtype == A8_Q6_K) { /* dA_lo dB_lo dA_hi dB_hi; lanes 4-7 of a block hold its second half */
+                        const float d = a8_f32(s + 4 * (half + 2 * (l % 8 >= 4))), *sxq = (const float *)(xp + 192);
+                        acc[l] = fmaf(d * dx[l], (float)is, acc[l]);
+                        acc[l] = fmaf(d * mk, sxq[l], acc[l]);
+                        continue;
+                    }
                     const float d = qtype == A8_Q4_K ? a8_f32(s + 4 * half) : a8_f16(s + 2 * half);
                     const float m = qtype == A8_Q4_1   ? a8_f16(s + 4 + 2 * half)
                                     : qtype == A8_Q4_K ? a8_f32(s + 8 + 4 * half)
@@ -479,6 +541,7 @@ int hyspec_qgemm_a8(int qtype, const float *x, int64_t M, int64_t K, const uint8
             case A8_Q4_1: a8_output_rows(A8_Q4_1, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q5_0: a8_output_rows(A8_Q5_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q4_K: a8_output_rows(A8_Q4_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q6_K: a8_output_rows(A8_Q6_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             default: a8_output_rows(A8_Q8_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
         }
     }

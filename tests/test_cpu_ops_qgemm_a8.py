@@ -226,8 +226,10 @@ def _stored(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, to
 
 @needs_kernel
 @pytest.mark.parametrize("qtype,k", [("Q5_0", 32), ("Q5_0", 544), ("Q5_0", 1536), ("Q4_K", 256), ("Q4_K", 2304),
-                                     ("Q4_K", 4096)])  # Q4_K 2304: four groups and four pairs of blocks
-def test_q5_0_and_q4_k_blocks_err_by_the_activations_rounding_alone_and_every_build_agrees(qtype, k):
+                                     ("Q4_K", 4096), ("Q6_K", 256), ("Q6_K", 2304), ("Q6_K", 4096)])
+def test_q5_0_and_k_quant_blocks_err_by_the_activations_rounding_alone_and_every_build_agrees(qtype, k):
+    """256: pairs of blocks only; 2304: a group and four pairs; 4096: groups only (Q6_K: each half of a pair and
+    of a group's blocks scaled on its own)"""
     blocks, ref_w = _stored(qtype, 21, k, seed=k)
     x = _x(5, k)
     packed = a8.pack(qtype, blocks, 21, k)
@@ -248,16 +250,16 @@ def test_q5_0_and_q4_k_blocks_err_by_the_activations_rounding_alone_and_every_bu
 
 @needs_kernel
 def test_types_without_an_8_bit_kernel_and_misshapen_blocks_are_refused_by_name():
-    blocks, _ = _stored("Q6_K", 4, 256)
-    with pytest.raises(ValueError, match="Q6_K blocks have no 8-bit-activation kernel"):
-        a8.pack("Q6_K", blocks, 4, 256)
+    blocks, _ = _stored("Q5_K", 4, 256)
+    with pytest.raises(ValueError, match="Q5_K blocks have no 8-bit-activation kernel"):
+        a8.pack("Q5_K", blocks, 4, 256)
     q4k, _ = _stored("Q4_K", 4, 512)
     with pytest.raises(ValueError, match=r"cannot pack \(4, 288\) torch.uint8 as a 4x256 Q4_K matrix"):
         a8.pack("Q4_K", q4k, 4, 256)
 
 
 @needs_vnni
-def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculation_reproduces_it(tmp_path):
+def test_a8_on_a_q4_k_m_like_file_runs_every_matrix_and_speculation_reproduces_it(tmp_path):
     from hyspec import LLM
     from hyspec.cpu_ops.qgemm import BlockLinear, RowConcatLinear
     from tests.test_cpu_ops_kquants import write_k_quant_gguf
@@ -265,19 +267,14 @@ def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculat
     path = write_k_quant_gguf(tmp_path / "q4_k_m.gguf", tmp_path)
     plain = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
     report = plain.engine.quantization
-    # layer 0: Q4_K q/k (8-bit activations) beside a Q6_K v (fp32) and a Q6_K down (fp32); the rest Q4_K, 8-bit
-    assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 1,
-                              "hyspec qgemm, int8 activations + fp32": 1}, report.to_dict()
-    assert report.head == "int6 (Q6_K)" and any("lm_head stored as Q6_K keeps fp32" in f for f in report.fallbacks)
-    assert "a8: 1 linear(s) stored as Q6_K keep fp32 activations (no 8-bit-activation kernel for Q6_K)" \
-        in report.fallbacks, report.fallbacks
-    assert ("a8: 1 linear(s) stored as Q4_K+Q6_K keep fp32 activations for their Q6_K rows (no 8-bit-activation "
-            "kernel for Q6_K)") in report.fallbacks, report.fallbacks
+    # Q4_K everywhere, Q6_K v / down in layer 0 and in the head: every matrix takes 8-bit activations
+    assert report.kernels == {"hyspec qgemm, int8 activations": 8} and not report.fallbacks, report.to_dict()
+    assert report.head == "int6 (Q6_K), int8 activations", report.head
     layers = plain.engine.model.layers
     qkv = layers[0].self_attn.qkv_proj
-    assert isinstance(qkv, RowConcatLinear) and [p.a8 for p in qkv.parts] == [True, True, False]
-    assert type(layers[1].mlp.down_proj) is BlockLinear and layers[1].mlp.down_proj.a8
-    assert not layers[0].mlp.down_proj.a8
+    assert isinstance(qkv, RowConcatLinear) and [p.a8 for p in qkv.parts] == [True, True, True]
+    assert type(layers[0].mlp.down_proj) is BlockLinear and layers[0].mlp.down_proj.block_type == "Q6_K"
+    assert layers[0].mlp.down_proj.a8 and layers[1].mlp.down_proj.a8
     stacked = _greedy(plain)
     loop = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8")
     loop.engine.model.layer_stack = None  # the same kernels module by module
@@ -285,3 +282,21 @@ def test_a8_on_a_q4_k_m_like_file_keeps_fp32_where_it_has_no_kernel_and_speculat
     spec = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8",
                speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert _greedy(spec) == stacked
+
+
+@needs_vnni
+def test_a8_keeps_fp32_activations_for_a_type_without_the_kernel_and_says_so(tmp_path, monkeypatch):
+    from hyspec import LLM
+    from tests.test_cpu_ops_kquants import write_k_quant_gguf
+
+    path = write_k_quant_gguf(tmp_path / "q4_k_m.gguf", tmp_path)
+    monkeypatch.setattr(a8, "A8_BLOCK_TYPES", tuple(t for t in a8.A8_BLOCK_TYPES if t != "Q6_K"))
+    report = LLM(str(path), kv_cache_bytes=4 << 20, quantization="a8").engine.quantization
+    assert report.kernels == {"hyspec qgemm, int8 activations": 6, "hyspec qgemm, fp32": 1,
+                              "hyspec qgemm, int8 activations + fp32": 1}, report.to_dict()
+    assert report.head == "int6 (Q6_K)"
+    assert report.fallbacks == [
+        "a8: 1 linear(s) stored as Q4_K+Q6_K keep fp32 activations for their Q6_K rows (no 8-bit-activation kernel "
+        "for Q6_K)",
+        "a8: 1 linear(s) stored as Q6_K keep fp32 activations (no 8-bit-activation kernel for Q6_K)",
+        "a8: the lm_head stored as Q6_K keeps fp32 activations (no 8-bit-activation kernel for Q6_K)"], report.fallbacks
