@@ -13,10 +13,10 @@
  *   dx_b = amax_b / 127,  q_i = lrintf(x_i * 127 / amax_b) in [-127, 127],  sx_b = dx_b * sum_i q_i
  * Weights, repacked once at load from the GGUF's blocks without changing a value: codes u as unsigned
  * bytes and w = d * u + m per block (Q4_1: its own m; Q4_0: u = q, m = -8 d; Q8_0: u = q + 128, m = -128 d;
- * Q5_0: u = q, m = -16 d; those three are exact, so m is not stored for them).  A Q4_K super-block is eight
+ * Q5_0: u = q, m = -16 d; those three are exact, so m is not stored for them; Q5_1: u = q and its own m).  A Q4_K super-block is eight
  * such blocks, each with d = d_super * scale and m = -(dmin * min) stored as fp32 (exact products; fp16 could
  * not hold them): the same arithmetic as llama.cpp's per-block scales, with 8-bit activations per 32 weights
- * where llama.cpp rounds them per 256.  A Q6_K super-block is eight blocks of byte codes u = q (0..63) whose two
+ * where llama.cpp rounds them per 256; Q5_K likewise, its 5-bit codes a byte each.  A Q6_K super-block is eight blocks of byte codes u = q (0..63) whose two
  * halves of sixteen have their own d = d_super * scale (fp32, m = -32 d): the integer sums and the sums of x are
  * then taken per half (x's layout carries both halves' sums).  Then per block
  *   sum_i w_i x_i ~= (d * dx_b) * sum_i u_i q_i + m * sx_b      (the integer sum exact in int32)
@@ -29,7 +29,8 @@
  * blocks' first halves, then 16 of their second halves).  Blocks left after the groups go in pairs, two blocks
  * to a vector (lanes 0-7 block A's 32 codes, 8-15 block B's; an odd last block is paired with zeros).
  * The bytes a row reads are the GGUF's own size for Q4_0, Q4_1 and Q8_0 (18, 20, 34 a block); Q5_0 reads 34 (its
- * codes a byte each, against 22), Q4_K 24 a block of 32 (against 144 / 8 = 18), Q6_K 40 (against 26.25).
+ * codes a byte each, against 22), Q4_K 24 a block of 32 (against 144 / 8 = 18), Q5_K 40 (against 22), Q6_K 40
+ * (against 26.25).
  *
  * Sums, per (output row, row of x): sixteen fp32 lanes, per group or pair in order
  *   acc = fma(d * dx, (float)isum, acc);  acc = fma(m, sx, acc)
@@ -48,7 +49,7 @@
 #endif
 
 /* the block types a8 takes, numbered as hyspec_qgemm numbers them (qgemm.py's QTYPES) */
-enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q4_K = 5, A8_Q6_K = 7 };
+enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q5_1 = 4, A8_Q4_K = 5, A8_Q5_K = 6, A8_Q6_K = 7 };
 enum { A8_PREFETCH_BYTES = 4096 };
 
 int hyspec_qgemm_a8_version(void) { return 2; }
@@ -60,15 +61,21 @@ const char *hyspec_qgemm_a8_isa(void) { return "portable"; }
 #endif
 
 static inline int a8_supported(int qtype) {
-    return (qtype >= A8_Q4_0 && qtype <= A8_Q5_0) || qtype == A8_Q4_K || qtype == A8_Q6_K;
+    return qtype >= A8_Q4_0 && qtype <= A8_Q6_K;
 }
-static inline int a8_super(int qtype) { return qtype == A8_Q4_K || qtype == A8_Q6_K; } /* 256-weight blocks */
+static inline int a8_super(int qtype) { return qtype >= A8_Q4_K && qtype <= A8_Q6_K; } /* 256-weight blocks */
+/* the K-quants whose blocks of 32 carry their own d and m (fp32 in the a8 layout) */
+static inline int a8_k_min(int qtype) { return qtype == A8_Q4_K || qtype == A8_Q5_K; }
+/* the 32-weight types whose blocks store an fp16 m */
+static inline int a8_f16_min(int qtype) { return qtype == A8_Q4_1 || qtype == A8_Q5_1; }
 /* bytes of one GGUF block: 32 weights, or Q4_K's super-block of 256 (eight blocks of 32 in the a8 layout) */
 static inline int a8_block_bytes(int qtype) {
     return qtype == A8_Q4_0   ? 18
            : qtype == A8_Q4_1 ? 20
            : qtype == A8_Q5_0 ? 22
+           : qtype == A8_Q5_1 ? 24
            : qtype == A8_Q4_K ? 144
+           : qtype == A8_Q5_K ? 176
            : qtype == A8_Q6_K ? 210
                               : 34;
 }
@@ -102,10 +109,12 @@ static inline float a8_f32(const uint8_t *p) {
 static inline int64_t a8_groups(int64_t K) { return K / 32 / 16; }
 static inline int64_t a8_pairs(int64_t K) { return (K / 32 % 16 + 1) / 2; }
 /* Q8_0 and Q5_0 keep a code a byte, the 4-bit types two */
-static inline int a8_byte_codes(int qtype) { return qtype == A8_Q8_0 || qtype == A8_Q5_0 || qtype == A8_Q6_K; }
+static inline int a8_byte_codes(int qtype) {
+    return qtype == A8_Q8_0 || qtype == A8_Q5_0 || qtype == A8_Q5_1 || qtype == A8_Q5_K || qtype == A8_Q6_K;
+}
 static inline int a8_code_bytes(int qtype) { return a8_byte_codes(qtype) ? 32 : 16; } /* a block's codes, packed */
 /* per block: fp16 d (Q4_1: and m); Q4_K: fp32 d and m, the super-block's scales times each block's 6-bit ones */
-static inline int a8_scale_bytes(int qtype) { return a8_super(qtype) ? 8 : qtype == A8_Q4_1 ? 4 : 2; }
+static inline int a8_scale_bytes(int qtype) { return a8_super(qtype) ? 8 : a8_f16_min(qtype) ? 4 : 2; }
 /* m = a8_min_factor * d where m is not stored (Q4_0: codes 0..15 for q - 8; Q8_0: q + 128; Q5_0: q - 16) */
 static inline float a8_min_factor(int qtype) {
     return qtype == A8_Q4_0 ? -8.0f : qtype == A8_Q5_0 ? -16.0f : qtype == A8_Q6_K ? -32.0f : -128.0f;
@@ -131,6 +140,11 @@ static inline int a8_code(int qtype, const uint8_t *row, int64_t b, int i) {
         const uint8_t byte = row[b / 8 * 144 + 16 + 32 * (b % 8 / 2) + i];
         return b % 2 ? byte >> 4 : byte & 0x0f;
     }
+    if (qtype == A8_Q5_K) { /* as Q4_K, with bit j of byte i of qh (bytes 16..47) as the fifth bit */
+        const uint8_t *sb = row + b / 8 * 176;
+        const int j = (int)(b % 8), byte = sb[48 + 32 * (j / 2) + i];
+        return (j % 2 ? byte >> 4 : byte & 0x0f) | (sb[16 + i] >> j & 1) << 4;
+    }
     if (qtype == A8_Q6_K) { /* block j of a super-block: elements 32 j + i, llama.cpp's dequantize_row_q6_K order */
         const uint8_t *sb = row + b / 8 * 210;
         const int j = (int)(b % 8), h = j / 4, quarter = j % 4;
@@ -139,10 +153,11 @@ static inline int a8_code(int qtype, const uint8_t *row, int64_t b, int i) {
     }
     const uint8_t *blk = row + b * a8_block_bytes(qtype);
     if (qtype == A8_Q8_0) return (int)(int8_t)blk[2 + i] + 128;
-    if (qtype == A8_Q5_0) { /* the nibble, and bit i of qh as its fifth bit */
+    if (qtype == A8_Q5_0 || qtype == A8_Q5_1) { /* the nibble, and bit i of qh as its fifth bit (Q5_1: after m) */
+        const int at = qtype == A8_Q5_1 ? 4 : 2;
         uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        return (i < 16 ? blk[6 + i] & 0x0f : blk[6 + i - 16] >> 4) | (int)((qh >> i) & 1) << 4;
+        memcpy(&qh, blk + at, 4);
+        return (i < 16 ? blk[at + 4 + i] & 0x0f : blk[at + 4 + i - 16] >> 4) | (int)((qh >> i) & 1) << 4;
     }
     const uint8_t *qs = blk + (qtype == A8_Q4_1 ? 4 : 2);
     return i < 16 ? qs[i] & 0x0f : qs[i - 16] >> 4;
@@ -158,8 +173,8 @@ static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *
         memcpy(d_out, &lo, 4), memcpy(m_out, &hi, 4);
         return;
     }
-    if (qtype == A8_Q4_K) {
-        const uint8_t *s = row + b / 8 * 144;
+    if (a8_k_min(qtype)) { /* Q4_K / Q5_K: d, dmin, then the same 12 bytes of packed scales and mins */
+        const uint8_t *s = row + b / 8 * a8_block_bytes(qtype);
         int scale, min;
         a8_q4_k_scale_min(s + 4, (int)(b % 8), &scale, &min);
         const float d = a8_f16(s) * (float)scale, m = -(a8_f16(s + 2) * (float)min);
@@ -168,7 +183,7 @@ static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *
     }
     const uint8_t *blk = row + b * a8_block_bytes(qtype);
     memcpy(d_out, blk, 2);
-    if (qtype == A8_Q4_1) memcpy(m_out, blk + 2, 2);
+    if (a8_f16_min(qtype)) memcpy(m_out, blk + 2, 2);
 }
 
 /* Repack N rows of GGUF blocks [N, K * bs / 32 (Q4_K: / 256)] into the a8 layout [N, row_bytes].  Every fp16 d
@@ -338,7 +353,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
             /* Q6_K: d of each block's first sixteen weights, and (in m's place) of its last sixteen */
             const __m512 d = a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb))
                                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
-            const __m512 m = qtype == A8_Q4_1  ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
+            const __m512 m = a8_f16_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
                              : a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb + 64))
                                                : _mm512_mul_ps(d, _mm512_set1_ps(mk));
             for (int r = 0; r < R; r++) {
@@ -382,15 +397,15 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                 const __m512i quarters = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3);
                 d = _mm512_permutexvar_ps(quarters, _mm512_castps128_ps512(_mm_loadu_ps((const float *)(wn + 2 * cb))));
                 m = _mm512_mul_ps(d, _mm512_set1_ps(mk));
-            } else if (qtype == A8_Q4_K) { /* dA dB, mA mB as fp32: each to its half of the lanes */
+            } else if (a8_k_min(qtype)) { /* dA dB, mA mB as fp32: each to its half of the lanes */
                 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb)))));
                 m = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(wn + 2 * cb + 8)))));
             } else {
                 uint32_t dbits, mbits = 0;
                 memcpy(&dbits, wn + 2 * cb, 4);
-                if (qtype == A8_Q4_1) memcpy(&mbits, wn + 2 * cb + 4, 4);
+                if (a8_f16_min(qtype)) memcpy(&mbits, wn + 2 * cb + 4, 4);
                 d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dbits))));
-                m = qtype == A8_Q4_1
+                m = a8_f16_min(qtype)
                         ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)mbits))))
                         : _mm512_mul_ps(d, _mm512_set1_ps(mk));
             }
@@ -480,8 +495,8 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                         continue;
                     }
                     const float d = a8_super(qtype) ? a8_f32(wg + 16 * cb + 4 * l) : a8_f16(wg + 16 * cb + 2 * l);
-                    const float m = qtype == A8_Q4_1   ? a8_f16(wg + 16 * cb + 32 + 2 * l)
-                                    : qtype == A8_Q4_K ? a8_f32(wg + 16 * cb + 64 + 4 * l)
+                    const float m = a8_f16_min(qtype)  ? a8_f16(wg + 16 * cb + 32 + 2 * l)
+                                    : a8_k_min(qtype)  ? a8_f32(wg + 16 * cb + 64 + 4 * l)
                                                        : d * mk;
                     const float ddx = d * dx[l];
                     acc[l] = fmaf(ddx, (float)is, acc[l]);
@@ -506,9 +521,9 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                         acc[l] = fmaf(d * mk, sxq[l], acc[l]);
                         continue;
                     }
-                    const float d = qtype == A8_Q4_K ? a8_f32(s + 4 * half) : a8_f16(s + 2 * half);
-                    const float m = qtype == A8_Q4_1   ? a8_f16(s + 4 + 2 * half)
-                                    : qtype == A8_Q4_K ? a8_f32(s + 8 + 4 * half)
+                    const float d = a8_k_min(qtype) ? a8_f32(s + 4 * half) : a8_f16(s + 2 * half);
+                    const float m = a8_f16_min(qtype)  ? a8_f16(s + 4 + 2 * half)
+                                    : a8_k_min(qtype)  ? a8_f32(s + 8 + 4 * half)
                                                        : d * mk;
                     const float ddx = d * dx[l];
                     acc[l] = fmaf(ddx, (float)is, acc[l]);
@@ -540,7 +555,9 @@ int hyspec_qgemm_a8(int qtype, const float *x, int64_t M, int64_t K, const uint8
             case A8_Q4_0: a8_output_rows(A8_Q4_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q4_1: a8_output_rows(A8_Q4_1, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q5_0: a8_output_rows(A8_Q5_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q5_1: a8_output_rows(A8_Q5_1, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q4_K: a8_output_rows(A8_Q4_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
+            case A8_Q5_K: a8_output_rows(A8_Q5_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             case A8_Q6_K: a8_output_rows(A8_Q6_K, xq, xb, M, K, w, rb, n0, NB, y, N); break;
             default: a8_output_rows(A8_Q8_0, xq, xb, M, K, w, rb, n0, NB, y, N); break;
         }

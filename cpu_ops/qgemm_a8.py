@@ -12,9 +12,10 @@ reference the logits move by the activations' rounding (measured in
 
 The weights are repacked once at load into the kernel's layout, no value changed: the
 GGUF's own bytes per row for Q4_0 / Q4_1 / Q8_0; Q5_0 keeps a code a byte (34 bytes a block
-against 22), Q4_K its blocks' scales as fp32 products (24 bytes per 32 weights against 18), Q6_K
-a code a byte and an fp32 scale per sixteen weights (40 against 26.25).  Q5_1 and Q5_K have no
-kernel here: ``quantization="a8"`` leaves them on fp32 activations (:data:`A8_BLOCK_TYPES`).  Fast on CPUs with AVX-512 VNNI
+against 22; Q5_1 36 against 24), Q4_K its blocks' scales as fp32 products (24 bytes per 32 weights
+against 18), Q5_K both (40 against 22), Q6_K a code a byte and an fp32 scale per sixteen weights (40
+against 26.25).  A type not in :data:`A8_BLOCK_TYPES` would keep fp32 activations under
+``quantization="a8"``: every GGUF block type hyspec computes with is in it.  Fast on CPUs with AVX-512 VNNI
 (Zen 4, Sapphire Rapids); elsewhere a portable build gives the same bits slowly,
 and :func:`available` says which.
 
@@ -37,8 +38,8 @@ from hyspec.cpu_ops.qgemm import BLOCK_BYTES, BLOCK_ELEMS, QTYPES
 
 log = logging.getLogger(__name__)
 
-#: the stored block types the a8 kernel takes; a matrix stored otherwise (Q5_1, Q5_K) keeps fp32 activations
-A8_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
+#: the stored block types the a8 kernel takes (all of qgemm's); a matrix stored otherwise keeps fp32 activations
+A8_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 PORTABLE_OPT_IN = "HYSPEC_A8_PORTABLE"  # "1": accept the portable build (same bits, slow) -- for measurements
 
 

@@ -153,7 +153,7 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
     (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
     Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None); with
-    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q4_K, Q6_K) go to it, the others keep fp32 activations on
+    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) go to it, any other keeps fp32 activations on
     the block kernel (a fused matrix: part by part; ``a8_keeps_fp32`` tells when none of it takes 8 bits).
     """
     if w.q is None:
@@ -190,7 +190,7 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
 
 def a8_keeps_fp32(w: GroupQuantized) -> bool:
     """True for a blocks-only matrix that ``quantization="a8"`` leaves wholly on fp32 activations: stored in a
-    type the 8-bit-activation kernel does not take (Q5_1, Q5_K), every part of it if it has parts."""
+    type the 8-bit-activation kernel does not take, every part of it if it has parts."""
     from hyspec.cpu_ops.qgemm_a8 import A8_BLOCK_TYPES
 
     if w.q is not None:

@@ -225,9 +225,11 @@ def _stored(qtype: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, to
 
 
 @needs_kernel
-@pytest.mark.parametrize("qtype,k", [("Q5_0", 32), ("Q5_0", 544), ("Q5_0", 1536), ("Q4_K", 256), ("Q4_K", 2304),
-                                     ("Q4_K", 4096), ("Q6_K", 256), ("Q6_K", 2304), ("Q6_K", 4096)])
-def test_q5_0_and_k_quant_blocks_err_by_the_activations_rounding_alone_and_every_build_agrees(qtype, k):
+@pytest.mark.parametrize("qtype,k", [("Q5_0", 32), ("Q5_0", 544), ("Q5_0", 1536), ("Q5_1", 32), ("Q5_1", 544),
+                                     ("Q4_K", 256), ("Q4_K", 2304),
+                                     ("Q4_K", 4096), ("Q5_K", 256), ("Q5_K", 2304), ("Q6_K", 256), ("Q6_K", 2304),
+                                     ("Q6_K", 4096)])
+def test_q5_and_k_quant_blocks_err_by_the_activations_rounding_alone_and_every_build_agrees(qtype, k):
     """256: pairs of blocks only; 2304: a group and four pairs; 4096: groups only (Q6_K: each half of a pair and
     of a group's blocks scaled on its own)"""
     blocks, ref_w = _stored(qtype, 21, k, seed=k)
@@ -250,9 +252,8 @@ def test_q5_0_and_k_quant_blocks_err_by_the_activations_rounding_alone_and_every
 
 @needs_kernel
 def test_types_without_an_8_bit_kernel_and_misshapen_blocks_are_refused_by_name():
-    blocks, _ = _stored("Q5_K", 4, 256)
-    with pytest.raises(ValueError, match="Q5_K blocks have no 8-bit-activation kernel"):
-        a8.pack("Q5_K", blocks, 4, 256)
+    with pytest.raises(ValueError, match="F32 blocks have no 8-bit-activation kernel"):
+        a8.pack("F32", torch.zeros(4, 256 * 4, dtype=torch.uint8), 4, 256)
     q4k, _ = _stored("Q4_K", 4, 512)
     with pytest.raises(ValueError, match=r"cannot pack \(4, 288\) torch.uint8 as a 4x256 Q4_K matrix"):
         a8.pack("Q4_K", q4k, 4, 256)
