@@ -153,8 +153,9 @@ def quantized_linear(w: GroupQuantized, bias: torch.Tensor | None = None,
     sums) when it builds here; everything else to torch's bf16 kernels.  ``activations="int8"``
     (``quantization="a8"``): the blocks times activations rounded to 8 bits (qgemm_a8.c), fp32 only.
     Q5_0 / Q5_1 / K-quant blocks (``w.q`` None) go to the block kernel in fp32 or nowhere (None); with
-    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) go to it, any other keeps fp32 activations on
-    the block kernel (a fused matrix: part by part; ``a8_keeps_fp32`` tells when none of it takes 8 bits).
+    ``activations="int8"`` the types qgemm_a8 takes (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) go to it, any other keeps
+    fp32 activations on the block kernel (a fused matrix: part by part; ``a8_keeps_fp32`` tells when none of it
+    takes 8 bits).
     """
     if w.q is None:
         if dtype != torch.float32:
@@ -217,7 +218,8 @@ def _stored_blocks_linear(w: GroupQuantized, bias: torch.Tensor | None, a8: bool
         encoded = encode_blocks(part)
         if encoded is None or k % BLOCK_ELEMS[encoded[0]]:
             return None
-        modules.append(BlockLinear(encoded[0], encoded[1], k, None, part.source, a8=a8 and encoded[0] in A8_BLOCK_TYPES))
+        modules.append(BlockLinear(encoded[0], encoded[1], k, None, part.source,
+                                   a8=a8 and encoded[0] in A8_BLOCK_TYPES))
     return RowConcatLinear(modules, bias)
 
 

@@ -13,12 +13,14 @@
   they are, anything else quantized here, group 32), the lm_head in int8 (as
   llama.cpp's Q4 files keep the output matrix at 8 bits or more).
 * ``"int8"`` -- every linear and the lm_head in per-row int8.
-* ``"a8"`` -- a GGUF's own Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks (as ``None``) times activations
-  rounded to 8 bits per 32-element block: llama.cpp's arithmetic, integer dot products (the CPU
-  backend's qgemm_a8, AVX-512 VNNI).  Plain decoding and verification still agree bit for bit; against
-  the fp32 reference the logits move by the activations' rounding.  A matrix (or the rows of a fused
-  one) stored in a block type that kernel would not take keeps fp32 activations on the exact block
-  kernel, and the report lists them (every type the block kernel takes has the 8-bit one today).  Any other matrix without the kernel (dense weights, no VNNI, bf16 activations) is an error.
+* ``"a8"`` -- a GGUF's own blocks (Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K, as ``None``)
+  times activations rounded to 8 bits per 32-element block: llama.cpp's arithmetic, integer dot
+  products (the CPU backend's qgemm_a8, AVX-512 VNNI).  Plain decoding and verification still agree
+  bit for bit; against the fp32 reference the logits move by the activations' rounding.  A matrix (or
+  the rows of a fused one) stored in a block type that kernel would not take keeps fp32 activations on
+  the exact block kernel, and the report lists them (every type the block kernel takes has the 8-bit
+  one today).  Any other matrix without the kernel (dense weights, no VNNI, bf16 activations) is an
+  error.
 
 A demanded kind (``int4`` / ``int8``) the backend cannot compute with is an
 error naming the backend; the default falls back to dense weights instead.
@@ -49,7 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUANTIZATION_CHOICES = ("none", "int4", "int8", "a8")
-A8_TYPES = "Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K"  # the stored types quantization="a8" multiplies by 8-bit activations
+#: the stored types quantization="a8" multiplies by 8-bit activations (cpu_ops/qgemm_a8.py's A8_BLOCK_TYPES)
+A8_TYPES = "Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K"
 
 
 @dataclass
@@ -160,7 +163,8 @@ def quantize_model(model: "CausalLM", ckpt, quantization: str | None, backend: "
         report.kernels[getattr(replacement, "kernel", type(replacement).__name__)] += 1
     for (source, fp32), n in kept_fp32.items():
         rows = "" if fp32 == source else f" for their {fp32} rows"
-        msg = f"a8: {n} linear(s) stored as {source} keep fp32 activations{rows} (no 8-bit-activation kernel for {fp32})"
+        msg = (f"a8: {n} linear(s) stored as {source} keep fp32 activations{rows} "
+               f"(no 8-bit-activation kernel for {fp32})")
         report.fallbacks.append(msg)
         log.info(msg)
     for types, n in no_kernel.items():
