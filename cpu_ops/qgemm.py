@@ -151,8 +151,10 @@ class RowConcatLinear(nn.Module):
 
     @property
     def kernel(self) -> str:
-        kinds = sorted({p.a8 for p in self.parts})
-        return "hyspec qgemm, " + " + ".join("int8 activations" if a8 else "fp32" for a8 in reversed(kinds))
+        """BlockLinear's names, joined when the parts mix 8-bit and fp32 activations"""
+        kinds = [name for a8, name in ((True, "int8 activations"), (False, "fp32"))
+                 if any(p.a8 == a8 for p in self.parts)]
+        return "hyspec qgemm, " + " + ".join(kinds)
 
     def extra_repr(self) -> str:
         types = "+".join(p.block_type + (" (int8 activations)" if p.a8 else "") for p in self.parts)

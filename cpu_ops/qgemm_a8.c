@@ -259,8 +259,9 @@ static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
     _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(q0));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(q1));
-    *dx = d, *sx = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    *sxl = d * (float)_mm512_reduce_add_epi32(q0), *sxh = d * (float)_mm512_reduce_add_epi32(q1);
+    /* the halves' integer sums, and the block's as their exact sum: two reductions, not three */
+    const int low = _mm512_reduce_add_epi32(q0), high = _mm512_reduce_add_epi32(q1);
+    *dx = d, *sx = d * (float)(low + high), *sxl = d * (float)low, *sxh = d * (float)high;
 }
 #else
 static void a8_quantize_block(const float *x, int8_t q[32], float *dx, float *sx, float *sxl, float *sxh) {
