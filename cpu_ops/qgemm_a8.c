@@ -12,25 +12,29 @@
  * Activations, one row at a time, per 32-element block b (the same scalar code on every ISA):
  *   dx_b = amax_b / 127,  q_i = lrintf(x_i * 127 / amax_b) in [-127, 127],  sx_b = dx_b * sum_i q_i
  * Weights, repacked once at load from the GGUF's blocks without changing a value: codes u as unsigned
- * bytes and w = d * u + m per block (Q4_1: its own m; Q4_0: u = q, m = -8 d; Q8_0: u = q + 128, m = -128 d;
- * Q5_0: u = q, m = -16 d; those three are exact, so m is not stored for them; Q5_1: u = q and its own m).  A Q4_K super-block is eight
- * such blocks, each with d = d_super * scale and m = -(dmin * min) stored as fp32 (exact products; fp16 could
- * not hold them): the same arithmetic as llama.cpp's per-block scales, with 8-bit activations per 32 weights
- * where llama.cpp rounds them per 256; Q5_K likewise, its 5-bit codes a byte each.  A Q6_K super-block is eight blocks of byte codes u = q (0..63) whose two
- * halves of sixteen have their own d = d_super * scale (fp32, m = -32 d): the integer sums and the sums of x are
- * then taken per half (x's layout carries both halves' sums).  Then per block
+ * bytes and w = d * u + m per block (Q4_1 / Q5_1: its own m; Q4_0: u = q, m = -8 d; Q8_0: u = q + 128, m = -128 d;
+ * Q5_0: u = q, m = -16 d).  A Q4_K super-block is eight such blocks, each with d = d_super * scale and
+ * m = -(dmin * min): the same arithmetic as llama.cpp's per-block scales, with 8-bit activations per 32 weights
+ * where llama.cpp rounds them per 256; Q5_K likewise, with 5-bit codes.  A Q6_K super-block is eight blocks of
+ * codes u = q (0..63) whose two halves of sixteen have their own d = d_super * scale (m = -32 d): the integer
+ * sums and the sums of x are then taken per half (x's layout carries both halves' sums).  The products
+ * d_super * scale are formed in the kernel, in fp32, where an fp16 times a 6- or 8-bit integer is exact.
+ * Then per block
  *   sum_i w_i x_i ~= (d * dx_b) * sum_i u_i q_i + m * sx_b      (the integer sum exact in int32)
  *
  * Layout (per output row, contiguous): blocks in groups of 16, "one lane per block": vpdpbusd j (0..7) of a
  * group multiplies, in lane l, block l's codes 4j..4j+3 by the row's, so each lane sums one block and no
- * horizontal sum is needed per block.  4-bit codes are stored two to a byte: chunk c (0..3) holds, lane l,
- * byte i, codes 4c+i (low nibble) and 16+4c+i (high nibble), so one load and a shift feed two vpdpbusd.
- * Then the group's 16 fp16 d (and, Q4_1, 16 fp16 m; Q4_K: 16 fp32 d, then 16 fp32 m; Q6_K: 16 fp32 d of the
- * blocks' first halves, then 16 of their second halves).  Blocks left after the groups go in pairs, two blocks
- * to a vector (lanes 0-7 block A's 32 codes, 8-15 block B's; an odd last block is paired with zeros).
- * The bytes a row reads are the GGUF's own size for Q4_0, Q4_1 and Q8_0 (18, 20, 34 a block); Q5_0 reads 34 (its
- * codes a byte each, against 22), Q4_K 24 a block of 32 (against 144 / 8 = 18), Q5_K 40 (against 22), Q6_K 40
- * (against 26.25).
+ * horizontal sum is needed per block.  Codes are stored as their low nibbles, two to a byte: chunk c (0..3)
+ * holds, lane l, byte i, codes 4c+i (low nibble) and 16+4c+i (high nibble), so one load and a shift feed two
+ * vpdpbusd (Q8_0 keeps a code a byte).  The 5-bit types follow with one plane of their fifth bits (byte l*4+i,
+ * bit j: code 4j+i's), Q6_K with two planes of its two high bits (plane j/4, bits 2(j%4)..), merged into the
+ * nibbles with a shift and a ternary op.  Then the group's scales: 16 fp16 d (Q4_1 / Q5_1: and 16 fp16 m);
+ * Q4_K / Q5_K: the 16 blocks' 6-bit scales and mins a byte each, then both super-blocks' fp16 d and dmin;
+ * Q6_K: the int8 scales of the 16 blocks' first halves, of their second halves, then both fp16 d.
+ * Blocks left after the groups go in pairs, two blocks to a vector (lanes 0-7 block A's 32 codes, 8-15 block
+ * B's; an odd last block is paired with zeros), codes a byte each above 4 bits and the K-quants' d and m as
+ * fp32 products.  A group reads the GGUF's own bytes for Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and Q6_K (18, 20, 34, 22,
+ * 24 and 26.25 per 32 weights), Q4_K 18.5 (against 18) and Q5_K 22.5 (against 22).
  *
  * Sums, per (output row, row of x): sixteen fp32 lanes, per group or pair in order
  *   acc = fma(d * dx, (float)isum, acc);  acc = fma(m, sx, acc)
@@ -50,9 +54,9 @@
 
 /* the block types a8 takes, numbered as hyspec_qgemm numbers them (qgemm.py's QTYPES) */
 enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q5_1 = 4, A8_Q4_K = 5, A8_Q5_K = 6, A8_Q6_K = 7 };
-enum { A8_PREFETCH_BYTES = 4096 };
+enum { A8_PREFETCH_BYTES = 8192 };
 
-int hyspec_qgemm_a8_version(void) { return 2; }
+int hyspec_qgemm_a8_version(void) { return 3; }
 
 #if defined(HYSPEC_A8_VNNI)
 const char *hyspec_qgemm_a8_isa(void) { return "avx512-vnni"; }
@@ -64,7 +68,7 @@ static inline int a8_supported(int qtype) {
     return qtype >= A8_Q4_0 && qtype <= A8_Q6_K;
 }
 static inline int a8_super(int qtype) { return qtype >= A8_Q4_K && qtype <= A8_Q6_K; } /* 256-weight blocks */
-/* the K-quants whose blocks of 32 carry their own d and m (fp32 in the a8 layout) */
+/* the K-quants whose blocks of 32 carry their own scale and min */
 static inline int a8_k_min(int qtype) { return qtype == A8_Q4_K || qtype == A8_Q5_K; }
 /* the 32-weight types whose blocks store an fp16 m */
 static inline int a8_f16_min(int qtype) { return qtype == A8_Q4_1 || qtype == A8_Q5_1; }
@@ -108,23 +112,34 @@ static inline float a8_f32(const uint8_t *p) {
 
 static inline int64_t a8_groups(int64_t K) { return K / 32 / 16; }
 static inline int64_t a8_pairs(int64_t K) { return (K / 32 % 16 + 1) / 2; }
-/* Q8_0 and Q5_0 keep a code a byte, the 4-bit types two */
-static inline int a8_byte_codes(int qtype) {
-    return qtype == A8_Q8_0 || qtype == A8_Q5_0 || qtype == A8_Q5_1 || qtype == A8_Q5_K || qtype == A8_Q6_K;
+/* bits of a code above its low nibble: Q5_0 / Q5_1 / Q5_K one, Q6_K two (Q8_0's codes are whole bytes) */
+static inline int a8_high_bits(int qtype) {
+    return qtype == A8_Q6_K ? 2 : qtype == A8_Q5_0 || qtype == A8_Q5_1 || qtype == A8_Q5_K ? 1 : 0;
 }
-static inline int a8_code_bytes(int qtype) { return a8_byte_codes(qtype) ? 32 : 16; } /* a block's codes, packed */
-/* per block: fp16 d (Q4_1: and m); Q4_K: fp32 d and m, the super-block's scales times each block's 6-bit ones */
-static inline int a8_scale_bytes(int qtype) { return a8_super(qtype) ? 8 : a8_f16_min(qtype) ? 4 : 2; }
+/* a group's codes: Q8_0 a byte each; the others as nibbles, then a plane of their high bits */
+static inline int a8_group_code_bytes(int qtype) { return qtype == A8_Q8_0 ? 512 : 256 + 64 * a8_high_bits(qtype); }
+/* a group's scales: 16 fp16 d (Q4_1 / Q5_1: and 16 fp16 m); Q4_K / Q5_K: 16 6-bit scales, 16 6-bit mins (a byte
+ * each), then the two super-blocks' fp16 d and dmin; Q6_K: 16 int8 scales of the blocks' first halves, 16 of their
+ * second halves, then the two super-blocks' fp16 d */
+static inline int a8_group_scale_bytes(int qtype) {
+    return a8_k_min(qtype) ? 40 : qtype == A8_Q6_K ? 36 : a8_f16_min(qtype) ? 64 : 32;
+}
+static inline int a8_group_bytes(int qtype) { return a8_group_code_bytes(qtype) + a8_group_scale_bytes(qtype); }
+/* a pair (the blocks after the groups) keeps a code a byte for every type with more than four bits */
+static inline int a8_pair_byte_codes(int qtype) { return qtype == A8_Q8_0 || a8_high_bits(qtype); }
+static inline int a8_pair_code_bytes(int qtype) { return a8_pair_byte_codes(qtype) ? 32 : 16; } /* a block's */
+/* per block of a pair: fp16 d (Q4_1 / Q5_1: and m); the K-quants fp32 d and m, exact products of their scales */
+static inline int a8_pair_scale_bytes(int qtype) { return a8_super(qtype) ? 8 : a8_f16_min(qtype) ? 4 : 2; }
+static inline int a8_pair_bytes(int qtype) { return 2 * (a8_pair_code_bytes(qtype) + a8_pair_scale_bytes(qtype)); }
 /* m = a8_min_factor * d where m is not stored (Q4_0: codes 0..15 for q - 8; Q8_0: q + 128; Q5_0: q - 16) */
 static inline float a8_min_factor(int qtype) {
     return qtype == A8_Q4_0 ? -8.0f : qtype == A8_Q5_0 ? -16.0f : qtype == A8_Q6_K ? -32.0f : -128.0f;
 }
 
-/* bytes of one output row in the a8 layout (= the GGUF row's size) */
+/* bytes of one output row in the a8 layout */
 int64_t hyspec_qgemm_a8_row_bytes(int qtype, int64_t K) {
     if (!a8_supported(qtype) || K % 32 || (a8_super(qtype) && K % 256)) return -1;
-    const int64_t per_block = a8_code_bytes(qtype) + a8_scale_bytes(qtype);
-    return (a8_groups(K) * 16 + a8_pairs(K) * 2) * per_block;
+    return a8_groups(K) * a8_group_bytes(qtype) + a8_pairs(K) * a8_pair_bytes(qtype);
 }
 
 /* Q4_K's 6-bit scale and min of block j (0..7) of a super-block, from its 12 packed bytes (llama.cpp's
@@ -186,37 +201,67 @@ static inline void a8_scales(int qtype, const uint8_t *row, int64_t b, uint8_t *
     if (a8_f16_min(qtype)) memcpy(m_out, blk + 2, 2);
 }
 
+/* the scales of group blocks b0 .. b0 + 15 of a K-quant row, as a8_group_scale_bytes lays them out: the GGUF's
+ * 6-bit (Q6_K: int8) block scales a byte each and its super-blocks' fp16 d (and dmin) as their bits; the kernel
+ * forms the same exact fp32 products a8_scales does */
+static void a8_group_k_scales(int qtype, const uint8_t *row, int64_t b0, uint8_t *o) {
+    for (int l = 0; l < 16; l++) {
+        const int64_t b = b0 + l;
+        const uint8_t *sb = row + b / 8 * a8_block_bytes(qtype);
+        const int j = (int)(b % 8);
+        if (qtype == A8_Q6_K) {
+            const int first = (j / 4) * 8 + (j % 4) * 2;
+            o[l] = sb[192 + first], o[16 + l] = sb[193 + first];
+        } else {
+            int scale, min;
+            a8_q4_k_scale_min(sb + 4, j, &scale, &min);
+            o[l] = (uint8_t)scale, o[16 + l] = (uint8_t)min;
+        }
+    }
+    for (int h = 0; h < 2; h++) { /* lanes 0-7 are super-block b0 / 8, lanes 8-15 the next */
+        const uint8_t *sb = row + (b0 / 8 + h) * a8_block_bytes(qtype);
+        if (qtype == A8_Q6_K) memcpy(o + 32 + 2 * h, sb + 208, 2);
+        else memcpy(o + 32 + 2 * h, sb, 2), memcpy(o + 36 + 2 * h, sb + 2, 2);
+    }
+}
+
 /* Repack N rows of GGUF blocks [N, K * bs / 32 (Q4_K: / 256)] into the a8 layout [N, row_bytes].  Every fp16 d
- * and m is copied as its bits (Q4_K's per-block products: see a8_scales).  Returns 0, -1 on bad arguments. */
+ * and m is copied as its bits (the K-quants' pair blocks: the products of a8_scales).  Returns 0, -1 on bad
+ * arguments. */
 int hyspec_qgemm_a8_pack(int qtype, const uint8_t *w, int64_t N, int64_t K, uint8_t *out) {
     const int64_t rb = hyspec_qgemm_a8_row_bytes(qtype, K);
     if (rb < 0 || N < 0) return -1;
-    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), dw = a8_super(qtype) ? 4 : 2; /* a d's bytes */
+    const int cb = a8_pair_code_bytes(qtype), sb = a8_pair_scale_bytes(qtype), dw = a8_super(qtype) ? 4 : 2;
+    const int hb = a8_high_bits(qtype);
     const int64_t nb = K / 32, G = a8_groups(K), P = a8_pairs(K), row_in = K / 32 * a8_block_bytes(qtype);
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = w + n * (a8_super(qtype) ? K / 256 * a8_block_bytes(qtype) : row_in);
         uint8_t *o = out + n * rb;
         for (int64_t g = 0; g < G; g++) {
             const int64_t b0 = g * 16;
-            if (a8_byte_codes(qtype)) {
-                for (int j = 0; j < 8; j++)
-                    for (int l = 0; l < 16; l++)
-                        for (int i = 0; i < 4; i++) o[j * 64 + l * 4 + i] = (uint8_t)a8_code(qtype, row, b0 + l, 4 * j + i);
-            } else {
-                for (int c = 0; c < 4; c++)
-                    for (int l = 0; l < 16; l++)
-                        for (int i = 0; i < 4; i++)
-                            o[c * 64 + l * 4 + i] = (uint8_t)(a8_code(qtype, row, b0 + l, 4 * c + i) |
-                                                              a8_code(qtype, row, b0 + l, 16 + 4 * c + i) << 4);
-            }
-            o += 16 * cb;
-            for (int l = 0; l < 16; l++) a8_scales(qtype, row, b0 + l, o + dw * l, o + 16 * dw + dw * l); /* d's, m's */
-            o += 16 * sb;
+            memset(o, 0, (size_t)a8_group_bytes(qtype));
+            for (int j = 0; j < 8; j++) /* code 4j + i of lane l */
+                for (int l = 0; l < 16; l++)
+                    for (int i = 0; i < 4; i++) {
+                        const int u = a8_code(qtype, row, b0 + l, 4 * j + i);
+                        if (qtype == A8_Q8_0) {
+                            o[j * 64 + l * 4 + i] = (uint8_t)u;
+                            continue;
+                        }
+                        o[(j & 3) * 64 + l * 4 + i] |= (uint8_t)((u & 0x0f) << (j < 4 ? 0 : 4));
+                        if (hb == 1) o[256 + l * 4 + i] |= (uint8_t)((u >> 4 & 1) << j);
+                        if (hb == 2) o[256 + (j / 4) * 64 + l * 4 + i] |= (uint8_t)((u >> 4 & 3) << 2 * (j % 4));
+                    }
+            o += a8_group_code_bytes(qtype);
+            if (a8_super(qtype)) a8_group_k_scales(qtype, row, b0, o);
+            else
+                for (int l = 0; l < 16; l++) a8_scales(qtype, row, b0 + l, o + 2 * l, o + 32 + 2 * l); /* d's, m's */
+            o += a8_group_scale_bytes(qtype);
         }
         for (int64_t p = 0; p < P; p++) {
             const int64_t a = G * 16 + 2 * p, has_b = a + 1 < nb;
             /* a missing B is zero codes with d = m = 0 (its x is zeros too) */
-            if (a8_byte_codes(qtype)) {
+            if (a8_pair_byte_codes(qtype)) {
                 for (int i = 0; i < 32; i++) o[i] = (uint8_t)a8_code(qtype, row, a, i);
                 for (int i = 0; i < 32; i++) o[32 + i] = has_b ? (uint8_t)a8_code(qtype, row, a + 1, i) : 0;
             } else
@@ -328,9 +373,13 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                                                           const uint8_t *xq, int64_t xb, int64_t K,
                                                           const uint8_t *w, int64_t rb, float *y, int64_t N) {
     const int64_t G = a8_groups(K), P = a8_pairs(K);
-    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype), gb = 16 * (cb + sb), pb = 2 * (cb + sb);
+    const int cb = a8_pair_code_bytes(qtype), gb = a8_group_bytes(qtype);
+    const int pb = a8_pair_bytes(qtype), gc = a8_group_code_bytes(qtype), hb = a8_high_bits(qtype);
     const int ahead = R == 1 ? 2 * A8_PREFETCH_BYTES : A8_PREFETCH_BYTES;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i halves_hi = _mm512_add_epi32(halves, _mm512_set1_epi32(2));
+    const __m512 sign = _mm512_set1_ps(-0.0f);
     const float mk = a8_min_factor(qtype); /* m = mk * d where m is not stored */
     __m512 acc[4][8];
     for (int n = 0; n < NB; n++)
@@ -343,7 +392,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         for (int n = 0; n < NB; n++) {
             __m512i u[8];
             const uint8_t *wn = w + n * rb + wo;
-            if (a8_byte_codes(qtype))
+            if (qtype == A8_Q8_0)
                 for (int j = 0; j < 8; j++) u[j] = _mm512_loadu_si512((const void *)(wn + j * 64));
             else
                 for (int c = 0; c < 4; c++) {
@@ -351,12 +400,45 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                     u[c] = _mm512_and_si512(v, nib);
                     u[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
                 }
-            /* Q6_K: d of each block's first sixteen weights, and (in m's place) of its last sixteen */
-            const __m512 d = a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb))
-                                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb)));
-            const __m512 m = a8_f16_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wn + 16 * cb + 32)))
-                             : a8_super(qtype) ? _mm512_loadu_ps((const float *)(wn + 16 * cb + 64))
-                                               : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            /* the high bits, moved to bit 4 (and 5) of each code's byte: u | (shifted & mask) in one ternary op.
+             * The 16-bit shifts carry bits across bytes only below bit 4 or above bit 5, where the mask drops them. */
+            if (hb == 1) {
+                const __m512i h = _mm512_loadu_si512((const void *)(wn + 256));
+                u[0] = _mm512_ternarylogic_epi32(u[0], _mm512_slli_epi16(h, 4), bit4, 0xf8);
+                u[1] = _mm512_ternarylogic_epi32(u[1], _mm512_slli_epi16(h, 3), bit4, 0xf8);
+                u[2] = _mm512_ternarylogic_epi32(u[2], _mm512_slli_epi16(h, 2), bit4, 0xf8);
+                u[3] = _mm512_ternarylogic_epi32(u[3], _mm512_slli_epi16(h, 1), bit4, 0xf8);
+                u[4] = _mm512_ternarylogic_epi32(u[4], h, bit4, 0xf8);
+                u[5] = _mm512_ternarylogic_epi32(u[5], _mm512_srli_epi16(h, 1), bit4, 0xf8);
+                u[6] = _mm512_ternarylogic_epi32(u[6], _mm512_srli_epi16(h, 2), bit4, 0xf8);
+                u[7] = _mm512_ternarylogic_epi32(u[7], _mm512_srli_epi16(h, 3), bit4, 0xf8);
+            } else if (hb == 2)
+                for (int q = 0; q < 2; q++) {
+                    const __m512i h = _mm512_loadu_si512((const void *)(wn + 256 + 64 * q));
+                    u[4 * q] = _mm512_ternarylogic_epi32(u[4 * q], _mm512_slli_epi16(h, 4), bits45, 0xf8);
+                    u[4 * q + 1] = _mm512_ternarylogic_epi32(u[4 * q + 1], _mm512_slli_epi16(h, 2), bits45, 0xf8);
+                    u[4 * q + 2] = _mm512_ternarylogic_epi32(u[4 * q + 2], h, bits45, 0xf8);
+                    u[4 * q + 3] = _mm512_ternarylogic_epi32(u[4 * q + 3], _mm512_srli_epi16(h, 2), bits45, 0xf8);
+                }
+            const uint8_t *s = wn + gc;
+            __m512 d, m;
+            if (a8_super(qtype)) { /* the exact products of a8_scales: fp16 d times a small integer */
+                const __m512 sup = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(s + 32))));
+                const __m128i lo8 = _mm_loadu_si128((const __m128i *)s);
+                const __m128i hi8 = _mm_loadu_si128((const __m128i *)(s + 16));
+                /* Q6_K's scales are signed bytes, Q4_K's / Q5_K's unsigned */
+                const __m512i lo32 = qtype == A8_Q6_K ? _mm512_cvtepi8_epi32(lo8) : _mm512_cvtepu8_epi32(lo8);
+                const __m512i hi32 = qtype == A8_Q6_K ? _mm512_cvtepi8_epi32(hi8) : _mm512_cvtepu8_epi32(hi8);
+                const __m512 lo = _mm512_cvtepi32_ps(lo32), hi = _mm512_cvtepi32_ps(hi32);
+                d = _mm512_mul_ps(_mm512_permutexvar_ps(halves, sup), lo);
+                /* Q6_K: in m's place the d of each block's last sixteen weights; Q4_K / Q5_K: m = -(dmin * min) */
+                m = qtype == A8_Q6_K ? _mm512_mul_ps(_mm512_permutexvar_ps(halves, sup), hi)
+                                     : _mm512_xor_ps(_mm512_mul_ps(_mm512_permutexvar_ps(halves_hi, sup), hi), sign);
+            } else {
+                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+                m = a8_f16_min(qtype) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)))
+                                      : _mm512_mul_ps(d, _mm512_set1_ps(mk));
+            }
             for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xq + r * xb + xo;
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -379,7 +461,6 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
             }
         }
     }
-    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     for (int64_t p = 0; p < P; p++) {
         const int64_t wo = G * gb + p * pb, xo = G * A8_XGROUP + p * A8_XPAIR;
         for (int64_t off = 0; off < NB * pb; off += 64)
@@ -387,7 +468,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         for (int n = 0; n < NB; n++) {
             const uint8_t *wn = w + n * rb + wo;
             __m512i u;
-            if (a8_byte_codes(qtype)) u = _mm512_loadu_si512((const void *)wn);
+            if (a8_pair_byte_codes(qtype)) u = _mm512_loadu_si512((const void *)wn);
             else {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)wn), n4 = _mm256_set1_epi8(0x0f);
                 u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, n4)),
@@ -460,10 +541,34 @@ static inline __attribute__((always_inline)) void a8_output_rows(const int qtype
 
 #else /* portable: the same lane operations, one lane at a time */
 
+/* code 4j + i of lane l of a group, as the VNNI path unpacks it */
+static inline int a8_group_code(int qtype, const uint8_t *wg, int l, int j, int i) {
+    if (qtype == A8_Q8_0) return wg[j * 64 + l * 4 + i];
+    const uint8_t b = wg[(j & 3) * 64 + l * 4 + i];
+    const int u = j < 4 ? b & 0x0f : b >> 4;
+    if (a8_high_bits(qtype) == 1) return u | (wg[256 + l * 4 + i] >> j & 1) << 4;
+    if (a8_high_bits(qtype) == 2) return u | (wg[256 + (j / 4) * 64 + l * 4 + i] >> 2 * (j % 4) & 3) << 4;
+    return u;
+}
+
+/* lane l's d and m (Q6_K: the d of its first and of its last sixteen weights), the VNNI path's products */
+static inline void a8_group_scales(int qtype, const uint8_t *wg, int l, float *d, float *m) {
+    const uint8_t *s = wg + a8_group_code_bytes(qtype);
+    if (qtype == A8_Q6_K) {
+        const float sup = a8_f16(s + 32 + 2 * (l / 8));
+        *d = sup * (float)(int8_t)s[l], *m = sup * (float)(int8_t)s[16 + l];
+    } else if (a8_k_min(qtype)) {
+        *d = a8_f16(s + 32 + 2 * (l / 8)) * (float)s[l], *m = -(a8_f16(s + 36 + 2 * (l / 8)) * (float)s[16 + l]);
+    } else {
+        *d = a8_f16(s + 2 * l);
+        *m = a8_f16_min(qtype) ? a8_f16(s + 32 + 2 * l) : *d * a8_min_factor(qtype);
+    }
+}
+
 static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64_t M, int64_t K, const uint8_t *w,
                            int64_t rb, int64_t n0, int NB, float *y, int64_t N) {
     const int64_t G = a8_groups(K), P = a8_pairs(K);
-    const int cb = a8_code_bytes(qtype), sb = a8_scale_bytes(qtype);
+    const int cb = a8_pair_code_bytes(qtype), gb = a8_group_bytes(qtype), pb = a8_pair_bytes(qtype);
     const float mk = a8_min_factor(qtype);
     for (int n = 0; n < NB; n++) {
         const uint8_t *wr = w + (n0 + n) * rb;
@@ -471,23 +576,20 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
             const uint8_t *xr = xq + r * xb;
             float acc[16] = {0};
             for (int64_t g = 0; g < G; g++) {
-                const uint8_t *wg = wr + g * 16 * (cb + sb), *xg = xr + g * A8_XGROUP;
+                const uint8_t *wg = wr + g * gb, *xg = xr + g * A8_XGROUP;
                 const float *dx = (const float *)(xg + 512), *sx = (const float *)(xg + 576);
                 for (int l = 0; l < 16; l++) {
                     int32_t is = 0, is_low = 0;
                     for (int j = 0; j < 8; j++)
                         for (int i = 0; i < 4; i++) {
-                            int u;
-                            if (a8_byte_codes(qtype)) u = wg[j * 64 + l * 4 + i];
-                            else {
-                                const uint8_t b = wg[(j & 3) * 64 + l * 4 + i];
-                                u = j < 4 ? b & 0x0f : b >> 4;
-                            }
+                            const int u = a8_group_code(qtype, wg, l, j, i);
                             is += u * (int)(int8_t)xg[j * 64 + l * 4 + i];
                             is_low += j < 4 ? u * (int)(int8_t)xg[j * 64 + l * 4 + i] : 0;
                         }
+                    float d, m;
+                    a8_group_scales(qtype, wg, l, &d, &m);
                     if (qtype == A8_Q6_K) {
-                        const float dl = a8_f32(wg + 16 * cb + 4 * l), dh = a8_f32(wg + 16 * cb + 64 + 4 * l);
+                        const float dl = d, dh = m;
                         const float *sxl = (const float *)(xg + 640), *sxh = (const float *)(xg + 704);
                         acc[l] = fmaf(dl * dx[l], (float)is_low, acc[l]);
                         acc[l] = fmaf(dh * dx[l], (float)(is - is_low), acc[l]);
@@ -495,24 +597,20 @@ static void a8_output_rows(const int qtype, const uint8_t *xq, int64_t xb, int64
                         acc[l] = fmaf(dh * mk, sxh[l], acc[l]);
                         continue;
                     }
-                    const float d = a8_super(qtype) ? a8_f32(wg + 16 * cb + 4 * l) : a8_f16(wg + 16 * cb + 2 * l);
-                    const float m = a8_f16_min(qtype)  ? a8_f16(wg + 16 * cb + 32 + 2 * l)
-                                    : a8_k_min(qtype)  ? a8_f32(wg + 16 * cb + 64 + 4 * l)
-                                                       : d * mk;
                     const float ddx = d * dx[l];
                     acc[l] = fmaf(ddx, (float)is, acc[l]);
                     acc[l] = fmaf(m, sx[l], acc[l]);
                 }
             }
             for (int64_t p = 0; p < P; p++) {
-                const uint8_t *wp = wr + G * 16 * (cb + sb) + p * 2 * (cb + sb), *xp = xr + G * A8_XGROUP + p * A8_XPAIR;
+                const uint8_t *wp = wr + G * gb + p * pb, *xp = xr + G * A8_XGROUP + p * A8_XPAIR;
                 const float *dx = (const float *)(xp + 64), *sx = (const float *)(xp + 128);
                 for (int l = 0; l < 16; l++) {
                     const int half = l / 8;
                     int32_t is = 0;
                     for (int i = 0; i < 4; i++) {
                         const int e = (l % 8) * 4 + i; /* element of block A (half 0) or B (half 1) */
-                        const int u = a8_byte_codes(qtype) ? wp[half * 32 + e] : half ? wp[e] >> 4 : wp[e] & 0x0f;
+                        const int u = a8_pair_byte_codes(qtype) ? wp[half * 32 + e] : half ? wp[e] >> 4 : wp[e] & 0x0f;
                         is += u * (int)(int8_t)xp[half * 32 + e];
                     }
                     const uint8_t *s = wp + 2 * cb;

@@ -10,14 +10,13 @@ decoding and speculative verification agree bit for bit.  Against the fp32
 reference the logits move by the activations' rounding (measured in
 ``scripts/check_quantized_numerics.py``), which is why it is not the default.
 
-The weights are repacked once at load into the kernel's layout, no value changed: the
-GGUF's own bytes per row for Q4_0 / Q4_1 / Q8_0; Q5_0 keeps a code a byte (34 bytes a block
-against 22; Q5_1 36 against 24), Q4_K its blocks' scales as fp32 products (24 bytes per 32 weights
-against 18), Q5_K both (40 against 22), Q6_K a code a byte and an fp32 scale per sixteen weights (40
-against 26.25).  A type not in :data:`A8_BLOCK_TYPES` would keep fp32 activations under
-``quantization="a8"``: every GGUF block type hyspec computes with is in it.  Fast on CPUs with AVX-512 VNNI
-(Zen 4, Sapphire Rapids); elsewhere a portable build gives the same bits slowly,
-and :func:`available` says which.
+The weights are repacked once at load into the kernel's layout, no value changed, in about the GGUF's own
+bytes: codes as nibbles plus a plane of their high bits, the K-quants' block scales a byte each beside their
+super-blocks' fp16 d (the exact products are formed in the kernel).  Q4_K and Q5_K read 0.5 byte more per 32
+weights than stored, blocks after the last whole group of 16 a little more.  A type not in
+:data:`A8_BLOCK_TYPES` would keep fp32 activations under ``quantization="a8"``: every GGUF block type hyspec
+computes with is in it.  Fast on CPUs with AVX-512 VNNI (Zen 4, Sapphire Rapids); elsewhere a portable build
+gives the same bits slowly, and :func:`available` says which.
 
 ``HYSPEC_A8_PORTABLE=1`` (:data:`PORTABLE_OPT_IN`) lets :func:`available` accept the portable build: a
 measurement switch, for scoring a8's quality (perplexity, agreement with the exact path) on a CPU
@@ -96,7 +95,7 @@ def _warn_portable(built_as: str) -> None:
 
 def pack(block_type: str, blocks: torch.Tensor, n: int, k: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """GGUF ``blocks [n, K / block elements * block bytes]`` in the a8 kernel's layout ``[n, row bytes]``
-    (values unchanged; Q4_K's per-block scales as their exact fp32 products)."""
+    (values unchanged)."""
     lib = lib or library()
     if lib is None:
         raise RuntimeError("the hyspec qgemm_a8 kernel is not available here")

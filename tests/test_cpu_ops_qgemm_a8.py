@@ -72,6 +72,19 @@ def test_each_row_is_the_same_alone_in_any_batch_and_on_any_thread(qtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("qtype", a8.A8_BLOCK_TYPES)
+def test_whole_groups_read_the_gguf_bytes(qtype):
+    """A decode step streams every matrix once, so the layout's size is its speed: a group of 16 blocks reads what
+    the file stores, but for the K-quants' block scales and mins, a byte each where the file packs them in 6 bits."""
+    from hyspec.cpu_ops.qgemm import BLOCK_BYTES, BLOCK_ELEMS, QTYPES
+
+    k = 4096  # eight groups, no pairs
+    stored = k // BLOCK_ELEMS[qtype] * BLOCK_BYTES[qtype]
+    extra = k // 32 // 2 if qtype in ("Q4_K", "Q5_K") else 0  # 12 packed bytes per 256 weights become 16
+    assert a8.library().hyspec_qgemm_a8_row_bytes(QTYPES[qtype], k) == stored + extra
+
+
+@needs_kernel
 def test_non_finite_activations_give_nan_and_bad_arguments_are_refused():
     w, _ = _blocks("Q4_1", 8, 576)
     packed = a8.pack("Q4_1", w.blocks, 8, 576)
