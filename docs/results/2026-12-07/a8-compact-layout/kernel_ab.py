@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hyspec.cpu_ops import qgemm_a8 as a8
-from hyspec.cpu_ops.qgemm import QTYPES
-from tests.test_cpu_ops_kquants import random_blocks
-from tests.test_cpu_ops_qgemm import _blocks
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for tests' block makers
+from hyspec.cpu_ops import qgemm_a8 as a8  # noqa: E402
+from hyspec.cpu_ops.qgemm import QTYPES  # noqa: E402
+from tests.test_cpu_ops_kquants import random_blocks  # noqa: E402
+from tests.test_cpu_ops_qgemm import _blocks  # noqa: E402
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
