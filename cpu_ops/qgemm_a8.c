@@ -54,6 +54,8 @@
 
 /* the block types a8 takes, numbered as hyspec_qgemm numbers them (qgemm.py's QTYPES) */
 enum { A8_Q4_0 = 0, A8_Q4_1 = 1, A8_Q8_0 = 2, A8_Q5_0 = 3, A8_Q5_1 = 4, A8_Q4_K = 5, A8_Q5_K = 6, A8_Q6_K = 7 };
+/* Prefetched into L2, not L1: 16 KiB ahead of four weight streams would evict the L1 lines in use, and a step's
+ * matrices streamed at ~21 GB/s into L1 against ~31 into L2 (docs/results/2026-12-07/a8-compact-layout/) */
 enum { A8_PREFETCH_BYTES = 8192 };
 
 int hyspec_qgemm_a8_version(void) { return 3; }
@@ -388,7 +390,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
         const int64_t wo = g * gb, xo = g * A8_XGROUP;
         /* the NB records are one contiguous region: one sweep `ahead` bytes past the tile's progress */
         for (int64_t off = 0; off < NB * gb; off += 64)
-            _mm_prefetch((const char *)(w + g * NB * gb + off + ahead), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + g * NB * gb + off + ahead), _MM_HINT_T1);
         for (int n = 0; n < NB; n++) {
             __m512i u[8];
             const uint8_t *wn = w + n * rb + wo;
@@ -464,7 +466,7 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
     for (int64_t p = 0; p < P; p++) {
         const int64_t wo = G * gb + p * pb, xo = G * A8_XGROUP + p * A8_XPAIR;
         for (int64_t off = 0; off < NB * pb; off += 64)
-            _mm_prefetch((const char *)(w + G * NB * gb + p * NB * pb + off + ahead), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + G * NB * gb + p * NB * pb + off + ahead), _MM_HINT_T1);
         for (int n = 0; n < NB; n++) {
             const uint8_t *wn = w + n * rb + wo;
             __m512i u;
