@@ -3,12 +3,7 @@
 # the same commands as run.sh's.
 #
 #     LLAMACPP_PY=... bash docs/results/2026-12-07/a8-compact-layout/after_l2.sh [WORK]
-set -euo pipefail
-cd "$(git rev-parse --show-toplevel)"
-HERE=docs/results/2026-12-07/a8-compact-layout
-WORK=${1:-/tmp/a8-k-quants}
-LLAMACPP_PY=${LLAMACPP_PY:?set LLAMACPP_PY to a Python with llama-cpp-python}
-export TORCH_DEVICE_BACKEND_AUTOLOAD=0
+source "$(dirname "$0")/common.sh" "$@"
 echo "== 7b-a8-l2: $(date -u +%H:%M:%S)"
 .venv/bin/hyspec bench --model "$WORK/7b-q4km.gguf" --quantization a8 --methods none --batch-sizes 1 --num-prompts 8 \
     --max-tokens 32 --repeats 2 --no-progress --allow-mismatch --prefill-tokens 512 --peers llamacpp \

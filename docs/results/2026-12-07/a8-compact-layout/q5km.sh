@@ -3,12 +3,7 @@
 # the exact path beside llama.cpp, HumanEval, batch 1, then perplexity exact against a8 (../a8-k-quants/quality.py).
 #
 #     LLAMACPP_PY=$(bash ../shared/tools/llamacpp-venv.sh) bash docs/results/2026-12-07/a8-compact-layout/q5km.sh [WORK]
-set -euo pipefail
-cd "$(git rev-parse --show-toplevel)"
-HERE=docs/results/2026-12-07/a8-compact-layout
-WORK=${1:-/tmp/a8-k-quants}
-LLAMACPP_PY=${LLAMACPP_PY:?set LLAMACPP_PY to a Python with llama-cpp-python}
-export TORCH_DEVICE_BACKEND_AUTOLOAD=0
+source "$(dirname "$0")/common.sh" "$@"
 DEFAULT=$(.venv/bin/python -c "from hyspec.assets import default_model; print(default_model())")
 Q5KM=$WORK/SmolLM2-135M-Instruct.Q5_K_M.gguf
 [ -f "$Q5KM" ] || "$LLAMACPP_PY" scripts/llamacpp_requantize.py "$DEFAULT" "$Q5KM" --type Q5_K_M
