@@ -432,9 +432,10 @@ static inline __attribute__((always_inline)) void a8_tile(const int qtype, const
                 const __m512i lo32 = qtype == A8_Q6_K ? _mm512_cvtepi8_epi32(lo8) : _mm512_cvtepu8_epi32(lo8);
                 const __m512i hi32 = qtype == A8_Q6_K ? _mm512_cvtepi8_epi32(hi8) : _mm512_cvtepu8_epi32(hi8);
                 const __m512 lo = _mm512_cvtepi32_ps(lo32), hi = _mm512_cvtepi32_ps(hi32);
-                d = _mm512_mul_ps(_mm512_permutexvar_ps(halves, sup), lo);
+                const __m512 d_super = _mm512_permutexvar_ps(halves, sup); /* lanes 0-7 super-block A's, 8-15 B's */
+                d = _mm512_mul_ps(d_super, lo);
                 /* Q6_K: in m's place the d of each block's last sixteen weights; Q4_K / Q5_K: m = -(dmin * min) */
-                m = qtype == A8_Q6_K ? _mm512_mul_ps(_mm512_permutexvar_ps(halves, sup), hi)
+                m = qtype == A8_Q6_K ? _mm512_mul_ps(d_super, hi)
                                      : _mm512_xor_ps(_mm512_mul_ps(_mm512_permutexvar_ps(halves_hi, sup), hi), sign);
             } else {
                 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
